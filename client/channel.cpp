@@ -1,0 +1,150 @@
+// Socket round trips, SCM_RIGHTS receipt of the arena, reconnection (see channel.h).
+#include "client/channel.h"
+
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cassert>
+#include <cerrno>
+#include <cstring>
+
+#include "proto/limits.h"
+
+namespace kvpark::client {
+
+Channel::Channel(std::string socket_path, wire::HelloRequest hello)
+    : socket_path_(std::move(socket_path)),
+      hello_(std::move(hello)),
+      receive_buffer_(limits::frame_bytes_max + 1) {}
+
+Channel::~Channel() {
+  std::lock_guard lock(mutex_);
+  drop_locked();
+}
+
+void Channel::drop_locked() {
+  if (fd_ >= 0) close(fd_);
+  fd_ = -1;
+  attachment_ = Attachment{};
+}
+
+Status Channel::connect(Attachment& ret_attachment) {
+  std::lock_guard lock(mutex_);
+  if (fd_ < 0) {
+    if (Status s = connect_locked(); s != Status::Ok) return s;
+  }
+  ret_attachment = attachment_;
+  return Status::Ok;
+}
+
+Status Channel::connect_locked() {
+  assert(fd_ < 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (socket_path_.size() >= sizeof addr.sun_path) return Status::InvalidArgument;
+  std::memcpy(addr.sun_path, socket_path_.c_str(), socket_path_.size());
+  int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Status::IoError;
+  const timeval timeout{reply_timeout_msec / 1000, (reply_timeout_msec % 1000) * 1000};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof timeout);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    const int err = errno;
+    close(fd);
+    return err == EACCES || err == EPERM ? Status::PermissionDenied : Status::Unavailable;
+  }
+  fd_ = fd;
+  std::vector<uint8_t> request;
+  wire::encode(hello_, 0, request);
+  Status answer = Status::Ok;
+  std::vector<uint8_t> body;
+  int arena_fd = -1;
+  Status s = round_trip_locked(request, answer, body, &arena_fd);
+  wire::HelloReply reply;
+  if (s == Status::Ok && answer != Status::Ok) s = answer;
+  if (s == Status::Ok && (wire::decode(body, reply) != Status::Ok || arena_fd < 0)) {
+    s = Status::ProtocolError;
+  }
+  std::shared_ptr<shm::ArenaMapping> mapping;
+  if (s == Status::Ok) {
+    s = shm::ArenaMapping::attach(arena_fd, reply.arena_bytes, reply.incarnation, mapping);
+    arena_fd = -1;  // attach took it
+  }
+  if (arena_fd >= 0) close(arena_fd);
+  if (s != Status::Ok) {
+    drop_locked();
+    return s;
+  }
+  attachment_ = Attachment{.hello = reply, .mapping = std::move(mapping),
+                           .generation = ++generations_};
+  return Status::Ok;
+}
+
+Status Channel::round_trip_locked(std::vector<uint8_t>& request, Status& ret_status,
+                                  std::vector<uint8_t>& ret_body, int* ret_fd) {
+  assert(fd_ >= 0 && request.size() >= wire::frame_header_bytes);
+  const uint32_t sequence = ++sequence_;
+  std::memcpy(request.data() + 4, &sequence, sizeof sequence);
+  const uint16_t request_verb = static_cast<uint16_t>(request[0] | (request[1] << 8));
+  // If the send fails the daemon may already have refused us with a reply: read it.
+  const bool sent = send(fd_, request.data(), request.size(), MSG_NOSIGNAL) ==
+                    static_cast<ssize_t>(request.size());
+  iovec iov{receive_buffer_.data(), receive_buffer_.size()};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  ssize_t n;
+  do {
+    n = recvmsg(fd_, &msg, MSG_CMSG_CLOEXEC | (sent ? 0 : MSG_DONTWAIT));
+  } while (n < 0 && errno == EINTR);
+  if (n <= 0) return Status::Unavailable;  // EOF, reset or timeout
+  int received_fd = -1;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+      std::memcpy(&received_fd, CMSG_DATA(c), sizeof(int));
+    }
+  }
+  if (received_fd >= 0 && ret_fd == nullptr) close(received_fd);
+  if (ret_fd != nullptr) *ret_fd = received_fd;
+  wire::FrameHeader header;
+  std::span<const uint8_t> body;
+  if ((msg.msg_flags & MSG_TRUNC) != 0 ||
+      wire::decode_header({receive_buffer_.data(), static_cast<size_t>(n)}, header, body) !=
+          Status::Ok ||
+      header.verb != (request_verb | wire::reply_bit)) {
+    return Status::ProtocolError;
+  }
+  // A refusal at accept time (seq 0) answers whatever we sent first.
+  const bool refusal = header.sequence == 0 && header.status != 0;
+  if (header.sequence != sequence && !refusal) return Status::ProtocolError;
+  ret_status = static_cast<Status>(header.status);
+  ret_body.assign(body.begin(), body.end());
+  return Status::Ok;
+}
+
+Status Channel::call(std::vector<uint8_t>& request, uint64_t generation, Status& ret_status,
+                     std::vector<uint8_t>& ret_body, Attachment& ret_attachment) {
+  std::lock_guard lock(mutex_);
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    if (generation != 0 && (fd_ < 0 || attachment_.generation != generation)) {
+      return Status::Unavailable;
+    }
+    if (fd_ < 0) {
+      if (Status s = connect_locked(); s != Status::Ok) return s;
+    }
+    Status s = round_trip_locked(request, ret_status, ret_body, nullptr);
+    if (s == Status::Ok) {
+      ret_attachment = attachment_;
+      return Status::Ok;
+    }
+    drop_locked();
+    if (s != Status::Unavailable) return s;
+  }
+  return Status::Unavailable;
+}
+
+}  // namespace kvpark::client

@@ -1,0 +1,61 @@
+// libkvpark's connection to kvparkd: one request in flight at a time, with
+// reconnection after a daemon restart.
+//
+// A Channel owns the socket and the arena mapping of the current daemon
+// incarnation. Each successful (re)connection bumps `generation`; leases and
+// reservations remember the generation they were made in, and verbs about them
+// are not sent to a newer incarnation, which never heard of them.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "proto/wire.h"
+#include "shm/arena.h"
+
+namespace kvpark::client {
+
+inline constexpr int reply_timeout_msec = 30'000;  // a daemon silent this long is gone
+
+struct Attachment {  // what one HELLO gave us
+  wire::HelloReply hello;
+  std::shared_ptr<shm::ArenaMapping> mapping;
+  uint64_t generation = 0;
+};
+
+class Channel {
+ public:
+  Channel(std::string socket_path, wire::HelloRequest hello);
+  ~Channel();
+
+  // Connects now (used once by kvpark_connect so a missing daemon is reported at once).
+  Status connect(Attachment& ret_attachment);
+
+  // Sends `request` (a whole encoded frame) and waits for its reply. When
+  // `generation` is nonzero the call is only made on that generation's connection
+  // (Unavailable otherwise); when zero, a lost connection is re-established once.
+  // ret_status: the daemon's answer; ret_body: the reply body.
+  Status call(std::vector<uint8_t>& request, uint64_t generation, Status& ret_status,
+              std::vector<uint8_t>& ret_body, Attachment& ret_attachment);
+
+ private:
+  Status connect_locked();
+  void drop_locked();
+  Status round_trip_locked(std::vector<uint8_t>& request, Status& ret_status,
+                           std::vector<uint8_t>& ret_body, int* ret_fd);
+
+  std::mutex mutex_;
+  std::string socket_path_;
+  wire::HelloRequest hello_;
+  int fd_ = -1;
+  Attachment attachment_;
+  uint64_t generations_ = 0;
+  uint32_t sequence_ = 0;
+  std::vector<uint8_t> receive_buffer_;
+};
+
+}  // namespace kvpark::client

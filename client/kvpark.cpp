@@ -1,0 +1,416 @@
+// The libkvpark C ABI over Channel (see kvpark.h for the contract).
+//
+// Everything read from the arena is checked before it is trusted: extents must lie
+// inside the mapping, entry headers must name what we asked for, and a block's
+// stored token ids must equal the prompt's exactly (a hash only narrows).
+#include "client/kvpark.h"
+
+#include <cassert>
+#include <cstring>
+#include <new>
+#include <vector>
+
+#include "client/chain_hash.h"
+#include "client/channel.h"
+#include "proto/limits.h"
+#include "proto/paths.h"
+#include "shm/arena_format.h"
+
+using kvpark::Hash128;
+using kvpark::Status;
+namespace limits = kvpark::limits;
+namespace shm = kvpark::shm;
+namespace wire = kvpark::wire;
+using kvpark::client::Attachment;
+
+static_assert(KVPARK_IO_ERROR == static_cast<int>(Status::IoError), "kvpark.h mirrors Status");
+static_assert(KVPARK_PROTOCOL_VERSION == limits::protocol_version);
+static_assert(sizeof(kvpark_stats) == sizeof(wire::StatsReply));
+static_assert(sizeof(kvpark_hash128) == sizeof(Hash128));
+
+struct kvpark_client {
+  kvpark_client(std::string path, wire::HelloRequest hello)
+      : channel(std::move(path), hello), namespace_id(hello.namespace_id),
+        geometry(hello.geometry) {}
+  kvpark::client::Channel channel;
+  kvpark::NamespaceId namespace_id;
+  kvpark::Geometry geometry;
+  uint32_t chain_tokens = 0;
+};
+
+struct kvpark_plan {
+  kvpark_client* client = nullptr;
+  Attachment attachment;  // keeps the arena mapped while the plan lives
+  uint64_t lease_id = 0;
+  uint32_t restorable_tokens = 0;
+  kvpark_reuse_kind reuse_kind = KVPARK_REUSE_ROOT;
+  std::vector<const uint8_t*> blocks;  // payloads
+  const uint8_t* snapshot = nullptr;
+  uint64_t snapshot_bytes = 0;
+  uint32_t snapshot_position = 0;
+};
+
+struct kvpark_reservation {
+  kvpark_client* client = nullptr;
+  Attachment attachment;
+  uint64_t reservation_id = 0;
+  std::vector<uint8_t*> blocks;  // payloads; nullptr = not ours to write
+  uint8_t* snapshot = nullptr;
+};
+
+namespace {
+
+kvpark_status to_c(Status s) { return static_cast<kvpark_status>(s); }
+
+// Runs one request; `status` is the daemon's answer when transport succeeded.
+Status call(kvpark_client* client, std::vector<uint8_t>& request, uint64_t generation,
+            std::vector<uint8_t>& ret_body, Attachment& ret_attachment) {
+  Status answer = Status::Ok;
+  Status s = client->channel.call(request, generation, answer, ret_body, ret_attachment);
+  return s != Status::Ok ? s : answer;
+}
+
+std::vector<Hash128> hash_chunks(const kvpark_client* client, const int32_t* tokens,
+                                 size_t chunks) {
+  std::vector<Hash128> hashes(chunks);
+  kvpark::client::chain_hashes(client->namespace_id,
+                               {tokens, chunks * client->chain_tokens}, client->chain_tokens,
+                               hashes);
+  return hashes;
+}
+
+const shm::EntryHeader* entry_at(const Attachment& a, uint64_t offset, uint64_t min_bytes) {
+  if (!a.mapping->contains(offset, std::max<uint64_t>(min_bytes, limits::entry_header_bytes))) {
+    return nullptr;
+  }
+  return reinterpret_cast<const shm::EntryHeader*>(a.mapping->data() + offset);
+}
+
+bool header_names(const shm::EntryHeader& h, const kvpark_client* client, kvpark::EntryKind kind,
+                  const Hash128& key) {
+  return h.magic == shm::entry_magic && h.format_version == shm::entry_format_version &&
+         h.kind == static_cast<uint8_t>(kind) && h.namespace_id == client->namespace_id &&
+         h.key_hash == key;
+}
+
+const int32_t* entry_tokens(const Attachment& a, uint64_t offset) {
+  return reinterpret_cast<const int32_t*>(a.mapping->data() + offset + limits::entry_header_bytes);
+}
+
+// Blocks of the reply whose header and token ids match the prompt exactly.
+size_t confirm_blocks(const kvpark_client* client, const Attachment& a,
+                      const wire::LookupReply& reply, const std::vector<Hash128>& hashes,
+                      const int32_t* tokens) {
+  const uint32_t block_tokens = client->geometry.block_tokens;
+  size_t confirmed = 0;
+  for (; confirmed < reply.block_offsets.size() && confirmed < hashes.size(); ++confirmed) {
+    const uint64_t offset = reply.block_offsets[confirmed];
+    const shm::EntryHeader* h = entry_at(a, offset, a.hello.block_extent_bytes);
+    if (h == nullptr || !header_names(*h, client, kvpark::EntryKind::Block, hashes[confirmed]) ||
+        h->token_count != block_tokens || h->payload_offset != a.hello.block_payload_offset ||
+        h->payload_bytes != client->geometry.block_payload_bytes ||
+        std::memcmp(entry_tokens(a, offset), tokens + confirmed * block_tokens,
+                    block_tokens * sizeof(int32_t)) != 0) {
+      break;
+    }
+  }
+  return confirmed;
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* kvpark_status_string(kvpark_status status) {
+  if (!kvpark::status_is_known(static_cast<uint16_t>(status))) return "unknown status";
+  return kvpark::status_name(static_cast<Status>(status)).data();
+}
+
+kvpark_status kvpark_connect(const char* socket_path, const kvpark_namespace* ns,
+                             kvpark_client** ret_client) {
+  if (ns == nullptr || ret_client == nullptr) return KVPARK_INVALID_ARGUMENT;
+  wire::HelloRequest hello;
+  hello.protocol_version = limits::protocol_version;
+  hello.namespace_id = {ns->id.low, ns->id.high};
+  hello.geometry = {.block_tokens = ns->block_tokens,
+                    .block_payload_bytes = ns->block_payload_bytes,
+                    .snapshot_required = ns->snapshot_required != 0};
+  hello.prefill_tokens_per_second = ns->prefill_tokens_per_second;
+  hello.client_name = ns->client_name != nullptr ? ns->client_name : "";
+  if (hello.client_name.size() > limits::client_name_bytes_max) {
+    hello.client_name.resize(limits::client_name_bytes_max);
+  }
+  std::string path = socket_path != nullptr ? socket_path : kvpark::default_socket_path();
+  auto* client = new (std::nothrow) kvpark_client(std::move(path), hello);
+  if (client == nullptr) return KVPARK_IO_ERROR;
+  Attachment attachment;
+  if (Status s = client->channel.connect(attachment); s != Status::Ok) {
+    delete client;
+    return to_c(s);
+  }
+  client->chain_tokens = attachment.hello.chain_tokens;
+  if (client->chain_tokens == 0 ||
+      (ns->block_tokens != 0 && client->chain_tokens != ns->block_tokens)) {
+    delete client;
+    return KVPARK_PROTOCOL_ERROR;
+  }
+  *ret_client = client;
+  return KVPARK_OK;
+}
+
+void kvpark_disconnect(kvpark_client* client) { delete client; }
+
+uint32_t kvpark_chain_tokens(const kvpark_client* client) { return client->chain_tokens; }
+
+void kvpark_chain_hashes(kvpark_hash128 seed, const int32_t* tokens, uint32_t chunk_tokens,
+                         size_t chunks, kvpark_hash128* ret_hashes) {
+  kvpark::client::chain_hashes({seed.low, seed.high}, {tokens, chunks * chunk_tokens},
+                               chunk_tokens,
+                               {reinterpret_cast<Hash128*>(ret_hashes), chunks});
+}
+
+kvpark_status kvpark_lookup(kvpark_client* client, uint64_t session_id, const int32_t* tokens,
+                            size_t n_tokens, kvpark_plan** ret_plan) {
+  if (client == nullptr || tokens == nullptr || ret_plan == nullptr || n_tokens == 0) {
+    return KVPARK_INVALID_ARGUMENT;
+  }
+  const uint32_t chain = client->chain_tokens;
+  const size_t chunks = n_tokens / chain;
+  if (n_tokens > limits::lookup_tokens_max || chunks > limits::lookup_chunks_max) {
+    return KVPARK_LIMIT_EXCEEDED;
+  }
+  wire::LookupRequest request;
+  request.session_id = session_id;
+  request.prompt_tokens = static_cast<uint32_t>(n_tokens);
+  request.chunk_hashes = hash_chunks(client, tokens, chunks);
+  request.tail_tokens.assign(tokens + chunks * chain, tokens + n_tokens);
+  std::vector<uint8_t> frame;
+  wire::encode(request, 0, frame);
+  std::vector<uint8_t> body;
+  Attachment a;
+  if (Status s = call(client, frame, 0, body, a); s != Status::Ok) return to_c(s);
+  wire::LookupReply reply;
+  if (wire::decode(body, reply) != Status::Ok) return KVPARK_PROTOCOL_ERROR;
+
+  auto* plan = new (std::nothrow) kvpark_plan();
+  if (plan == nullptr) return KVPARK_IO_ERROR;
+  plan->client = client;
+  plan->attachment = a;
+  plan->lease_id = reply.lease_id;
+  const uint32_t block_tokens = client->geometry.block_tokens;
+  const bool snapshot_required = client->geometry.snapshot_required;
+  const size_t confirmed = confirm_blocks(client, a, reply, request.chunk_hashes, tokens);
+  const uint32_t block_restorable =
+      snapshot_required ? 0 : static_cast<uint32_t>(confirmed * block_tokens);
+  size_t blocks_used = snapshot_required ? 0 : confirmed;
+  plan->restorable_tokens = block_restorable;
+  plan->reuse_kind = block_restorable > 0 ? static_cast<kvpark_reuse_kind>(reply.reuse_kind)
+                                          : KVPARK_REUSE_ROOT;
+  for (const wire::SnapshotCandidate& c : reply.snapshots) {
+    const uint64_t tail = uint64_t{c.position} - uint64_t{c.anchor_chunks} * chain;
+    if (c.position <= block_restorable || c.position >= n_tokens || c.anchor_chunks > chunks ||
+        tail >= chain || (block_tokens > 0 && c.anchor_chunks > confirmed)) {
+      continue;
+    }
+    const Hash128& anchor = c.anchor_chunks == 0 ? client->namespace_id
+                                                 : request.chunk_hashes[c.anchor_chunks - 1];
+    const shm::EntryHeader* h = entry_at(a, c.extent_offset, 0);
+    if (h == nullptr || !header_names(*h, client, kvpark::EntryKind::Snapshot, anchor) ||
+        h->position != c.position || h->anchor_chunks != c.anchor_chunks ||
+        h->token_count != tail || h->payload_offset != shm::payload_offset_for(h->token_count) ||
+        !a.mapping->contains(c.extent_offset, uint64_t{h->payload_offset} + h->payload_bytes) ||
+        std::memcmp(entry_tokens(a, c.extent_offset), tokens + uint64_t{c.anchor_chunks} * chain,
+                    tail * sizeof(int32_t)) != 0) {
+      continue;
+    }
+    plan->snapshot = a.mapping->data() + c.extent_offset + h->payload_offset;
+    plan->snapshot_bytes = h->payload_bytes;
+    plan->snapshot_position = c.position;
+    plan->restorable_tokens = c.position;
+    plan->reuse_kind = static_cast<kvpark_reuse_kind>(c.reuse_kind);
+    blocks_used = block_tokens > 0 ? c.anchor_chunks : 0;
+    break;  // candidates come deepest first
+  }
+  for (size_t i = 0; i < blocks_used; ++i) {
+    plan->blocks.push_back(a.mapping->data() + reply.block_offsets[i] +
+                           a.hello.block_payload_offset);
+  }
+  *ret_plan = plan;
+  return KVPARK_OK;
+}
+
+uint32_t kvpark_plan_restorable_tokens(const kvpark_plan* plan) { return plan->restorable_tokens; }
+kvpark_reuse_kind kvpark_plan_reuse_kind(const kvpark_plan* plan) { return plan->reuse_kind; }
+size_t kvpark_plan_block_count(const kvpark_plan* plan) { return plan->blocks.size(); }
+
+const void* kvpark_plan_block(const kvpark_plan* plan, size_t index) {
+  return index < plan->blocks.size() ? plan->blocks[index] : nullptr;
+}
+
+const void* kvpark_plan_snapshot(const kvpark_plan* plan, uint64_t* ret_bytes,
+                                 uint32_t* ret_position) {
+  if (plan->snapshot == nullptr) return nullptr;
+  if (ret_bytes != nullptr) *ret_bytes = plan->snapshot_bytes;
+  if (ret_position != nullptr) *ret_position = plan->snapshot_position;
+  return plan->snapshot;
+}
+
+void kvpark_plan_release(kvpark_plan* plan) {
+  if (plan == nullptr) return;
+  if (plan->lease_id != 0) {
+    std::vector<uint8_t> frame, body;
+    wire::encode(wire::ReleaseRequest{plan->lease_id}, 0, frame);
+    Attachment ignored;
+    // A newer daemon incarnation never saw this lease; nothing to release there.
+    (void)call(plan->client, frame, plan->attachment.generation, body, ignored);
+  }
+  delete plan;
+}
+
+kvpark_status kvpark_reserve_blocks(kvpark_client* client, const kvpark_publish_options* options,
+                                    const int32_t* tokens, size_t n_tokens, size_t first_block,
+                                    size_t block_count, kvpark_reservation** ret_reservation) {
+  if (client == nullptr || options == nullptr || tokens == nullptr ||
+      ret_reservation == nullptr || client->geometry.block_tokens == 0 || block_count == 0) {
+    return KVPARK_INVALID_ARGUMENT;
+  }
+  if (block_count > limits::reserve_blocks_max) return KVPARK_LIMIT_EXCEEDED;
+  const uint32_t block_tokens = client->geometry.block_tokens;
+  const size_t end_block = first_block + block_count;
+  if (end_block * block_tokens > n_tokens || end_block * block_tokens > limits::lookup_tokens_max) {
+    return KVPARK_INVALID_ARGUMENT;
+  }
+  const std::vector<Hash128> hashes = hash_chunks(client, tokens, end_block);
+  wire::ReserveBlocksRequest request;
+  request.options = {.session_id = options->session_id,
+                     .entry_class = static_cast<uint8_t>(options->entry_class),
+                     .evidence = static_cast<uint8_t>(options->evidence)};
+  request.first_chunk = static_cast<uint32_t>(first_block);
+  request.chunk_hashes.assign(hashes.begin() + first_block, hashes.end());
+  std::vector<uint8_t> frame, body;
+  wire::encode(request, 0, frame);
+  Attachment a;
+  if (Status s = call(client, frame, 0, body, a); s != Status::Ok) return to_c(s);
+  wire::ReserveBlocksReply reply;
+  if (wire::decode(body, reply) != Status::Ok || reply.grants.size() != block_count) {
+    return KVPARK_PROTOCOL_ERROR;
+  }
+  auto* r = new (std::nothrow) kvpark_reservation();
+  if (r == nullptr) return KVPARK_IO_ERROR;
+  r->client = client;
+  r->attachment = a;
+  r->reservation_id = reply.reservation_id;
+  Status status = Status::Ok;
+  for (size_t i = 0; i < block_count; ++i) {
+    const wire::BlockGrant& g = reply.grants[i];
+    if (g.disposition != static_cast<uint32_t>(wire::Disposition::Reserved)) {
+      r->blocks.push_back(nullptr);
+      continue;
+    }
+    // Pair assertion with the daemon's reserve: the extent must carry our block's header.
+    const shm::EntryHeader* h = entry_at(a, g.extent_offset, a.hello.block_extent_bytes);
+    if (h == nullptr ||
+        !header_names(*h, client, kvpark::EntryKind::Block, hashes[first_block + i])) {
+      status = Status::Corrupt;
+      break;
+    }
+    uint8_t* extent = a.mapping->data() + g.extent_offset;
+    std::memcpy(extent + limits::entry_header_bytes, tokens + (first_block + i) * block_tokens,
+                block_tokens * sizeof(int32_t));
+    r->blocks.push_back(extent + a.hello.block_payload_offset);
+  }
+  if (status != Status::Ok) {
+    kvpark_abort(r);
+    return to_c(status);
+  }
+  *ret_reservation = r;
+  return KVPARK_OK;
+}
+
+size_t kvpark_reservation_block_count(const kvpark_reservation* r) { return r->blocks.size(); }
+
+void* kvpark_reservation_block(const kvpark_reservation* r, size_t index) {
+  return index < r->blocks.size() ? r->blocks[index] : nullptr;
+}
+
+kvpark_status kvpark_reserve_snapshot(kvpark_client* client, const kvpark_publish_options* options,
+                                      const int32_t* tokens, size_t n_tokens,
+                                      uint64_t payload_bytes,
+                                      kvpark_reservation** ret_reservation) {
+  if (client == nullptr || options == nullptr || tokens == nullptr ||
+      ret_reservation == nullptr || n_tokens == 0 || payload_bytes == 0) {
+    return KVPARK_INVALID_ARGUMENT;
+  }
+  if (n_tokens > limits::lookup_tokens_max) return KVPARK_LIMIT_EXCEEDED;
+  const uint32_t chain = client->chain_tokens;
+  const size_t anchor_chunks = n_tokens / chain;
+  const std::vector<Hash128> hashes = hash_chunks(client, tokens, anchor_chunks);
+  wire::ReserveSnapshotRequest request;
+  request.options = {.session_id = options->session_id,
+                     .entry_class = static_cast<uint8_t>(options->entry_class),
+                     .evidence = static_cast<uint8_t>(options->evidence)};
+  request.anchor_chunks = static_cast<uint32_t>(anchor_chunks);
+  request.anchor_hash = anchor_chunks == 0 ? client->namespace_id : hashes.back();
+  request.payload_bytes = payload_bytes;
+  request.tail_tokens.assign(tokens + anchor_chunks * chain, tokens + n_tokens);
+  std::vector<uint8_t> frame, body;
+  wire::encode(request, 0, frame);
+  Attachment a;
+  if (Status s = call(client, frame, 0, body, a); s != Status::Ok) return to_c(s);
+  wire::ReserveSnapshotReply reply;
+  if (wire::decode(body, reply) != Status::Ok) return KVPARK_PROTOCOL_ERROR;
+  if (reply.disposition == static_cast<uint32_t>(wire::Disposition::Present)) {
+    return KVPARK_ALREADY_PRESENT;
+  }
+  if (reply.disposition == static_cast<uint32_t>(wire::Disposition::InFlight)) {
+    return KVPARK_IN_FLIGHT;
+  }
+  auto* r = new (std::nothrow) kvpark_reservation();
+  if (r == nullptr) return KVPARK_IO_ERROR;
+  r->client = client;
+  r->attachment = a;
+  r->reservation_id = reply.reservation_id;
+  const shm::EntryHeader* h = entry_at(a, reply.extent_offset, reply.extent_bytes);
+  if (h == nullptr ||
+      !header_names(*h, client, kvpark::EntryKind::Snapshot, request.anchor_hash) ||
+      h->payload_bytes != payload_bytes || h->payload_offset != reply.payload_offset ||
+      uint64_t{reply.payload_offset} + payload_bytes > reply.extent_bytes) {
+    kvpark_abort(r);
+    return KVPARK_CORRUPT;
+  }
+  r->snapshot = a.mapping->data() + reply.extent_offset + reply.payload_offset;
+  *ret_reservation = r;
+  return KVPARK_OK;
+}
+
+void* kvpark_reservation_snapshot(const kvpark_reservation* r) { return r->snapshot; }
+
+static kvpark_status finish_reservation(kvpark_reservation* r, wire::Verb verb) {
+  if (r == nullptr) return KVPARK_INVALID_ARGUMENT;
+  Status s = Status::Ok;
+  if (r->reservation_id != 0) {
+    std::vector<uint8_t> frame, body;
+    wire::encode(verb, wire::ReservationRequest{r->reservation_id}, 0, frame);
+    Attachment ignored;
+    s = call(r->client, frame, r->attachment.generation, body, ignored);
+  }
+  delete r;
+  return to_c(s);
+}
+
+kvpark_status kvpark_seal(kvpark_reservation* r) { return finish_reservation(r, wire::Verb::Seal); }
+kvpark_status kvpark_abort(kvpark_reservation* r) { return finish_reservation(r, wire::Verb::Abort); }
+
+kvpark_status kvpark_get_stats(kvpark_client* client, kvpark_stats* ret_stats) {
+  if (client == nullptr || ret_stats == nullptr) return KVPARK_INVALID_ARGUMENT;
+  std::vector<uint8_t> frame, body;
+  wire::encode(static_cast<uint16_t>(wire::Verb::Stats), 0, 0, frame);
+  Attachment a;
+  if (Status s = call(client, frame, 0, body, a); s != Status::Ok) return to_c(s);
+  wire::StatsReply reply;
+  if (wire::decode(body, reply) != Status::Ok) return KVPARK_PROTOCOL_ERROR;
+  std::memcpy(ret_stats, &reply, sizeof reply);
+  return KVPARK_OK;
+}
+
+}  // extern "C"

@@ -1,0 +1,169 @@
+/* libkvpark: park and restore LLM inference state through kvparkd.
+ *
+ * An engine connects once per namespace (model + KV layout), then for each
+ * request: kvpark_lookup() the prompt, copy the plan's blocks (and snapshot)
+ * out of shared memory, prefill the rest, and kvpark_reserve_blocks() /
+ * kvpark_seal() what it computed. Payload bytes never cross the socket: the
+ * pointers returned here point into the daemon's shared-memory arena.
+ *
+ * Lifetimes: a plan's pointers stay valid and their bytes immutable until
+ * kvpark_plan_release(); a reservation's pointers are writable until
+ * kvpark_seal() or kvpark_abort(). A crashed engine loses nothing parked: the
+ * daemon aborts its reservations and drops its leases.
+ *
+ * Threads: one kvpark_client may be used from several threads at once; plans
+ * and reservations belong to the thread that holds them.
+ *
+ * Reconnection: when the daemon restarts, the next call reconnects (HELLO again,
+ * new arena). Plans and reservations from before stay readable/writable but are
+ * no longer known to the daemon: seal then fails with KVPARK_UNAVAILABLE.
+ */
+#ifndef KVPARK_H
+#define KVPARK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVPARK_PROTOCOL_VERSION 1
+
+typedef enum kvpark_status {
+  KVPARK_OK = 0,
+  KVPARK_NOT_FOUND = 1,
+  KVPARK_ALREADY_PRESENT = 2,
+  KVPARK_IN_FLIGHT = 3,
+  KVPARK_ARENA_FULL = 4,
+  KVPARK_LIMIT_EXCEEDED = 5,
+  KVPARK_INVALID_ARGUMENT = 6,
+  KVPARK_GEOMETRY_MISMATCH = 7,
+  KVPARK_PROTOCOL_ERROR = 8,
+  KVPARK_UNAVAILABLE = 9, /* daemon not running, or connection lost */
+  KVPARK_CORRUPT = 10,
+  KVPARK_BAD_STATE = 11,
+  KVPARK_PERMISSION_DENIED = 12,
+  KVPARK_IO_ERROR = 13
+} kvpark_status;
+
+/* A static, human-readable description of a status. */
+const char* kvpark_status_string(kvpark_status status);
+
+typedef struct kvpark_hash128 {
+  uint64_t low;
+  uint64_t high;
+} kvpark_hash128;
+
+typedef enum kvpark_reuse_kind {
+  KVPARK_REUSE_ROOT = 0,                   /* nothing restorable */
+  KVPARK_REUSE_SHARED_STABLE_PREFIX = 1,   /* parked as shared, or by another session */
+  KVPARK_REUSE_PRIVATE_TURN_CLOSURE = 2    /* this session's own earlier turn */
+} kvpark_reuse_kind;
+
+typedef enum kvpark_entry_class { KVPARK_CLASS_PRIVATE = 0, KVPARK_CLASS_SHARED = 1 } kvpark_entry_class;
+
+typedef enum kvpark_evidence {
+  KVPARK_EVIDENCE_DEFAULT_AUTOMATIC = 0,
+  KVPARK_EVIDENCE_REQUESTED_AUTOMATIC = 1,
+  KVPARK_EVIDENCE_EXPLICIT_BREAKPOINT = 2,
+  KVPARK_EVIDENCE_ENGINE_STRUCTURAL = 3,
+  KVPARK_EVIDENCE_OBSERVED_RECURRENCE = 4
+} kvpark_evidence;
+
+/* What makes KV bytes compatible, and their shape (see kvpark(7)). */
+typedef struct kvpark_namespace {
+  kvpark_hash128 id;            /* fingerprint: weights, KV dtype/layout, TP rank/size, ... */
+  uint32_t block_tokens;        /* tokens per block; 0 = snapshot-only engine */
+  uint64_t block_payload_bytes; /* bytes of one block image, all layers; 0 if snapshot-only */
+  int snapshot_required;        /* nonzero: a restore needs a state snapshot */
+  uint32_t prefill_tokens_per_second; /* the engine's estimate; 0 = unknown */
+  const char* client_name;      /* shown to operators; may be NULL */
+} kvpark_namespace;
+
+typedef struct kvpark_client kvpark_client;
+typedef struct kvpark_plan kvpark_plan;
+typedef struct kvpark_reservation kvpark_reservation;
+
+/* Connects and says HELLO. socket_path NULL: $KVPARK_SOCKET or the default path.
+ * KVPARK_UNAVAILABLE when no daemon listens there. */
+kvpark_status kvpark_connect(const char* socket_path, const kvpark_namespace* ns,
+                             kvpark_client** ret_client);
+void kvpark_disconnect(kvpark_client* client);
+
+/* Tokens per hash chunk for this namespace (block_tokens, or 64 if snapshot-only). */
+uint32_t kvpark_chain_tokens(const kvpark_client* client);
+
+/* h[i] = XXH3-128(h[i-1] || tokens of chunk i), h[-1] = seed; writes chunks hashes. */
+void kvpark_chain_hashes(kvpark_hash128 seed, const int32_t* tokens, uint32_t chunk_tokens,
+                         size_t chunks, kvpark_hash128* ret_hashes);
+
+/* Finds the longest restorable prefix of tokens[0, n_tokens). Always succeeds with
+ * a plan on KVPARK_OK (restorable 0 on a miss); every block in it has been
+ * confirmed against the exact token ids stored beside it. */
+kvpark_status kvpark_lookup(kvpark_client* client, uint64_t session_id, const int32_t* tokens,
+                            size_t n_tokens, kvpark_plan** ret_plan);
+uint32_t kvpark_plan_restorable_tokens(const kvpark_plan* plan);
+kvpark_reuse_kind kvpark_plan_reuse_kind(const kvpark_plan* plan);
+/* Blocks to copy in, in order: block i covers tokens [i*block_tokens, (i+1)*block_tokens). */
+size_t kvpark_plan_block_count(const kvpark_plan* plan);
+const void* kvpark_plan_block(const kvpark_plan* plan, size_t index);
+/* The snapshot to apply after the blocks, or NULL; its state is at position *ret_position. */
+const void* kvpark_plan_snapshot(const kvpark_plan* plan, uint64_t* ret_bytes,
+                                 uint32_t* ret_position);
+/* Ends the plan's lease and frees it. NULL is ignored. */
+void kvpark_plan_release(kvpark_plan* plan);
+
+typedef struct kvpark_publish_options {
+  uint64_t session_id;
+  kvpark_entry_class entry_class;
+  kvpark_evidence evidence;
+} kvpark_publish_options;
+
+/* Reserves blocks [first_block, first_block + block_count) of tokens[0, n_tokens),
+ * which must cover them. Blocks already parked (or being written by another
+ * engine) come back with a NULL pointer: skip them. The token ids are written by
+ * the library; the caller writes each non-NULL payload, then seals. */
+kvpark_status kvpark_reserve_blocks(kvpark_client* client, const kvpark_publish_options* options,
+                                    const int32_t* tokens, size_t n_tokens, size_t first_block,
+                                    size_t block_count, kvpark_reservation** ret_reservation);
+size_t kvpark_reservation_block_count(const kvpark_reservation* reservation);
+void* kvpark_reservation_block(const kvpark_reservation* reservation, size_t index);
+
+/* Reserves a snapshot of the state after tokens[0, n_tokens). KVPARK_ALREADY_PRESENT
+ * or KVPARK_IN_FLIGHT (and no reservation) when it needs no writing. */
+kvpark_status kvpark_reserve_snapshot(kvpark_client* client, const kvpark_publish_options* options,
+                                      const int32_t* tokens, size_t n_tokens,
+                                      uint64_t payload_bytes,
+                                      kvpark_reservation** ret_reservation);
+void* kvpark_reservation_snapshot(const kvpark_reservation* reservation);
+
+/* Makes the written entries visible; frees the reservation whatever the result. */
+kvpark_status kvpark_seal(kvpark_reservation* reservation);
+/* Discards the reservation and frees it. */
+kvpark_status kvpark_abort(kvpark_reservation* reservation);
+
+typedef struct kvpark_stats {
+  uint64_t arena_data_bytes;
+  uint64_t arena_free_bytes;
+  uint64_t arena_largest_free_bytes;
+  uint64_t blocks;
+  uint64_t snapshots;
+  uint64_t namespaces;
+  uint64_t connections;
+  uint64_t leases;
+  uint64_t reservations;
+  uint64_t lookups;
+  uint64_t lookup_hit_tokens;
+  uint64_t evictions;
+  uint64_t dedup_hits;
+  uint64_t protocol_errors;
+} kvpark_stats;
+
+kvpark_status kvpark_get_stats(kvpark_client* client, kvpark_stats* ret_stats);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVPARK_H */

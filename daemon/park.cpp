@@ -1,0 +1,408 @@
+// Verb handlers of the daemon core (see park.h).
+#include "daemon/park.h"
+
+#include <algorithm>
+#include <cassert>
+#include <cstring>
+
+#include "proto/limits.h"
+#include "shm/arena_format.h"
+
+namespace kvpark::daemon {
+
+Park::Park(const ParkOptions& options, EntryTable& table) : options_(options), table_(table) {
+  assert(options.arena_data != nullptr && options.reservation_bytes_max > 0);
+}
+
+Status Park::open(ConnectionId id, uint32_t peer_pid) {
+  if (connections_.size() >= options_.connections_max) return Status::LimitExceeded;
+  auto [it, inserted] = connections_.try_emplace(id);
+  assert(inserted && "connection ids are never reused while open");
+  it->second.peer_pid = peer_pid;
+  return Status::Ok;
+}
+
+void Park::close(ConnectionId id) {
+  auto it = connections_.find(id);
+  if (it == connections_.end()) return;
+  Connection& c = it->second;
+  for (auto& [reservation_id, r] : c.reservations) drop_reservation(r);
+  for (auto& [lease_id, slots] : c.leases) drop_lease(slots);
+  reservations_open_ -= c.reservations.size();
+  leases_open_ -= c.leases.size();
+  connections_.erase(it);
+}
+
+Park::Connection* Park::greeted(ConnectionId id) {
+  auto it = connections_.find(id);
+  assert(it != connections_.end());
+  return it->second.greeted ? &it->second : nullptr;
+}
+
+Status Park::hello(ConnectionId id, const wire::HelloRequest& req, wire::HelloReply& ret) {
+  Connection& c = connections_.at(id);
+  if (c.greeted) return Status::BadState;  // one namespace per connection
+  if (req.protocol_version != limits::protocol_version) return Status::InvalidArgument;
+  NamespaceIndex ns = 0;
+  if (Status s = table_.register_namespace(req.namespace_id, req.geometry,
+                                           req.prefill_tokens_per_second, ns);
+      s != Status::Ok) {
+    return s;
+  }
+  c.greeted = true;
+  c.ns = ns;
+  const NamespaceInfo& info = table_.namespace_info(ns);
+  ret.arena_bytes = options_.arena_bytes;
+  ret.incarnation = options_.incarnation;
+  ret.connection_id = id;
+  ret.chain_tokens = info.chain_tokens;
+  ret.block_extent_bytes = info.block_extent_bytes;
+  ret.block_payload_offset =
+      info.geometry.block_tokens == 0 ? 0 : shm::payload_offset_for(info.geometry.block_tokens);
+  return Status::Ok;
+}
+
+ReuseKind Park::reuse_kind_of(const Entry& e, uint64_t session_id) const {
+  return e.entry_class == EntryClass::Shared || e.creator_session != session_id
+             ? ReuseKind::SharedStablePrefix
+             : ReuseKind::PrivateTurnClosure;
+}
+
+Status Park::lookup(ConnectionId id, const wire::LookupRequest& req, wire::LookupReply& ret) {
+  Connection* c = greeted(id);
+  if (c == nullptr) return Status::BadState;
+  const NamespaceInfo& info = table_.namespace_info(c->ns);
+  const uint32_t chain = info.chain_tokens;
+  const uint32_t block_tokens = info.geometry.block_tokens;
+  const size_t chunks = req.chunk_hashes.size();
+  if (req.prompt_tokens == 0 || req.prompt_tokens > limits::lookup_tokens_max ||
+      req.tail_tokens.size() >= chain ||
+      uint64_t{chunks} * chain + req.tail_tokens.size() != req.prompt_tokens) {
+    return Status::InvalidArgument;
+  }
+  if (c->leases.size() >= limits::leases_per_connection_max) return Status::LimitExceeded;
+
+  // Longest run of sealed blocks, leaving at least one token to prefill.
+  std::vector<EntrySlot> block_slots;
+  if (block_tokens > 0) {
+    const size_t blocks_max = (req.prompt_tokens - 1) / block_tokens;
+    for (size_t i = 0; i < std::min(chunks, blocks_max); ++i) {
+      EntrySlot slot = table_.find_block(c->ns, req.chunk_hashes[i]);
+      if (slot == no_slot || !table_.entry(slot).sealed) break;
+      block_slots.push_back(slot);
+    }
+  }
+  const bool snapshot_required = info.geometry.snapshot_required;
+  const uint32_t block_restorable =
+      snapshot_required ? 0 : static_cast<uint32_t>(block_slots.size() * block_tokens);
+
+  // Snapshots deeper than the block prefix, deepest anchor first. Tails past the
+  // last whole chunk are checked here; earlier tails are confirmed by the client.
+  std::vector<EntrySlot> snapshot_slots;
+  const size_t anchor_max = block_tokens > 0 ? block_slots.size() : chunks;
+  for (size_t j = anchor_max + 1; j-- > 0;) {
+    if (snapshot_slots.size() >= limits::lookup_snapshot_candidates_max) break;
+    const Hash128& anchor = j == 0 ? info.id : req.chunk_hashes[j - 1];
+    std::vector<EntrySlot> here;
+    for (EntrySlot slot : table_.snapshots_at(c->ns, anchor)) {
+      const Entry& e = table_.entry(slot);
+      if (!e.sealed || e.position >= req.prompt_tokens || e.position <= block_restorable) continue;
+      if (j == chunks &&
+          !std::equal(e.tail_tokens.begin(), e.tail_tokens.end(), req.tail_tokens.begin(),
+                      req.tail_tokens.begin() +
+                          std::min(e.tail_tokens.size(), req.tail_tokens.size()))) {
+        continue;
+      }
+      here.push_back(slot);
+    }
+    std::sort(here.begin(), here.end(), [&](EntrySlot a, EntrySlot b) {
+      return table_.entry(a).position > table_.entry(b).position;
+    });
+    for (EntrySlot slot : here) {
+      if (snapshot_slots.size() < limits::lookup_snapshot_candidates_max) {
+        snapshot_slots.push_back(slot);
+      }
+    }
+  }
+  if (snapshot_required) {
+    // Blocks only matter up to the deepest candidate's anchor.
+    size_t needed = 0;
+    for (EntrySlot slot : snapshot_slots) {
+      needed = std::max<size_t>(needed, table_.entry(slot).anchor_chunks);
+    }
+    block_slots.resize(block_tokens > 0 ? std::min(needed, block_slots.size()) : 0);
+  }
+
+  ++counters_.lookups;
+  ret = wire::LookupReply{};
+  ret.restorable_tokens = block_restorable;
+  ret.reuse_kind = static_cast<uint8_t>(
+      block_restorable > 0 ? reuse_kind_of(table_.entry(block_slots.back()), req.session_id)
+                           : ReuseKind::Root);
+  uint32_t deepest = block_restorable;
+  ReuseKind deepest_kind = static_cast<ReuseKind>(ret.reuse_kind);
+  for (EntrySlot slot : block_slots) ret.block_offsets.push_back(table_.entry(slot).extent_offset);
+  for (EntrySlot slot : snapshot_slots) {
+    const Entry& e = table_.entry(slot);
+    const ReuseKind kind = reuse_kind_of(e, req.session_id);
+    ret.snapshots.push_back({.extent_offset = e.extent_offset,
+                             .position = e.position,
+                             .anchor_chunks = e.anchor_chunks,
+                             .reuse_kind = static_cast<uint32_t>(kind)});
+    if (e.position > deepest) {
+      deepest = e.position;
+      deepest_kind = kind;
+    }
+  }
+  counters_.lookup_hit_tokens += deepest;
+  ++counters_.reuse[static_cast<size_t>(deepest_kind)];
+
+  std::vector<EntrySlot> leased = std::move(block_slots);
+  leased.insert(leased.end(), snapshot_slots.begin(), snapshot_slots.end());
+  if (leased.empty()) return Status::Ok;
+  // Deepest first, so the root of a chain ends up the most recently used.
+  for (auto it = leased.rbegin(); it != leased.rend(); ++it) {
+    table_.touch(*it);
+    table_.acquire_lease(*it);
+  }
+  ret.lease_id = next_lease_id_++;
+  c->leases.emplace(ret.lease_id, std::move(leased));
+  ++leases_open_;
+  return Status::Ok;
+}
+
+void Park::drop_lease(std::vector<EntrySlot>& slots) {
+  for (auto it = slots.rbegin(); it != slots.rend(); ++it) table_.release_lease(*it);
+  slots.clear();
+}
+
+Status Park::release(ConnectionId id, const wire::ReleaseRequest& req) {
+  Connection* c = greeted(id);
+  if (c == nullptr) return Status::BadState;
+  auto it = c->leases.find(req.lease_id);
+  if (it == c->leases.end()) return Status::NotFound;
+  drop_lease(it->second);
+  c->leases.erase(it);
+  --leases_open_;
+  return Status::Ok;
+}
+
+shm::EntryHeader Park::make_entry_header(const Entry& e, uint32_t token_count,
+                                         uint64_t payload_bytes) const {
+  shm::EntryHeader h{};
+  h.magic = shm::entry_magic;
+  h.format_version = shm::entry_format_version;
+  h.kind = static_cast<uint8_t>(e.kind);
+  h.namespace_id = table_.namespace_info(e.ns).id;
+  h.key_hash = e.key_hash;
+  h.payload_bytes = payload_bytes;
+  h.payload_offset = shm::payload_offset_for(token_count);
+  h.token_count = token_count;
+  h.position = e.position;
+  h.anchor_chunks = e.anchor_chunks;
+  h.incarnation = options_.incarnation;
+  return h;
+}
+
+void Park::drop_reservation(Reservation& r) {
+  for (EntrySlot slot : r.slots) table_.erase(slot);
+  r.slots.clear();
+  r.headers.clear();
+}
+
+Status Park::reserve_blocks(ConnectionId id, const wire::ReserveBlocksRequest& req,
+                            wire::ReserveBlocksReply& ret) {
+  Connection* c = greeted(id);
+  if (c == nullptr) return Status::BadState;
+  const NamespaceInfo& info = table_.namespace_info(c->ns);
+  const uint32_t block_tokens = info.geometry.block_tokens;
+  const size_t count = req.chunk_hashes.size();
+  if (block_tokens == 0 || count == 0 ||
+      (uint64_t{req.first_chunk} + count) * block_tokens > limits::lookup_tokens_max) {
+    return Status::InvalidArgument;
+  }
+  if (c->reservations.size() >= limits::reservations_per_connection_max) {
+    return Status::LimitExceeded;
+  }
+  ret = wire::ReserveBlocksReply{};
+  ret.grants.resize(count);
+  std::vector<size_t> wanted;
+  std::vector<EntrySlot> present;
+  for (size_t i = 0; i < count; ++i) {
+    EntrySlot slot = table_.find_block(c->ns, req.chunk_hashes[i]);
+    const bool repeated = std::find(req.chunk_hashes.begin(), req.chunk_hashes.begin() + i,
+                                    req.chunk_hashes[i]) != req.chunk_hashes.begin() + i;
+    if (slot != no_slot && table_.entry(slot).sealed) {
+      ret.grants[i].disposition = static_cast<uint32_t>(wire::Disposition::Present);
+      if (!repeated) present.push_back(slot);
+    } else if (slot != no_slot || repeated) {
+      ret.grants[i].disposition = static_cast<uint32_t>(wire::Disposition::InFlight);
+    } else {
+      wanted.push_back(i);
+    }
+  }
+  if (wanted.size() * info.block_extent_bytes > options_.reservation_bytes_max) {
+    return Status::LimitExceeded;
+  }
+  counters_.dedup_hits += present.size();
+  // Present blocks are part of this chain: keep them from being evicted for it.
+  for (EntrySlot slot : present) {
+    table_.touch(slot);
+    table_.acquire_lease(slot);
+  }
+  Reservation r;
+  Status status = Status::Ok;
+  for (size_t i : wanted) {
+    NewEntry n{.ns = c->ns,
+               .kind = EntryKind::Block,
+               .key_hash = req.chunk_hashes[i],
+               .extent_bytes = info.block_extent_bytes,
+               .position = static_cast<uint32_t>((req.first_chunk + i + 1) * block_tokens),
+               .anchor_chunks = static_cast<uint32_t>(req.first_chunk + i),
+               .creator_session = req.options.session_id,
+               .entry_class = static_cast<EntryClass>(req.options.entry_class),
+               .evidence = static_cast<Evidence>(req.options.evidence)};
+    EntrySlot slot = no_slot;
+    status = table_.insert_reserved(n, slot);
+    if (status != Status::Ok) break;
+    r.slots.push_back(slot);
+    ret.grants[i].extent_offset = table_.entry(slot).extent_offset;
+  }
+  for (auto it = present.rbegin(); it != present.rend(); ++it) table_.release_lease(*it);
+  if (status != Status::Ok) {
+    drop_reservation(r);
+    ret = wire::ReserveBlocksReply{};
+    return status;
+  }
+  if (r.slots.empty()) return Status::Ok;
+  for (EntrySlot slot : r.slots) {
+    const Entry& e = table_.entry(slot);
+    shm::EntryHeader h = make_entry_header(e, block_tokens, info.geometry.block_payload_bytes);
+    std::memcpy(options_.arena_data + e.extent_offset, &h, sizeof h);
+    r.headers.push_back(h);
+  }
+  ret.reservation_id = next_reservation_id_++;
+  c->reservations.emplace(ret.reservation_id, std::move(r));
+  ++reservations_open_;
+  return Status::Ok;
+}
+
+Status Park::reserve_snapshot(ConnectionId id, const wire::ReserveSnapshotRequest& req,
+                              wire::ReserveSnapshotReply& ret) {
+  Connection* c = greeted(id);
+  if (c == nullptr) return Status::BadState;
+  const NamespaceInfo& info = table_.namespace_info(c->ns);
+  const uint64_t position = uint64_t{req.anchor_chunks} * info.chain_tokens + req.tail_tokens.size();
+  if (req.tail_tokens.size() >= info.chain_tokens || position == 0 ||
+      position > limits::lookup_tokens_max || req.payload_bytes == 0 ||
+      req.payload_bytes > limits::snapshot_payload_bytes_max ||
+      (req.anchor_chunks == 0 && req.anchor_hash != info.id)) {
+    return Status::InvalidArgument;
+  }
+  if (c->reservations.size() >= limits::reservations_per_connection_max) {
+    return Status::LimitExceeded;
+  }
+  ret = wire::ReserveSnapshotReply{};
+  if (EntrySlot slot = table_.find_snapshot(c->ns, req.anchor_hash, req.tail_tokens);
+      slot != no_slot) {
+    const bool sealed = table_.entry(slot).sealed;
+    if (sealed) {
+      table_.touch(slot);
+      ++counters_.dedup_hits;
+    }
+    ret.disposition = static_cast<uint32_t>(sealed ? wire::Disposition::Present
+                                                   : wire::Disposition::InFlight);
+    return Status::Ok;
+  }
+  const uint32_t tail = static_cast<uint32_t>(req.tail_tokens.size());
+  const uint64_t extent_bytes = shm::extent_bytes_for(tail, req.payload_bytes);
+  if (extent_bytes > options_.reservation_bytes_max) return Status::LimitExceeded;
+  NewEntry n{.ns = c->ns,
+             .kind = EntryKind::Snapshot,
+             .key_hash = req.anchor_hash,
+             .tail_tokens = req.tail_tokens,
+             .extent_bytes = extent_bytes,
+             .position = static_cast<uint32_t>(position),
+             .anchor_chunks = req.anchor_chunks,
+             .creator_session = req.options.session_id,
+             .entry_class = static_cast<EntryClass>(req.options.entry_class),
+             .evidence = static_cast<Evidence>(req.options.evidence)};
+  EntrySlot slot = no_slot;
+  if (Status s = table_.insert_reserved(n, slot); s != Status::Ok) return s;
+  const Entry& e = table_.entry(slot);
+  // The daemon knows a snapshot's tail, so it writes header and tokens itself.
+  shm::EntryHeader h = make_entry_header(e, tail, req.payload_bytes);
+  uint8_t* extent = options_.arena_data + e.extent_offset;
+  std::memcpy(extent, &h, sizeof h);
+  std::memcpy(extent + limits::entry_header_bytes, req.tail_tokens.data(),
+              tail * sizeof(int32_t));
+  Reservation r;
+  r.slots.push_back(slot);
+  r.headers.push_back(h);
+  ret.reservation_id = next_reservation_id_++;
+  ret.extent_offset = e.extent_offset;
+  ret.extent_bytes = e.extent_bytes;
+  ret.payload_offset = h.payload_offset;
+  ret.disposition = static_cast<uint32_t>(wire::Disposition::Reserved);
+  c->reservations.emplace(ret.reservation_id, std::move(r));
+  ++reservations_open_;
+  return Status::Ok;
+}
+
+Status Park::seal(ConnectionId id, const wire::ReservationRequest& req) {
+  Connection* c = greeted(id);
+  if (c == nullptr) return Status::BadState;
+  auto it = c->reservations.find(req.reservation_id);
+  if (it == c->reservations.end()) return Status::NotFound;
+  Reservation& r = it->second;
+  // Pair assertion with reserve: a client may write payload and tokens, never headers.
+  bool intact = true;
+  for (size_t i = 0; i < r.slots.size(); ++i) {
+    const uint8_t* extent = options_.arena_data + table_.entry(r.slots[i]).extent_offset;
+    intact = intact && std::memcmp(extent, &r.headers[i], sizeof(shm::EntryHeader)) == 0;
+  }
+  Status status = Status::Ok;
+  if (intact) {
+    // Deepest first, so a chain's root ends up the most recently used.
+    for (auto s = r.slots.rbegin(); s != r.slots.rend(); ++s) table_.seal(*s);
+  } else {
+    ++counters_.seal_corrupt;
+    drop_reservation(r);
+    status = Status::Corrupt;
+  }
+  c->reservations.erase(it);
+  --reservations_open_;
+  return status;
+}
+
+Status Park::abort(ConnectionId id, const wire::ReservationRequest& req) {
+  Connection* c = greeted(id);
+  if (c == nullptr) return Status::BadState;
+  auto it = c->reservations.find(req.reservation_id);
+  if (it == c->reservations.end()) return Status::NotFound;
+  drop_reservation(it->second);
+  c->reservations.erase(it);
+  --reservations_open_;
+  return Status::Ok;
+}
+
+wire::StatsReply Park::stats() const {
+  wire::StatsReply s;
+  s.arena_data_bytes = table_.data_bytes();
+  s.arena_free_bytes = table_.bytes_free();
+  s.arena_largest_free_bytes = table_.largest_free_bytes();
+  s.blocks = table_.blocks();
+  s.snapshots = table_.snapshots();
+  s.namespaces = table_.namespace_count();
+  s.connections = connections_.size();
+  s.leases = leases_open_;
+  s.reservations = reservations_open_;
+  s.lookups = counters_.lookups;
+  s.lookup_hit_tokens = counters_.lookup_hit_tokens;
+  s.evictions = table_.evictions();
+  s.dedup_hits = counters_.dedup_hits;
+  s.protocol_errors = counters_.protocol_errors;
+  return s;
+}
+
+}  // namespace kvpark::daemon

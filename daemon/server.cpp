@@ -1,0 +1,340 @@
+// SOCK_SEQPACKET server over Park (see server.h).
+#include "daemon/server.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/epoll.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cassert>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "daemon/log.h"
+#include "proto/limits.h"
+
+namespace kvpark::daemon {
+namespace {
+
+constexpr uint64_t listen_token = 0;
+constexpr uint64_t signal_token = UINT64_MAX;
+constexpr int listen_backlog = 64;
+constexpr int frames_per_wakeup_max = 16;  // fairness between busy connections
+constexpr int epoll_events_max = 64;
+
+// Whether `pid` lists `gid` among its supplementary groups.
+bool process_in_group(pid_t pid, gid_t gid) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("Groups:", 0) != 0) continue;
+    std::istringstream groups(line.substr(7));
+    unsigned long g;
+    while (groups >> g) {
+      if (g == gid) return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+Server::Server(const ServerOptions& options, Park& park)
+    : options_(options), park_(park), receive_buffer_(limits::frame_bytes_max + 1) {}
+
+Server::~Server() {
+  while (!connections_.empty()) close_connection(connections_.begin()->first);
+  if (listen_fd_ >= 0) {
+    close(listen_fd_);
+    unlink(options_.socket_path.c_str());
+  }
+  if (signal_fd_ >= 0) close(signal_fd_);
+  if (epoll_fd_ >= 0) close(epoll_fd_);
+}
+
+Status Server::listen(int& ret_errno) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (options_.socket_path.empty() || options_.socket_path.size() >= sizeof addr.sun_path) {
+    ret_errno = ENAMETOOLONG;
+    return Status::InvalidArgument;
+  }
+  std::memcpy(addr.sun_path, options_.socket_path.c_str(), options_.socket_path.size());
+  listen_fd_ = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (listen_fd_ < 0) {
+    ret_errno = errno;
+    return Status::IoError;
+  }
+  // A socket file left by a crashed daemon would make bind fail; nobody listens on it.
+  (void)unlink(options_.socket_path.c_str());
+  if (bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      chmod(options_.socket_path.c_str(), 0660) != 0 ||
+      ::listen(listen_fd_, listen_backlog) != 0) {
+    ret_errno = errno;
+    return Status::IoError;
+  }
+  epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+  sigset_t mask;
+  sigemptyset(&mask);
+  sigaddset(&mask, SIGTERM);
+  sigaddset(&mask, SIGINT);
+  signal_fd_ = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
+  if (epoll_fd_ < 0 || signal_fd_ < 0) {
+    ret_errno = errno;
+    return Status::IoError;
+  }
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = listen_token;
+  epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, listen_fd_, &ev);
+  ev.data.u64 = signal_token;
+  epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, signal_fd_, &ev);
+  return Status::Ok;
+}
+
+Status Server::run(int tick_msec, void (*on_tick)(void*), void* tick_context) {
+  assert(epoll_fd_ >= 0);
+  epoll_event events[epoll_events_max];
+  while (!stop_requested_) {
+    int n = epoll_wait(epoll_fd_, events, epoll_events_max, tick_msec);
+    if (n < 0 && errno != EINTR) return Status::IoError;
+    for (int i = 0; i < n; ++i) {
+      const uint64_t token = events[i].data.u64;
+      if (token == listen_token) {
+        accept_all();
+      } else if (token == signal_token) {
+        signalfd_siginfo info{};
+        while (read(signal_fd_, &info, sizeof info) == sizeof info) {
+          log_info("kvparkd: received %s, stopping", strsignal(static_cast<int>(info.ssi_signo)));
+          stop_requested_ = true;
+        }
+      } else {
+        const auto id = static_cast<ConnectionId>(token);
+        if (!connections_.contains(id)) continue;  // closed earlier in this batch
+        if (events[i].events & EPOLLOUT) on_writable(id);
+        if (connections_.contains(id) && (events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR))) {
+          on_readable(id);
+        }
+      }
+    }
+    if (on_tick != nullptr) on_tick(tick_context);
+  }
+  return Status::Ok;
+}
+
+bool Server::peer_allowed(const ucred& cred) const {
+  if (cred.uid == 0 || cred.uid == geteuid()) return true;
+  const gid_t group = options_.attach_gid;
+  return group != static_cast<gid_t>(-1) &&
+         (cred.gid == group || process_in_group(cred.pid, group));
+}
+
+void Server::accept_all() {
+  for (;;) {
+    int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED) {
+        log_warning("kvparkd: accept failed: %s", strerror(errno));
+      }
+      return;
+    }
+    ucred cred{};
+    socklen_t len = sizeof cred;
+    Status refusal = Status::Ok;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || !peer_allowed(cred)) {
+      refusal = Status::PermissionDenied;
+    }
+    const ConnectionId id = next_id_++;
+    if (refusal == Status::Ok) refusal = park_.open(id, static_cast<uint32_t>(cred.pid));
+    if (refusal != Status::Ok) {
+      // Tell the peer why before closing; its HELLO reads this reply.
+      std::vector<uint8_t> frame;
+      wire::encode(static_cast<uint16_t>(wire::Verb::Hello) | wire::reply_bit,
+                   static_cast<uint16_t>(refusal), 0, frame);
+      (void)send(fd, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      close(fd);
+      log_warning("kvparkd: refused pid %d uid %u: %s", cred.pid, cred.uid,
+                  std::string(status_name(refusal)).c_str());
+      continue;
+    }
+    connections_.emplace(id, Connection{.fd = fd, .pid = cred.pid, .uid = cred.uid});
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = id;
+    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
+  }
+}
+
+void Server::update_interest(ConnectionId id) {
+  Connection& c = connections_.at(id);
+  epoll_event ev{};
+  ev.events = c.outbox.empty() ? EPOLLIN : EPOLLOUT;
+  ev.data.u64 = id;
+  epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, c.fd, &ev);
+}
+
+void Server::on_readable(ConnectionId id) {
+  for (int i = 0; i < frames_per_wakeup_max; ++i) {
+    Connection& c = connections_.at(id);
+    if (!c.outbox.empty()) return;
+    iovec iov{receive_buffer_.data(), receive_buffer_.size()};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    // No control buffer: any fds a peer tries to pass are discarded by the kernel
+    // and flagged MSG_CTRUNC, which we treat as a protocol error.
+    ssize_t n = recvmsg(c.fd, &msg, MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EINTR) return;
+      close_connection(id);
+      return;
+    }
+    if (n == 0) {  // EOF: the engine exited or crashed
+      close_connection(id);
+      return;
+    }
+    if ((msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0 ||
+        !handle_frame(id, {receive_buffer_.data(), static_cast<size_t>(n)})) {
+      park_.count_protocol_error();
+      log_warning_limited("kvparkd: protocol error from pid %d, closing its connection",
+                          c.pid);
+      close_connection(id);
+      return;
+    }
+    if (!connections_.contains(id)) return;
+  }
+}
+
+void Server::on_writable(ConnectionId id) {
+  Connection& c = connections_.at(id);
+  std::vector<uint8_t> frame = std::move(c.outbox);
+  c.outbox.clear();
+  if (!send_reply(id, frame, c.send_fd_with_outbox)) return;
+  if (connections_.at(id).outbox.empty()) on_readable(id);
+}
+
+bool Server::send_reply(ConnectionId id, std::vector<uint8_t>& frame, bool with_arena_fd) {
+  Connection& c = connections_.at(id);
+  iovec iov{frame.data(), frame.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  if (with_arena_fd) {
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
+    cmsg->cmsg_level = SOL_SOCKET;
+    cmsg->cmsg_type = SCM_RIGHTS;
+    cmsg->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(cmsg), &options_.arena_fd, sizeof(int));
+  }
+  ssize_t n = sendmsg(c.fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+  if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+    c.outbox = std::move(frame);
+    c.send_fd_with_outbox = with_arena_fd;
+    c.waiting_writable = true;
+    update_interest(id);
+    return true;
+  }
+  if (n < 0) {  // EPIPE, ECONNRESET: the peer is gone
+    close_connection(id);
+    return false;
+  }
+  assert(static_cast<size_t>(n) == frame.size() && "seqpacket sends whole messages");
+  if (c.waiting_writable) {  // the outbox drained: listen for requests again
+    c.waiting_writable = false;
+    c.send_fd_with_outbox = false;
+    update_interest(id);
+  }
+  return true;
+}
+
+bool Server::handle_frame(ConnectionId id, std::span<const uint8_t> message) {
+  wire::FrameHeader header;
+  std::span<const uint8_t> body;
+  if (wire::decode_header(message, header, body) != Status::Ok) return false;
+  if ((header.verb & wire::reply_bit) != 0 || header.status != 0) return false;
+  const auto verb = static_cast<wire::Verb>(header.verb);
+  const uint16_t reply_verb = header.verb | wire::reply_bit;
+  const uint32_t seq = header.sequence;
+  std::vector<uint8_t> out;
+  bool with_fd = false;
+  Status status = Status::Ok;
+  // Each case decodes strictly; a body that does not decode closes the connection.
+  switch (verb) {
+    case wire::Verb::Hello: {
+      wire::HelloRequest req;
+      wire::HelloReply rep;
+      if (wire::decode(body, req) != Status::Ok) return false;
+      status = park_.hello(id, req, rep);
+      if (status == Status::Ok) {
+        wire::encode(rep, seq, out);
+        with_fd = true;
+      }
+      break;
+    }
+    case wire::Verb::Lookup: {
+      wire::LookupRequest req;
+      wire::LookupReply rep;
+      if (wire::decode(body, req) != Status::Ok) return false;
+      status = park_.lookup(id, req, rep);
+      if (status == Status::Ok) wire::encode(rep, seq, out);
+      break;
+    }
+    case wire::Verb::Release: {
+      wire::ReleaseRequest req;
+      if (wire::decode(body, req) != Status::Ok) return false;
+      status = park_.release(id, req);
+      break;
+    }
+    case wire::Verb::ReserveBlocks: {
+      wire::ReserveBlocksRequest req;
+      wire::ReserveBlocksReply rep;
+      if (wire::decode(body, req) != Status::Ok) return false;
+      status = park_.reserve_blocks(id, req, rep);
+      if (status == Status::Ok) wire::encode(rep, seq, out);
+      break;
+    }
+    case wire::Verb::ReserveSnapshot: {
+      wire::ReserveSnapshotRequest req;
+      wire::ReserveSnapshotReply rep;
+      if (wire::decode(body, req) != Status::Ok) return false;
+      status = park_.reserve_snapshot(id, req, rep);
+      if (status == Status::Ok) wire::encode(rep, seq, out);
+      break;
+    }
+    case wire::Verb::Seal:
+    case wire::Verb::Abort: {
+      wire::ReservationRequest req;
+      if (wire::decode(body, req) != Status::Ok) return false;
+      status = verb == wire::Verb::Seal ? park_.seal(id, req) : park_.abort(id, req);
+      break;
+    }
+    case wire::Verb::Stats: {
+      if (!body.empty()) return false;
+      wire::encode(park_.stats(), seq, out);
+      break;
+    }
+  }
+  if (out.empty()) wire::encode(reply_verb, static_cast<uint16_t>(status), seq, out);
+  send_reply(id, out, with_fd);  // on failure it closes the connection itself
+  return true;
+}
+
+void Server::close_connection(ConnectionId id) {
+  auto it = connections_.find(id);
+  if (it == connections_.end()) return;
+  epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, it->second.fd, nullptr);
+  close(it->second.fd);
+  connections_.erase(it);
+  park_.close(id);
+}
+
+}  // namespace kvpark::daemon

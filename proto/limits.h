@@ -1,0 +1,58 @@
+// Every limit kvpark enforces, in one place, with its unit last.
+//
+// Everything a client controls has a cap here: connections, leases, reservations,
+// tokens per lookup, frame size. The daemon checks each one and answers with
+// Status::LimitExceeded; tests exercise each at N and N+1.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace kvpark::limits {
+
+// Wire protocol.
+inline constexpr uint16_t protocol_version = 1;
+// One SOCK_SEQPACKET message. Must fit the default unix socket send buffer
+// (net.core.wmem_default = 212992 bytes) so no client needs privileged tuning.
+inline constexpr size_t frame_bytes_max = 160 * 1024;
+inline constexpr size_t client_name_bytes_max = 64;
+
+// Hash chunks per LOOKUP (16 bytes each on the wire). 8192 chunks of 16 tokens
+// cover a 128k-token prompt with the smallest page size engines use.
+inline constexpr size_t lookup_chunks_max = 8192;
+inline constexpr size_t lookup_tokens_max = 1024 * 1024;
+// Snapshot candidates returned by one LOOKUP; the client confirms their tails.
+inline constexpr size_t lookup_snapshot_candidates_max = 8;
+
+// Namespace geometry.
+inline constexpr uint32_t block_tokens_max = 4096;
+// Hash granularity of snapshot-only namespaces (block_tokens == 0).
+inline constexpr uint32_t snapshot_chain_tokens = 64;
+inline constexpr uint64_t block_payload_bytes_max = 256ull * 1024 * 1024;
+inline constexpr uint64_t snapshot_payload_bytes_max = 64ull * 1024 * 1024 * 1024;
+
+// Per connection.
+inline constexpr size_t connections_max = 256;
+inline constexpr size_t leases_per_connection_max = 1024;
+inline constexpr size_t reservations_per_connection_max = 256;
+inline constexpr size_t reserve_blocks_max = 1024;  // blocks in one RESERVE
+
+// Arena.
+inline constexpr size_t arena_header_bytes = 4096;  // one page, mapped read-only by clients
+inline constexpr size_t extent_align_bytes = 4096;  // O_DIRECT and page granularity
+inline constexpr size_t entry_header_bytes = 256;   // entry header + padding
+inline constexpr size_t payload_align_bytes = 256;  // payload start inside an extent
+inline constexpr uint64_t arena_bytes_min = 16ull * 1024 * 1024;
+inline constexpr uint64_t arena_bytes_default = 1024ull * 1024 * 1024;
+
+static_assert(frame_bytes_max >= 64 + lookup_chunks_max * 16,
+              "a LOOKUP of lookup_chunks_max hashes must fit one frame");
+static_assert(frame_bytes_max >= 64 + reserve_blocks_max * (16 + 8),
+              "a RESERVE reply of reserve_blocks_max extents must fit one frame");
+static_assert(extent_align_bytes % payload_align_bytes == 0);
+static_assert(entry_header_bytes % payload_align_bytes == 0);
+static_assert(arena_header_bytes % extent_align_bytes == 0,
+              "the data region must start O_DIRECT-aligned");
+static_assert(block_tokens_max * 4 <= 64 * 1024, "a block's token ids stay small");
+
+}  // namespace kvpark::limits

@@ -1,0 +1,174 @@
+// The kvparkd wire protocol: one request or reply per SOCK_SEQPACKET message.
+//
+// Every message is a FrameHeader followed by body_bytes of body; integers are
+// little-endian, fields packed in declaration order (see wire.cpp). A decoder
+// never trusts a length: counts are checked against the bytes actually present
+// before anything is allocated, and trailing bytes are an error. A frame that
+// fails to decode is a ProtocolError and the daemon closes that connection.
+// Payload bytes never travel here; they live in the shared-memory arena.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "proto/status.h"
+#include "proto/types.h"
+
+namespace kvpark::wire {
+
+enum class Verb : uint16_t {
+  Hello = 1,
+  Lookup = 2,
+  Release = 3,
+  ReserveBlocks = 4,
+  ReserveSnapshot = 5,
+  Seal = 6,
+  Abort = 7,
+  Stats = 8,
+};
+inline constexpr uint16_t verb_max = 8;
+
+struct FrameHeader {
+  uint16_t verb = 0;
+  uint16_t status = 0;  // replies only; requests send 0
+  uint32_t sequence = 0;
+  uint32_t body_bytes = 0;
+  uint32_t reserved = 0;
+};
+inline constexpr size_t frame_header_bytes = 16;
+
+struct HelloRequest {
+  uint16_t protocol_version = 0;
+  NamespaceId namespace_id;
+  Geometry geometry;
+  uint32_t prefill_tokens_per_second = 0;  // engine's own estimate; 0 = unknown
+  std::string client_name;
+};
+struct HelloReply {
+  uint64_t arena_bytes = 0;  // whole shared object, header included
+  uint64_t incarnation = 0;
+  uint32_t connection_id = 0;
+  uint32_t chain_tokens = 0;          // tokens per hash chunk for this namespace
+  uint64_t block_extent_bytes = 0;    // arena bytes one block occupies
+  uint32_t block_payload_offset = 0;  // payload start inside a block extent
+  uint32_t reserved = 0;
+};
+
+struct LookupRequest {
+  uint64_t session_id = 0;
+  uint32_t prompt_tokens = 0;
+  std::vector<Hash128> chunk_hashes;  // h[0..n) over whole chunks
+  std::vector<int32_t> tail_tokens;   // the tokens after the last whole chunk
+};
+struct SnapshotCandidate {
+  uint64_t extent_offset = 0;  // from the data region start
+  uint32_t position = 0;       // tokens restored if this snapshot is used
+  uint32_t anchor_chunks = 0;  // whole chunks before its tail
+  uint32_t reuse_kind = 0;     // ReuseKind if this snapshot is used
+};
+struct LookupReply {
+  uint64_t lease_id = 0;            // 0: nothing leased
+  uint32_t restorable_tokens = 0;   // through blocks alone; snapshots may extend it
+  uint8_t reuse_kind = 0;           // ReuseKind of the block prefix
+  std::vector<uint64_t> block_offsets;  // extents of blocks 0..k-1, data-region offsets
+  std::vector<SnapshotCandidate> snapshots;  // deepest first; the client confirms tails
+};
+
+struct ReleaseRequest {
+  uint64_t lease_id = 0;
+};
+
+struct PublishOptions {
+  uint64_t session_id = 0;
+  uint8_t entry_class = 0;  // EntryClass
+  uint8_t evidence = 0;     // Evidence
+};
+
+struct ReserveBlocksRequest {
+  PublishOptions options;
+  uint32_t first_chunk = 0;  // chain index of chunk_hashes[0]
+  std::vector<Hash128> chunk_hashes;
+};
+enum class Disposition : uint32_t { Reserved = 0, Present = 1, InFlight = 2 };
+struct BlockGrant {
+  uint64_t extent_offset = 0;  // valid when disposition == Reserved
+  uint32_t disposition = 0;
+};
+struct ReserveBlocksReply {
+  uint64_t reservation_id = 0;  // 0: nothing reserved
+  std::vector<BlockGrant> grants;
+};
+
+struct ReserveSnapshotRequest {
+  PublishOptions options;
+  uint32_t anchor_chunks = 0;
+  Hash128 anchor_hash;  // h[anchor_chunks-1], or the namespace seed when 0
+  uint64_t payload_bytes = 0;
+  std::vector<int32_t> tail_tokens;
+};
+struct ReserveSnapshotReply {
+  uint64_t reservation_id = 0;
+  uint64_t extent_offset = 0;
+  uint64_t extent_bytes = 0;
+  uint32_t payload_offset = 0;
+  uint32_t disposition = 0;
+};
+
+struct ReservationRequest {  // SEAL and ABORT
+  uint64_t reservation_id = 0;
+};
+
+struct StatsReply {
+  uint64_t arena_data_bytes = 0;
+  uint64_t arena_free_bytes = 0;
+  uint64_t arena_largest_free_bytes = 0;
+  uint64_t blocks = 0;
+  uint64_t snapshots = 0;
+  uint64_t namespaces = 0;
+  uint64_t connections = 0;
+  uint64_t leases = 0;
+  uint64_t reservations = 0;
+  uint64_t lookups = 0;
+  uint64_t lookup_hit_tokens = 0;
+  uint64_t evictions = 0;
+  uint64_t dedup_hits = 0;  // reserves answered Present
+  uint64_t protocol_errors = 0;
+};
+
+// Encoding appends one whole message (header + body) to `out`.
+void encode(uint16_t verb, uint16_t status, uint32_t sequence, std::vector<uint8_t>& out);
+void encode(const HelloRequest& msg, uint32_t sequence, std::vector<uint8_t>& out);
+void encode(const HelloReply& msg, uint32_t sequence, std::vector<uint8_t>& out);
+void encode(const LookupRequest& msg, uint32_t sequence, std::vector<uint8_t>& out);
+void encode(const LookupReply& msg, uint32_t sequence, std::vector<uint8_t>& out);
+void encode(const ReleaseRequest& msg, uint32_t sequence, std::vector<uint8_t>& out);
+void encode(const ReserveBlocksRequest& msg, uint32_t sequence, std::vector<uint8_t>& out);
+void encode(const ReserveBlocksReply& msg, uint32_t sequence, std::vector<uint8_t>& out);
+void encode(const ReserveSnapshotRequest& msg, uint32_t sequence, std::vector<uint8_t>& out);
+void encode(const ReserveSnapshotReply& msg, uint32_t sequence, std::vector<uint8_t>& out);
+void encode(Verb verb, const ReservationRequest& msg, uint32_t sequence, std::vector<uint8_t>& out);
+void encode(const StatsReply& msg, uint32_t sequence, std::vector<uint8_t>& out);
+
+// Splits a received message into header and body; checks sizes and the verb range.
+Status decode_header(std::span<const uint8_t> message, FrameHeader& ret_header,
+                     std::span<const uint8_t>& ret_body);
+
+// Each decoder consumes the whole body or fails with ProtocolError.
+Status decode(std::span<const uint8_t> body, HelloRequest& ret);
+Status decode(std::span<const uint8_t> body, HelloReply& ret);
+Status decode(std::span<const uint8_t> body, LookupRequest& ret);
+Status decode(std::span<const uint8_t> body, LookupReply& ret);
+Status decode(std::span<const uint8_t> body, ReleaseRequest& ret);
+Status decode(std::span<const uint8_t> body, ReserveBlocksRequest& ret);
+Status decode(std::span<const uint8_t> body, ReserveBlocksReply& ret);
+Status decode(std::span<const uint8_t> body, ReserveSnapshotRequest& ret);
+Status decode(std::span<const uint8_t> body, ReserveSnapshotReply& ret);
+Status decode(std::span<const uint8_t> body, ReservationRequest& ret);
+Status decode(std::span<const uint8_t> body, StatsReply& ret);
+
+// Reply verbs are the request verb with this bit set.
+inline constexpr uint16_t reply_bit = 0x8000;
+
+}  // namespace kvpark::wire

@@ -1,0 +1,50 @@
+// Daemon-side allocator of arena extents.
+//
+// Model: the data region is a line of extent_align_bytes granules. Free space is a
+// set of maximal free runs, indexed by offset (for coalescing) and by size (for
+// best fit). allocate() takes the smallest run that fits and carves from its low
+// end; free() merges the run with free neighbours, so two adjacent free runs never
+// exist. Fragmentation is therefore external only and bounded by the mix of sizes:
+// a workload of equal-sized blocks never fragments; mixed sizes can leave holes
+// smaller than a large request, which eviction then frees (largest_free_bytes()
+// reports the biggest contiguous run). All operations are O(log runs).
+// Not thread-safe: the daemon's event loop owns it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <set>
+#include <utility>
+
+namespace kvpark::shm {
+
+class ExtentAllocator {
+ public:
+  // capacity_bytes and every size are multiples of granularity_bytes.
+  ExtentAllocator(uint64_t capacity_bytes, uint64_t granularity_bytes);
+
+  // Returns false (ret_offset untouched) when no free run holds `bytes`.
+  bool allocate(uint64_t bytes, uint64_t& ret_offset);
+  // Returns an extent obtained from allocate(); freeing anything else is a bug.
+  void free(uint64_t offset, uint64_t bytes);
+
+  uint64_t capacity_bytes() const { return capacity_bytes_; }
+  uint64_t bytes_free() const { return bytes_free_; }
+  uint64_t bytes_used() const { return capacity_bytes_ - bytes_free_; }
+  uint64_t largest_free_bytes() const;
+  size_t free_runs() const { return by_offset_.size(); }
+  uint64_t granularity_bytes() const { return granularity_bytes_; }
+
+ private:
+  void insert_run(uint64_t offset, uint64_t bytes);
+  void erase_run(std::map<uint64_t, uint64_t>::iterator it);
+
+  uint64_t capacity_bytes_;
+  uint64_t granularity_bytes_;
+  uint64_t bytes_free_;
+  std::map<uint64_t, uint64_t> by_offset_;             // offset -> bytes
+  std::set<std::pair<uint64_t, uint64_t>> by_size_;    // (bytes, offset)
+};
+
+}  // namespace kvpark::shm
