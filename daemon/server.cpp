@@ -117,6 +117,10 @@ Status Server::run(int tick_msec, void (*on_tick)(void*), void* tick_context) {
       } else {
         const auto id = static_cast<ConnectionId>(token);
         if (!connections_.contains(id)) continue;  // closed earlier in this batch
+        if ((events[i].events & (EPOLLHUP | EPOLLERR)) && !connections_.at(id).outbox.empty()) {
+          close_connection(id);  // a peer that hung up cannot take its pending reply
+          continue;
+        }
         if (events[i].events & EPOLLOUT) on_writable(id);
         if (connections_.contains(id) && (events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR))) {
           on_readable(id);
