@@ -8,6 +8,15 @@
 #include "shm/arena_format.h"
 
 namespace kvpark::daemon {
+namespace {
+
+uint64_t coarse_now_usec() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return uint64_t(ts.tv_sec) * 1'000'000 + uint64_t(ts.tv_nsec) / 1000;
+}
+
+}  // namespace
 
 EntryTable::EntryTable(uint64_t data_bytes, uint64_t extent_align_bytes)
     : allocator_(data_bytes, extent_align_bytes) {}
@@ -81,6 +90,7 @@ Status EntryTable::insert_reserved(const NewEntry& n, EntrySlot& ret_slot) {
   } else {
     slot = static_cast<EntrySlot>(slots_.size());
     slots_.emplace_back();
+    generations_.push_back(1);
   }
   Entry& e = slots_[slot];
   e = Entry{};
@@ -90,6 +100,7 @@ Status EntryTable::insert_reserved(const NewEntry& n, EntrySlot& ret_slot) {
   e.extent_bytes = n.extent_bytes;
   e.creator_session = n.creator_session;
   e.last_use_tick = ++tick_;
+  e.last_use_usec = coarse_now_usec();
   e.ns = n.ns;
   e.position = n.position;
   e.anchor_chunks = n.anchor_chunks;
@@ -139,6 +150,7 @@ void EntryTable::remove_from_index(EntrySlot slot) {
 void EntryTable::erase(EntrySlot slot) {
   Entry& e = slots_.at(slot);
   assert(e.in_use && e.leases == 0);
+  if (e.pinned) --pinned_;
   if (e.sealed) {
     if (!e.pinned) lru_unlink(slot);
     NamespaceInfo& info = namespaces_[e.ns];
@@ -154,6 +166,7 @@ void EntryTable::erase(EntrySlot slot) {
   remove_from_index(slot);
   allocator_.free(e.extent_offset, e.extent_bytes);
   e = Entry{};
+  ++generations_[slot];
   free_slots_.push_back(slot);
   --slots_in_use_;
 }
@@ -162,6 +175,12 @@ void EntryTable::evict_one() {
   assert(lru_tail_ != no_slot);
   erase(lru_tail_);
   ++evictions_;
+}
+
+bool EntryTable::evict_lru() {
+  if (lru_tail_ == no_slot) return false;
+  evict_one();
+  return true;
 }
 
 void EntryTable::acquire_lease(EntrySlot slot) {
@@ -181,10 +200,30 @@ void EntryTable::touch(EntrySlot slot) {
   assert(e.in_use && e.sealed);
   ++e.hits;
   e.last_use_tick = ++tick_;
+  e.last_use_usec = coarse_now_usec();
   if (evictable(e)) {
     lru_unlink(slot);
     lru_push_front(slot);
   }
+}
+
+EntrySlot EntryTable::slot_for_id(uint64_t id) const {
+  const auto slot = static_cast<EntrySlot>(id & 0xffffffffu);
+  if (slot >= slots_.size() || generations_[slot] != (id >> 32) || !slots_[slot].in_use) {
+    return no_slot;
+  }
+  return slot;
+}
+
+void EntryTable::set_pinned(EntrySlot slot, bool pinned) {
+  Entry& e = slots_.at(slot);
+  assert(e.in_use && e.sealed);
+  if (e.pinned == pinned) return;
+  const bool was_evictable = evictable(e);
+  e.pinned = pinned;
+  pinned ? ++pinned_ : --pinned_;
+  if (was_evictable) lru_unlink(slot);
+  if (evictable(e)) lru_push_front(slot);
 }
 
 void EntryTable::lru_push_front(EntrySlot slot) {

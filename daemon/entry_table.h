@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <ctime>
 #include <span>
 #include <unordered_map>
 #include <vector>
@@ -47,6 +48,7 @@ struct Entry {
   uint64_t creator_session = 0;
   uint64_t hits = 0;
   uint64_t last_use_tick = 0;
+  uint64_t last_use_usec = 0;        // CLOCK_MONOTONIC_COARSE
   NamespaceIndex ns = 0;
   uint32_t position = 0;             // tokens restored through this entry
   uint32_t anchor_chunks = 0;
@@ -101,8 +103,17 @@ class EntryTable {
   void acquire_lease(EntrySlot slot);
   void release_lease(EntrySlot slot);
   void touch(EntrySlot slot);  // a hit: count it and make it most recent
+  bool evict_lru();            // evicts the least recently used entry; false if none
 
   const Entry& entry(EntrySlot slot) const { return slots_.at(slot); }
+  // Operator-visible ids: a slot and its reuse generation, so a stale id never
+  // names a newer entry in the same slot.
+  uint64_t entry_id(EntrySlot slot) const { return (uint64_t{generations_.at(slot)} << 32) | slot; }
+  EntrySlot slot_for_id(uint64_t id) const;
+  size_t slot_count() const { return slots_.size(); }  // iterate, skipping !in_use
+  // Pinned entries are never evicted.
+  void set_pinned(EntrySlot slot, bool pinned);
+  uint64_t pinned() const { return pinned_; }
 
   uint64_t data_bytes() const { return allocator_.capacity_bytes(); }
   uint64_t bytes_free() const { return allocator_.bytes_free(); }
@@ -133,6 +144,7 @@ class EntryTable {
   std::vector<NamespaceInfo> namespaces_;
   std::unordered_map<NamespaceId, NamespaceIndex, Hash128Hasher> namespace_by_id_;
   std::vector<Entry> slots_;
+  std::vector<uint32_t> generations_;  // bumped when a slot is freed
   std::vector<EntrySlot> free_slots_;
   std::unordered_map<BlockKey, EntrySlot, BlockKeyHasher> blocks_;
   std::unordered_map<BlockKey, std::vector<EntrySlot>, BlockKeyHasher> snapshots_;  // by anchor
@@ -143,6 +155,7 @@ class EntryTable {
   uint64_t sealed_blocks_ = 0;
   uint64_t sealed_snapshots_ = 0;
   uint64_t evictions_ = 0;
+  uint64_t pinned_ = 0;
   size_t slots_in_use_ = 0;
 };
 

@@ -9,7 +9,9 @@
 #include <cstring>
 #include <filesystem>
 
+#include "daemon/control_plane.h"
 #include "daemon/entry_table.h"
+#include "daemon/loop_queue.h"
 #include "daemon/log.h"
 #include "daemon/options.h"
 #include "daemon/park.h"
@@ -22,6 +24,13 @@ using namespace kvpark;
 namespace {
 
 constexpr int tick_msec = 1000;
+constexpr const char* version = "0.1.0";
+
+uint64_t monotonic_usec() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1'000'000 + uint64_t(ts.tv_nsec) / 1000;
+}
 
 uint64_t random_incarnation() {
   uint64_t value = 0;
@@ -81,14 +90,23 @@ int main(int argc, char** argv) {
     log_error("kvparkd: cannot listen on %s: %s", options.socket_path.c_str(), strerror(err));
     return 1;
   }
+  daemon::LoopQueue loop;
+  server.watch(loop.event_fd(), [&loop] { loop.drain(); });
+  daemon::ControlPlane control({.version = version,
+                                .socket_path = options.socket_path,
+                                .incarnation = incarnation,
+                                .start_usec = monotonic_usec()},
+                               park, table, loop);
   log_info("kvparkd: ready on %s, arena %s of %llu MiB, incarnation %016llx",
            options.socket_path.c_str(), options.arena_name.c_str(),
            static_cast<unsigned long long>(arena->data_bytes() >> 20),
            static_cast<unsigned long long>(incarnation));
-  if (server.run(tick_msec, nullptr, nullptr) != Status::Ok) {
+  auto on_tick = [](void* context) { static_cast<daemon::Park*>(context)->tick(); };
+  if (server.run(tick_msec, on_tick, &park) != Status::Ok) {
     log_error("kvparkd: event loop failed: %s", strerror(errno));
     return 1;
   }
+  loop.close();  // adapter threads waiting on the loop get 'unavailable' from here on
   log_info("kvparkd: stopped cleanly");
   return 0;
 }

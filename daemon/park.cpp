@@ -75,8 +75,8 @@ Status Park::lookup(ConnectionId id, const wire::LookupRequest& req, wire::Looku
   const uint32_t chain = info.chain_tokens;
   const uint32_t block_tokens = info.geometry.block_tokens;
   const size_t chunks = req.chunk_hashes.size();
-  if (req.prompt_tokens == 0 || req.prompt_tokens > limits::lookup_tokens_max ||
-      req.tail_tokens.size() >= chain ||
+  if (req.prompt_tokens > limits::lookup_tokens_max) return Status::LimitExceeded;
+  if (req.prompt_tokens == 0 || req.tail_tokens.size() >= chain ||
       uint64_t{chunks} * chain + req.tail_tokens.size() != req.prompt_tokens) {
     return Status::InvalidArgument;
   }
@@ -251,8 +251,13 @@ Status Park::reserve_blocks(ConnectionId id, const wire::ReserveBlocksRequest& r
     table_.acquire_lease(slot);
   }
   Reservation r;
-  Status status = Status::Ok;
+  // A reservation that can never fit must not evict parked entries on its way to failing.
+  Status status = wanted.size() * info.block_extent_bytes >
+                          table_.bytes_free() + table_.evictable_bytes()
+                      ? Status::ArenaFull
+                      : Status::Ok;
   for (size_t i : wanted) {
+    if (status != Status::Ok) break;
     NewEntry n{.ns = c->ns,
                .kind = EntryKind::Block,
                .key_hash = req.chunk_hashes[i],
@@ -384,6 +389,37 @@ Status Park::abort(ConnectionId id, const wire::ReservationRequest& req) {
   c->reservations.erase(it);
   --reservations_open_;
   return Status::Ok;
+}
+
+Status Park::evict_entry(EntrySlot slot) {
+  const Entry& e = table_.entry(slot);
+  if (!e.sealed || e.leases > 0 || e.pinned) return Status::BadState;
+  table_.erase(slot);
+  return Status::Ok;
+}
+
+Status Park::drop_namespace(const NamespaceId& id, uint64_t& ret_dropped) {
+  uint64_t dropped = 0;
+  bool found = false;
+  for (EntrySlot slot = 0; slot < table_.slot_count(); ++slot) {
+    const Entry& e = table_.entry(slot);
+    if (!e.in_use || table_.namespace_info(e.ns).id != id) continue;
+    found = true;
+    if (e.sealed && e.leases == 0) {
+      table_.erase(slot);
+      ++dropped;
+    }
+  }
+  for (size_t ns = 0; ns < table_.namespace_count() && !found; ++ns) {
+    found = table_.namespace_info(static_cast<NamespaceIndex>(ns)).id == id;
+  }
+  ret_dropped = dropped;
+  return found ? Status::Ok : Status::NotFound;
+}
+
+void Park::tick() {
+  while (table_.bytes_free() < low_water_bytes_ && table_.evict_lru()) {
+  }
 }
 
 wire::StatsReply Park::stats() const {

@@ -56,6 +56,18 @@ class Park {
   Status abort(ConnectionId id, const wire::ReservationRequest& req);
   wire::StatsReply stats() const;
 
+  // Operator commands (see control.h); they never touch leased entries.
+  Status evict_entry(EntrySlot slot);
+  Status drop_namespace(const NamespaceId& id, uint64_t& ret_dropped);
+  void set_reservation_bytes_max(uint64_t bytes) { options_.reservation_bytes_max = bytes; }
+  uint64_t reservation_bytes_max() const { return options_.reservation_bytes_max; }
+  // Keeps at least this many arena bytes free, evicting in LRU order on tick().
+  void set_low_water_bytes(uint64_t bytes) { low_water_bytes_ = bytes; }
+  uint64_t low_water_bytes() const { return low_water_bytes_; }
+  void tick();
+
+  uint64_t leases_open() const { return leases_open_; }
+  uint64_t reservations_open() const { return reservations_open_; }
   void count_protocol_error() { ++counters_.protocol_errors; }
   const Counters& counters() const { return counters_; }
   size_t connection_count() const { return connections_.size(); }
@@ -87,6 +99,7 @@ class Park {
   uint64_t next_reservation_id_ = 1;
   uint64_t leases_open_ = 0;
   uint64_t reservations_open_ = 0;
+  uint64_t low_water_bytes_ = 0;
   Counters counters_;
 };
 

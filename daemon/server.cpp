@@ -24,6 +24,7 @@ namespace {
 
 constexpr uint64_t listen_token = 0;
 constexpr uint64_t signal_token = UINT64_MAX;
+constexpr uint64_t watch_token_base = uint64_t{1} << 40;  // above every ConnectionId
 constexpr int listen_backlog = 64;
 constexpr int frames_per_wakeup_max = 16;  // fairness between busy connections
 constexpr int epoll_events_max = 64;
@@ -108,6 +109,8 @@ Status Server::run(int tick_msec, void (*on_tick)(void*), void* tick_context) {
       const uint64_t token = events[i].data.u64;
       if (token == listen_token) {
         accept_all();
+      } else if (token >= watch_token_base && token != signal_token) {
+        watches_.at(token - watch_token_base)();
       } else if (token == signal_token) {
         signalfd_siginfo info{};
         while (read(signal_fd_, &info, sizeof info) == sizeof info) {
@@ -130,6 +133,15 @@ Status Server::run(int tick_msec, void (*on_tick)(void*), void* tick_context) {
     if (on_tick != nullptr) on_tick(tick_context);
   }
   return Status::Ok;
+}
+
+void Server::watch(int fd, std::function<void()> on_readable) {
+  assert(epoll_fd_ >= 0 && "listen() first");
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = watch_token_base + watches_.size();
+  watches_.push_back(std::move(on_readable));
+  epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
 }
 
 bool Server::peer_allowed(const ucred& cred) const {

@@ -11,6 +11,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -38,6 +39,8 @@ class Server {
   // `on_tick` runs at least every tick_msec.
   Status run(int tick_msec, void (*on_tick)(void*), void* tick_context);
   void request_stop() { stop_requested_ = true; }
+  // Runs `on_readable` on the loop whenever `fd` is readable (eventfds of other parts).
+  void watch(int fd, std::function<void()> on_readable);
 
  private:
   struct Connection {
@@ -66,6 +69,7 @@ class Server {
   int signal_fd_ = -1;
   ConnectionId next_id_ = 1;
   std::unordered_map<ConnectionId, Connection> connections_;
+  std::vector<std::function<void()>> watches_;  // epoll token watch_token_base + index
   std::vector<uint8_t> receive_buffer_;
   bool stop_requested_ = false;
 };

@@ -1,0 +1,142 @@
+// The operator's view of the daemon: queries and commands for the D-Bus and HTTP
+// adapters and for kvparkctl.
+//
+// Adapters run on their own threads; every method here may be called from any
+// thread. Each call is carried out on the event loop (LoopQueue) so the core
+// stays single-threaded, and returns plain values: the adapters translate them to
+// D-Bus, JSON or Prometheus text, and know nothing of the core's internals.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "proto/status.h"
+#include "proto/types.h"
+
+namespace kvpark::daemon {
+
+enum class Tier : uint8_t { Host = 1, Disk = 2, Both = 3 };
+
+struct StatusInfo {
+  std::string version;
+  uint64_t incarnation = 0;
+  uint64_t uptime_usec = 0;
+  std::string socket_path;
+  // Host arena.
+  uint64_t arena_data_bytes = 0;
+  uint64_t arena_used_bytes = 0;
+  uint64_t arena_free_bytes = 0;
+  uint64_t arena_largest_free_bytes = 0;
+  uint64_t arena_low_water_bytes = 0;
+  uint64_t reservation_bytes_max = 0;
+  // Disk tier (zero / false when it is off).
+  bool disk_enabled = false;
+  std::string disk_directory;
+  uint64_t disk_bytes = 0;
+  uint64_t disk_capacity_bytes = 0;
+  uint64_t disk_write_budget_bytes_per_day = 0;
+  uint64_t disk_written_today_bytes = 0;
+  // Population.
+  uint64_t entries = 0;
+  uint64_t blocks = 0;
+  uint64_t snapshots = 0;
+  uint64_t pinned = 0;
+  uint64_t namespaces = 0;
+  uint64_t connections = 0;
+  uint64_t leases = 0;
+  uint64_t reservations = 0;
+  // Counters since start.
+  uint64_t lookups = 0;
+  uint64_t lookup_hit_tokens = 0;
+  uint64_t reuse_root = 0;
+  uint64_t reuse_shared_stable_prefix = 0;
+  uint64_t reuse_private_turn_closure = 0;
+  uint64_t evictions = 0;
+  uint64_t dedup_hits = 0;
+  uint64_t protocol_errors = 0;
+  uint64_t seal_corrupt = 0;
+  uint64_t spills = 0;
+  uint64_t spill_bytes = 0;
+  uint64_t restores = 0;       // disk -> host promotions
+  uint64_t restore_bytes = 0;
+  uint64_t checksum_failures = 0;
+  uint64_t disk_io_errors = 0;
+};
+
+struct NamespaceSummary {
+  NamespaceId id;
+  Geometry geometry;
+  uint32_t chain_tokens = 0;
+  uint32_t prefill_tokens_per_second = 0;
+  uint64_t blocks = 0;
+  uint64_t snapshots = 0;
+  uint64_t host_bytes = 0;
+  uint64_t disk_bytes = 0;
+};
+
+struct EntrySummary {
+  uint64_t id = 0;  // stable while the entry lives; not reused soon after
+  NamespaceId namespace_id;
+  EntryKind kind = EntryKind::Block;
+  Tier tier = Tier::Host;
+  Hash128 key_hash;
+  uint32_t position = 0;  // tokens restored through this entry
+  uint32_t tail_tokens = 0;
+  uint64_t bytes = 0;     // extent bytes (host) or record bytes (disk-only)
+  EntryClass entry_class = EntryClass::Private;
+  Evidence evidence = Evidence::DefaultAutomatic;
+  uint64_t hits = 0;
+  uint64_t idle_usec = 0;  // since last use
+  uint64_t creator_session = 0;
+  uint32_t leases = 0;
+  bool pinned = false;
+};
+
+struct EntryFilter {
+  std::optional<NamespaceId> namespace_id;
+  std::optional<Tier> tier;  // Host matches Host and Both; Disk matches Disk and Both
+  std::optional<EntryClass> entry_class;
+  uint64_t offset = 0;       // paging, in filtered order (most recently used first)
+  uint64_t limit = 100;
+};
+
+struct FlushProgress {
+  uint64_t job_id = 0;
+  bool done = false;
+  Status status = Status::Ok;
+  uint64_t entries_total = 0;
+  uint64_t entries_done = 0;
+  uint64_t bytes_total = 0;
+  uint64_t bytes_done = 0;
+};
+
+// Limits settable at run time, by name (kvparkctl set-limit NAME VALUE).
+inline constexpr const char* limit_arena_low_water = "arena-low-water";
+inline constexpr const char* limit_reservation_max = "reservation-max";
+inline constexpr const char* limit_disk_capacity = "disk-capacity";
+inline constexpr const char* limit_disk_write_budget = "disk-write-budget";
+
+class Control {
+ public:
+  virtual ~Control() = default;
+
+  virtual StatusInfo status() = 0;
+  virtual std::vector<NamespaceSummary> namespaces() = 0;
+  // A page of entries matching `filter`; ret_total is the count before paging.
+  virtual std::vector<EntrySummary> entries(const EntryFilter& filter, uint64_t& ret_total) = 0;
+  virtual Status entry(uint64_t id, EntrySummary& ret_entry) = 0;
+
+  // Commands (the adapters check the caller's privilege first).
+  virtual Status pin(uint64_t id, bool pinned) = 0;
+  virtual Status evict(uint64_t id) = 0;  // from every tier; BadState if leased or pinned
+  virtual Status drop_namespace(const NamespaceId& id, uint64_t& ret_dropped) = 0;
+  virtual Status set_limit(const std::string& name, uint64_t value) = 0;
+  // Starts writing every host-only entry worth keeping to disk; progress by job id.
+  virtual Status start_flush(uint64_t& ret_job_id) = 0;
+  virtual Status flush_progress(uint64_t job_id, FlushProgress& ret_progress) = 0;
+  virtual Status reload_config(std::string& ret_message) = 0;
+};
+
+}  // namespace kvpark::daemon

@@ -1,0 +1,229 @@
+// Operator queries and commands over Park and EntryTable (see control_plane.h).
+#include "daemon/control_plane.h"
+
+#include <algorithm>
+#include <ctime>
+
+#include "proto/limits.h"
+
+namespace kvpark::daemon {
+namespace {
+
+uint64_t monotonic_usec(clockid_t clock) {
+  timespec ts{};
+  clock_gettime(clock, &ts);
+  return uint64_t(ts.tv_sec) * 1'000'000 + uint64_t(ts.tv_nsec) / 1000;
+}
+
+bool tier_matches(Tier wanted, Tier actual) {
+  return (static_cast<uint8_t>(wanted) & static_cast<uint8_t>(actual)) != 0;
+}
+
+}  // namespace
+
+ControlPlane::ControlPlane(ControlPlaneOptions options, Park& park, EntryTable& table,
+                           LoopQueue& loop)
+    : options_(std::move(options)), park_(park), table_(table), loop_(loop) {}
+
+StatusInfo ControlPlane::status_in_loop() const {
+  StatusInfo s;
+  s.version = options_.version;
+  s.incarnation = options_.incarnation;
+  s.uptime_usec = monotonic_usec(CLOCK_MONOTONIC) - options_.start_usec;
+  s.socket_path = options_.socket_path;
+  s.arena_data_bytes = table_.data_bytes();
+  s.arena_free_bytes = table_.bytes_free();
+  s.arena_used_bytes = table_.data_bytes() - table_.bytes_free();
+  s.arena_largest_free_bytes = table_.largest_free_bytes();
+  s.arena_low_water_bytes = park_.low_water_bytes();
+  s.reservation_bytes_max = park_.reservation_bytes_max();
+  s.blocks = table_.blocks();
+  s.snapshots = table_.snapshots();
+  s.entries = s.blocks + s.snapshots;
+  s.pinned = table_.pinned();
+  s.namespaces = table_.namespace_count();
+  s.connections = park_.connection_count();
+  s.leases = park_.leases_open();
+  s.reservations = park_.reservations_open();
+  const Counters& c = park_.counters();
+  s.lookups = c.lookups;
+  s.lookup_hit_tokens = c.lookup_hit_tokens;
+  s.reuse_root = c.reuse[static_cast<size_t>(ReuseKind::Root)];
+  s.reuse_shared_stable_prefix = c.reuse[static_cast<size_t>(ReuseKind::SharedStablePrefix)];
+  s.reuse_private_turn_closure = c.reuse[static_cast<size_t>(ReuseKind::PrivateTurnClosure)];
+  s.evictions = table_.evictions();
+  s.dedup_hits = c.dedup_hits;
+  s.protocol_errors = c.protocol_errors;
+  s.seal_corrupt = c.seal_corrupt;
+  return s;
+}
+
+StatusInfo ControlPlane::status() {
+  return loop_.call<StatusInfo>([this] { return status_in_loop(); }).value_or(StatusInfo{});
+}
+
+std::vector<NamespaceSummary> ControlPlane::namespaces() {
+  return loop_
+      .call<std::vector<NamespaceSummary>>([this] {
+        std::vector<NamespaceSummary> out;
+        for (size_t i = 0; i < table_.namespace_count(); ++i) {
+          const NamespaceInfo& info = table_.namespace_info(static_cast<NamespaceIndex>(i));
+          out.push_back({.id = info.id,
+                         .geometry = info.geometry,
+                         .chain_tokens = info.chain_tokens,
+                         .prefill_tokens_per_second = info.prefill_tokens_per_second,
+                         .blocks = info.blocks,
+                         .snapshots = info.snapshots,
+                         .host_bytes = info.bytes});
+        }
+        return out;
+      })
+      .value_or(std::vector<NamespaceSummary>{});
+}
+
+EntrySummary ControlPlane::summarize(EntrySlot slot, uint64_t now_usec) const {
+  const Entry& e = table_.entry(slot);
+  return {.id = table_.entry_id(slot),
+          .namespace_id = table_.namespace_info(e.ns).id,
+          .kind = e.kind,
+          .tier = Tier::Host,
+          .key_hash = e.key_hash,
+          .position = e.position,
+          .tail_tokens = static_cast<uint32_t>(e.tail_tokens.size()),
+          .bytes = e.extent_bytes,
+          .entry_class = e.entry_class,
+          .evidence = e.evidence,
+          .hits = e.hits,
+          .idle_usec = now_usec > e.last_use_usec ? now_usec - e.last_use_usec : 0,
+          .creator_session = e.creator_session,
+          .leases = e.leases,
+          .pinned = e.pinned};
+}
+
+std::vector<EntrySummary> ControlPlane::entries(const EntryFilter& filter, uint64_t& ret_total) {
+  struct Page {
+    std::vector<EntrySummary> entries;
+    uint64_t total = 0;
+  };
+  auto page = loop_.call<Page>([this, filter] {
+    std::vector<EntrySlot> matching;
+    for (EntrySlot slot = 0; slot < table_.slot_count(); ++slot) {
+      const Entry& e = table_.entry(slot);
+      if (!e.in_use || !e.sealed) continue;
+      if (filter.namespace_id && table_.namespace_info(e.ns).id != *filter.namespace_id) continue;
+      if (filter.tier && !tier_matches(*filter.tier, Tier::Host)) continue;
+      if (filter.entry_class && e.entry_class != *filter.entry_class) continue;
+      matching.push_back(slot);
+    }
+    std::sort(matching.begin(), matching.end(), [this](EntrySlot a, EntrySlot b) {
+      return table_.entry(a).last_use_tick > table_.entry(b).last_use_tick;
+    });
+    Page p;
+    p.total = matching.size();
+    const uint64_t now = monotonic_usec(CLOCK_MONOTONIC_COARSE);
+    for (uint64_t i = filter.offset; i < matching.size() && i - filter.offset < filter.limit; ++i) {
+      p.entries.push_back(summarize(matching[i], now));
+    }
+    return p;
+  });
+  ret_total = page ? page->total : 0;
+  return page ? std::move(page->entries) : std::vector<EntrySummary>{};
+}
+
+Status ControlPlane::entry(uint64_t id, EntrySummary& ret_entry) {
+  auto found = loop_.call<std::optional<EntrySummary>>([this, id]() -> std::optional<EntrySummary> {
+    const EntrySlot slot = table_.slot_for_id(id);
+    if (slot == no_slot || !table_.entry(slot).sealed) return std::nullopt;
+    return summarize(slot, monotonic_usec(CLOCK_MONOTONIC_COARSE));
+  });
+  if (!found) return Status::Unavailable;
+  if (!*found) return Status::NotFound;
+  ret_entry = **found;
+  return Status::Ok;
+}
+
+Status ControlPlane::pin(uint64_t id, bool pinned) {
+  return loop_
+      .call<Status>([this, id, pinned] {
+        const EntrySlot slot = table_.slot_for_id(id);
+        if (slot == no_slot || !table_.entry(slot).sealed) return Status::NotFound;
+        table_.set_pinned(slot, pinned);
+        return Status::Ok;
+      })
+      .value_or(Status::Unavailable);
+}
+
+Status ControlPlane::evict(uint64_t id) {
+  return loop_
+      .call<Status>([this, id] {
+        const EntrySlot slot = table_.slot_for_id(id);
+        if (slot == no_slot || !table_.entry(slot).sealed) return Status::NotFound;
+        return park_.evict_entry(slot);
+      })
+      .value_or(Status::Unavailable);
+}
+
+Status ControlPlane::drop_namespace(const NamespaceId& id, uint64_t& ret_dropped) {
+  struct Result {
+    Status status;
+    uint64_t dropped;
+  };
+  auto r = loop_.call<Result>([this, id] {
+    uint64_t dropped = 0;
+    Status s = park_.drop_namespace(id, dropped);
+    return Result{s, dropped};
+  });
+  if (!r) return Status::Unavailable;
+  ret_dropped = r->dropped;
+  return r->status;
+}
+
+Status ControlPlane::set_limit(const std::string& name, uint64_t value) {
+  return loop_
+      .call<Status>([this, name, value] {
+        if (name == limit_arena_low_water) {
+          if (value > table_.data_bytes()) return Status::InvalidArgument;
+          park_.set_low_water_bytes(value);
+          park_.tick();
+          return Status::Ok;
+        }
+        if (name == limit_reservation_max) {
+          if (value < limits::extent_align_bytes) return Status::InvalidArgument;
+          park_.set_reservation_bytes_max(value);
+          return Status::Ok;
+        }
+        if (name == limit_disk_capacity || name == limit_disk_write_budget) {
+          return Status::BadState;  // no disk tier configured
+        }
+        return Status::InvalidArgument;
+      })
+      .value_or(Status::Unavailable);
+}
+
+Status ControlPlane::start_flush(uint64_t& ret_job_id) {
+  ret_job_id = 0;
+  return Status::BadState;  // no disk tier configured
+}
+
+Status ControlPlane::flush_progress(uint64_t, FlushProgress&) { return Status::NotFound; }
+
+Status ControlPlane::reload_config(std::string& ret_message) {
+  if (!options_.reload) {
+    ret_message = "kvparkd runs without a configuration file";
+    return Status::BadState;
+  }
+  struct Result {
+    Status status;
+    std::string message;
+  };
+  auto r = loop_.call<Result>([this] {
+    Result result{};
+    result.status = options_.reload(result.message);
+    return result;
+  });
+  if (!r) return Status::Unavailable;
+  ret_message = r->message;
+  return r->status;
+}
+
+}  // namespace kvpark::daemon
