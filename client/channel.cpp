@@ -101,6 +101,12 @@ Status Channel::round_trip_locked(std::vector<uint8_t>& request, Status& ret_sta
   do {
     n = recvmsg(fd_, &msg, MSG_CMSG_CLOEXEC | (sent ? 0 : MSG_DONTWAIT));
   } while (n < 0 && errno == EINTR);
+  if (n < 0 && errno == ECONNRESET) {
+    // A daemon that refuses us at accept closes with our request unread: the kernel
+    // reports the reset first, and its refusal reply is still queued behind it.
+    msg.msg_controllen = sizeof control;
+    n = recvmsg(fd_, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+  }
   if (n <= 0) return Status::Unavailable;  // EOF, reset or timeout
   int received_fd = -1;
   for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
@@ -145,6 +151,19 @@ Status Channel::call(std::vector<uint8_t>& request, uint64_t generation, Status&
     if (s != Status::Unavailable) return s;
   }
   return Status::Unavailable;
+}
+
+Status Channel::send_one_way(std::vector<uint8_t>& request, uint64_t generation) {
+  std::lock_guard lock(mutex_);
+  if (fd_ < 0 || attachment_.generation != generation) return Status::Unavailable;
+  const uint32_t sequence = ++sequence_;
+  std::memcpy(request.data() + 4, &sequence, sizeof sequence);
+  if (send(fd_, request.data(), request.size(), MSG_NOSIGNAL) !=
+      static_cast<ssize_t>(request.size())) {
+    drop_locked();
+    return Status::Unavailable;
+  }
+  return Status::Ok;
 }
 
 }  // namespace kvpark::client

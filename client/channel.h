@@ -41,6 +41,8 @@ class Channel {
   // ret_status: the daemon's answer; ret_body: the reply body.
   Status call(std::vector<uint8_t>& request, uint64_t generation, Status& ret_status,
               std::vector<uint8_t>& ret_body, Attachment& ret_attachment);
+  // Sends a request that has no reply (RELEASE_ONE_WAY) on that generation's connection.
+  Status send_one_way(std::vector<uint8_t>& request, uint64_t generation);
 
  private:
   Status connect_locked();

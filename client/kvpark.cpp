@@ -12,6 +12,7 @@
 
 #include "client/chain_hash.h"
 #include "client/channel.h"
+#include "client/device_access.h"
 #include "proto/limits.h"
 #include "proto/paths.h"
 #include "shm/arena_format.h"
@@ -24,6 +25,7 @@ namespace wire = kvpark::wire;
 using kvpark::client::Attachment;
 
 static_assert(KVPARK_IO_ERROR == static_cast<int>(Status::IoError), "kvpark.h mirrors Status");
+static_assert(KVPARK_TIMEOUT == static_cast<int>(Status::Timeout), "kvpark.h mirrors Status");
 static_assert(KVPARK_PROTOCOL_VERSION == limits::protocol_version);
 static_assert(sizeof(kvpark_stats) == sizeof(wire::StatsReply));
 static_assert(sizeof(kvpark_hash128) == sizeof(Hash128));
@@ -48,6 +50,12 @@ struct kvpark_plan {
   const uint8_t* snapshot = nullptr;
   uint64_t snapshot_bytes = 0;
   uint32_t snapshot_position = 0;
+  uint32_t pending_tokens = 0;      // restorable once promotions land (>= restorable)
+  uint32_t inflight_tokens = 0;     // past that, what another engine is prefilling now
+  uint32_t capture_hint_tokens = 0;
+  uint64_t session_id = 0;
+  std::vector<int32_t> tokens;      // kept only while promotions are pending
+  std::vector<Hash128> hashes;
 };
 
 struct kvpark_reservation {
@@ -117,6 +125,121 @@ size_t confirm_blocks(const kvpark_client* client, const Attachment& a,
   return confirmed;
 }
 
+// Turns a LOOKUP or WAIT answer into the plan: only entries readable now and
+// confirmed against the prompt count as restorable; promoted ones as pending.
+void apply_reply(kvpark_plan* plan, const wire::LookupReply& reply,
+                 const std::vector<Hash128>& hashes, const int32_t* tokens, size_t n_tokens) {
+  const kvpark_client* client = plan->client;
+  const Attachment& a = plan->attachment;
+  const uint32_t chain = client->chain_tokens;
+  const size_t chunks = n_tokens / chain;
+  const uint32_t block_tokens = client->geometry.block_tokens;
+  const bool snapshot_required = client->geometry.snapshot_required;
+  wire::LookupReply ready = reply;
+  ready.block_offsets.resize(reply.host_blocks);
+  const size_t confirmed = confirm_blocks(client, a, ready, hashes, tokens);
+  const uint32_t block_restorable =
+      snapshot_required ? 0 : static_cast<uint32_t>(confirmed * block_tokens);
+  size_t blocks_used = snapshot_required ? 0 : confirmed;
+  plan->blocks.clear();
+  plan->snapshot = nullptr;
+  plan->snapshot_bytes = 0;
+  plan->snapshot_position = 0;
+  plan->restorable_tokens = block_restorable;
+  plan->reuse_kind = block_restorable > 0 ? static_cast<kvpark_reuse_kind>(reply.reuse_kind)
+                                          : KVPARK_REUSE_ROOT;
+  uint32_t pending = reply.restorable_tokens;
+  for (const wire::SnapshotCandidate& c : reply.snapshots) {
+    const uint64_t tail = uint64_t{c.position} - uint64_t{c.anchor_chunks} * chain;
+    if (c.position <= block_restorable || c.position >= n_tokens || c.anchor_chunks > chunks ||
+        tail >= chain || (block_tokens > 0 && c.anchor_chunks > reply.block_offsets.size())) {
+      continue;
+    }
+    if (c.ready == 0) {
+      pending = std::max(pending, c.position);
+      continue;
+    }
+    if (block_tokens > 0 && c.anchor_chunks > confirmed) continue;
+    const Hash128& anchor = c.anchor_chunks == 0 ? client->namespace_id
+                                                 : hashes[c.anchor_chunks - 1];
+    const shm::EntryHeader* h = entry_at(a, c.extent_offset, 0);
+    if (h == nullptr || !header_names(*h, client, kvpark::EntryKind::Snapshot, anchor) ||
+        h->position != c.position || h->anchor_chunks != c.anchor_chunks ||
+        h->token_count != tail || h->payload_offset != shm::payload_offset_for(h->token_count) ||
+        !a.mapping->contains(c.extent_offset, uint64_t{h->payload_offset} + h->payload_bytes) ||
+        std::memcmp(entry_tokens(a, c.extent_offset), tokens + uint64_t{c.anchor_chunks} * chain,
+                    tail * sizeof(int32_t)) != 0) {
+      continue;
+    }
+    plan->snapshot = a.mapping->data() + c.extent_offset + h->payload_offset;
+    plan->snapshot_bytes = h->payload_bytes;
+    plan->snapshot_position = c.position;
+    plan->restorable_tokens = c.position;
+    plan->reuse_kind = static_cast<kvpark_reuse_kind>(c.reuse_kind);
+    blocks_used = block_tokens > 0 ? c.anchor_chunks : 0;
+    break;  // candidates come deepest first
+  }
+  for (size_t i = 0; i < blocks_used; ++i) {
+    plan->blocks.push_back(a.mapping->data() + reply.block_offsets[i] +
+                           a.hello.block_payload_offset);
+  }
+  plan->inflight_tokens = reply.inflight_tokens;
+  plan->capture_hint_tokens = reply.capture_hint_tokens;
+  // Pending: what a WAIT may still add (nothing once everything settled).
+  plan->pending_tokens =
+      reply.host_blocks < reply.block_offsets.size() || pending > plan->restorable_tokens
+          ? std::max(pending, plan->restorable_tokens)
+          : plan->restorable_tokens;
+  bool snapshots_pending = false;
+  for (const wire::SnapshotCandidate& c : reply.snapshots) snapshots_pending |= c.ready == 0;
+  if (reply.host_blocks == reply.block_offsets.size() && !snapshots_pending) {
+    plan->pending_tokens = plan->restorable_tokens;
+  }
+}
+
+// LOOKUP into `plan` (fresh, or one whose lease is being replaced after a WAIT).
+Status lookup_into(kvpark_client* client, uint64_t session_id, const int32_t* tokens,
+                   size_t n_tokens, kvpark_plan* plan) {
+  const uint32_t chain = client->chain_tokens;
+  const size_t chunks = n_tokens / chain;
+  wire::LookupRequest request;
+  request.session_id = session_id;
+  request.prompt_tokens = static_cast<uint32_t>(n_tokens);
+  request.chunk_hashes = hash_chunks(client, tokens, chunks);
+  request.tail_tokens.assign(tokens + chunks * chain, tokens + n_tokens);
+  std::vector<uint8_t> frame;
+  wire::encode(request, 0, frame);
+  std::vector<uint8_t> body;
+  Attachment a;
+  if (Status s = call(client, frame, 0, body, a); s != Status::Ok) return s;
+  wire::LookupReply reply;
+  if (wire::decode(body, reply) != Status::Ok) return Status::ProtocolError;
+  plan->client = client;
+  plan->attachment = a;
+  plan->lease_id = reply.lease_id;
+  plan->session_id = session_id;
+  apply_reply(plan, reply, request.chunk_hashes, tokens, n_tokens);
+  if (plan->pending_tokens > plan->restorable_tokens || plan->inflight_tokens > 0) {
+    // WAIT confirms promoted entries, or looks up again, against the same prompt.
+    if (plan->tokens.data() != tokens) plan->tokens.assign(tokens, tokens + n_tokens);
+    plan->hashes = std::move(request.chunk_hashes);
+  } else {
+    plan->tokens.clear();
+    plan->hashes.clear();
+  }
+  return Status::Ok;
+}
+
+void release_lease_one_way(kvpark_plan* plan) {
+  if (plan->lease_id == 0) return;
+  std::vector<uint8_t> frame;
+  wire::encode(wire::ReleaseRequest{plan->lease_id}, 0, frame, wire::Verb::ReleaseOneWay);
+  // One way: nothing the daemon could answer changes what the engine does next. A
+  // newer daemon incarnation never saw this lease; nothing to release there.
+  (void)plan->client->channel.send_one_way(frame, plan->attachment.generation);
+  plan->lease_id = 0;
+}
+
 }  // namespace
 
 extern "C" {
@@ -169,74 +292,55 @@ void kvpark_chain_hashes(kvpark_hash128 seed, const int32_t* tokens, uint32_t ch
                                {reinterpret_cast<Hash128*>(ret_hashes), chunks});
 }
 
+
 kvpark_status kvpark_lookup(kvpark_client* client, uint64_t session_id, const int32_t* tokens,
                             size_t n_tokens, kvpark_plan** ret_plan) {
   if (client == nullptr || tokens == nullptr || ret_plan == nullptr || n_tokens == 0) {
     return KVPARK_INVALID_ARGUMENT;
   }
-  const uint32_t chain = client->chain_tokens;
-  const size_t chunks = n_tokens / chain;
-  if (n_tokens > limits::lookup_tokens_max || chunks > limits::lookup_chunks_max) {
+  if (n_tokens > limits::lookup_tokens_max ||
+      n_tokens / client->chain_tokens > limits::lookup_chunks_max) {
     return KVPARK_LIMIT_EXCEEDED;
   }
-  wire::LookupRequest request;
-  request.session_id = session_id;
-  request.prompt_tokens = static_cast<uint32_t>(n_tokens);
-  request.chunk_hashes = hash_chunks(client, tokens, chunks);
-  request.tail_tokens.assign(tokens + chunks * chain, tokens + n_tokens);
-  std::vector<uint8_t> frame;
-  wire::encode(request, 0, frame);
-  std::vector<uint8_t> body;
-  Attachment a;
-  if (Status s = call(client, frame, 0, body, a); s != Status::Ok) return to_c(s);
-  wire::LookupReply reply;
-  if (wire::decode(body, reply) != Status::Ok) return KVPARK_PROTOCOL_ERROR;
-
   auto* plan = new (std::nothrow) kvpark_plan();
   if (plan == nullptr) return KVPARK_IO_ERROR;
-  plan->client = client;
-  plan->attachment = a;
-  plan->lease_id = reply.lease_id;
-  const uint32_t block_tokens = client->geometry.block_tokens;
-  const bool snapshot_required = client->geometry.snapshot_required;
-  const size_t confirmed = confirm_blocks(client, a, reply, request.chunk_hashes, tokens);
-  const uint32_t block_restorable =
-      snapshot_required ? 0 : static_cast<uint32_t>(confirmed * block_tokens);
-  size_t blocks_used = snapshot_required ? 0 : confirmed;
-  plan->restorable_tokens = block_restorable;
-  plan->reuse_kind = block_restorable > 0 ? static_cast<kvpark_reuse_kind>(reply.reuse_kind)
-                                          : KVPARK_REUSE_ROOT;
-  for (const wire::SnapshotCandidate& c : reply.snapshots) {
-    const uint64_t tail = uint64_t{c.position} - uint64_t{c.anchor_chunks} * chain;
-    if (c.position <= block_restorable || c.position >= n_tokens || c.anchor_chunks > chunks ||
-        tail >= chain || (block_tokens > 0 && c.anchor_chunks > confirmed)) {
-      continue;
-    }
-    const Hash128& anchor = c.anchor_chunks == 0 ? client->namespace_id
-                                                 : request.chunk_hashes[c.anchor_chunks - 1];
-    const shm::EntryHeader* h = entry_at(a, c.extent_offset, 0);
-    if (h == nullptr || !header_names(*h, client, kvpark::EntryKind::Snapshot, anchor) ||
-        h->position != c.position || h->anchor_chunks != c.anchor_chunks ||
-        h->token_count != tail || h->payload_offset != shm::payload_offset_for(h->token_count) ||
-        !a.mapping->contains(c.extent_offset, uint64_t{h->payload_offset} + h->payload_bytes) ||
-        std::memcmp(entry_tokens(a, c.extent_offset), tokens + uint64_t{c.anchor_chunks} * chain,
-                    tail * sizeof(int32_t)) != 0) {
-      continue;
-    }
-    plan->snapshot = a.mapping->data() + c.extent_offset + h->payload_offset;
-    plan->snapshot_bytes = h->payload_bytes;
-    plan->snapshot_position = c.position;
-    plan->restorable_tokens = c.position;
-    plan->reuse_kind = static_cast<kvpark_reuse_kind>(c.reuse_kind);
-    blocks_used = block_tokens > 0 ? c.anchor_chunks : 0;
-    break;  // candidates come deepest first
-  }
-  for (size_t i = 0; i < blocks_used; ++i) {
-    plan->blocks.push_back(a.mapping->data() + reply.block_offsets[i] +
-                           a.hello.block_payload_offset);
+  if (Status s = lookup_into(client, session_id, tokens, n_tokens, plan); s != Status::Ok) {
+    delete plan;
+    return to_c(s);
   }
   *ret_plan = plan;
   return KVPARK_OK;
+}
+
+uint32_t kvpark_plan_pending_tokens(const kvpark_plan* plan) { return plan->pending_tokens; }
+uint32_t kvpark_plan_inflight_tokens(const kvpark_plan* plan) { return plan->inflight_tokens; }
+uint32_t kvpark_plan_capture_hint(const kvpark_plan* plan) { return plan->capture_hint_tokens; }
+
+kvpark_status kvpark_plan_wait(kvpark_plan* plan, uint32_t timeout_msec) {
+  if (plan == nullptr) return KVPARK_INVALID_ARGUMENT;
+  if (plan->pending_tokens <= plan->restorable_tokens && plan->inflight_tokens == 0) {
+    return KVPARK_OK;
+  }
+  std::vector<uint8_t> frame, body;
+  wire::encode(wire::WaitRequest{.lease_id = plan->lease_id, .timeout_msec = timeout_msec}, 0,
+               frame);
+  Attachment ignored;
+  Status answer = Status::Ok;
+  Status s = plan->client->channel.call(frame, plan->attachment.generation, answer, body, ignored);
+  if (s != Status::Ok) return to_c(s);  // the daemon went away: an error, not a hang
+  if (answer != Status::Ok && answer != Status::Timeout) return to_c(answer);
+  wire::LookupReply reply;
+  if (wire::decode(body, reply) != Status::Ok) return KVPARK_PROTOCOL_ERROR;
+  if (answer == Status::Ok && plan->inflight_tokens > 0) {
+    // The engine we waited for sealed (or gave up): look the prompt up again.
+    const std::vector<int32_t> tokens = std::move(plan->tokens);
+    release_lease_one_way(plan);
+    s = lookup_into(plan->client, plan->session_id, tokens.data(), tokens.size(), plan);
+    if (s != Status::Ok) plan->lease_id = 0;
+    return to_c(s);
+  }
+  apply_reply(plan, reply, plan->hashes, plan->tokens.data(), plan->tokens.size());
+  return to_c(answer);
 }
 
 uint32_t kvpark_plan_restorable_tokens(const kvpark_plan* plan) { return plan->restorable_tokens; }
@@ -257,12 +361,14 @@ const void* kvpark_plan_snapshot(const kvpark_plan* plan, uint64_t* ret_bytes,
 
 void kvpark_plan_release(kvpark_plan* plan) {
   if (plan == nullptr) return;
+  assert(!kvpark::client::handle_has_transfer_in_flight(plan) &&
+         "kvpark_plan_release while a device transfer still reads the plan");
   if (plan->lease_id != 0) {
-    std::vector<uint8_t> frame, body;
-    wire::encode(wire::ReleaseRequest{plan->lease_id}, 0, frame);
-    Attachment ignored;
-    // A newer daemon incarnation never saw this lease; nothing to release there.
-    (void)call(plan->client, frame, plan->attachment.generation, body, ignored);
+    std::vector<uint8_t> frame;
+    wire::encode(wire::ReleaseRequest{plan->lease_id}, 0, frame, wire::Verb::ReleaseOneWay);
+    // One way: nothing the daemon could answer changes what the engine does next. A
+    // newer daemon incarnation never saw this lease; nothing to release there.
+    (void)plan->client->channel.send_one_way(frame, plan->attachment.generation);
   }
   delete plan;
 }
@@ -387,6 +493,8 @@ void* kvpark_reservation_snapshot(const kvpark_reservation* r) { return r->snaps
 
 static kvpark_status finish_reservation(kvpark_reservation* r, wire::Verb verb) {
   if (r == nullptr) return KVPARK_INVALID_ARGUMENT;
+  assert(!kvpark::client::handle_has_transfer_in_flight(r) &&
+         "kvpark_seal/kvpark_abort while a device transfer still writes the reservation");
   Status s = Status::Ok;
   if (r->reservation_id != 0) {
     std::vector<uint8_t> frame, body;
@@ -414,3 +522,12 @@ kvpark_status kvpark_get_stats(kvpark_client* client, kvpark_stats* ret_stats) {
 }
 
 }  // extern "C"
+
+// Accessors for the device API (client/device_access.h).
+namespace kvpark::client {
+Geometry client_geometry(const kvpark_client* client) { return client->geometry; }
+HandleView plan_view(const kvpark_plan* plan) { return {plan->client, &plan->attachment}; }
+HandleView reservation_view(const kvpark_reservation* reservation) {
+  return {reservation->client, &reservation->attachment};
+}
+}  // namespace kvpark::client

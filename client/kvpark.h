@@ -44,7 +44,8 @@ typedef enum kvpark_status {
   KVPARK_CORRUPT = 10,
   KVPARK_BAD_STATE = 11,
   KVPARK_PERMISSION_DENIED = 12,
-  KVPARK_IO_ERROR = 13
+  KVPARK_IO_ERROR = 13,
+  KVPARK_TIMEOUT = 14 /* kvpark_plan_wait ran out of time; what is ready stays usable */
 } kvpark_status;
 
 /* A static, human-readable description of a status. */
@@ -111,6 +112,29 @@ const void* kvpark_plan_block(const kvpark_plan* plan, size_t index);
 /* The snapshot to apply after the blocks, or NULL; its state is at position *ret_position. */
 const void* kvpark_plan_snapshot(const kvpark_plan* plan, uint64_t* ret_bytes,
                                  uint32_t* ret_position);
+/* Entries parked only on disk are promoted into the arena when a lookup reaches
+ * them. kvpark_plan_pending_tokens() is what the plan will restore once those
+ * promotions land (equal to kvpark_plan_restorable_tokens() when none are in
+ * flight). An engine may use what is ready now and prefill the rest, or wait:
+ * kvpark_plan_wait() returns KVPARK_OK when every promotion settled (the plan then
+ * describes the new restorable prefix), KVPARK_TIMEOUT when timeout_msec passed
+ * first (the plan describes what is ready), or an error such as
+ * KVPARK_UNAVAILABLE if the daemon went away. Set timeout_msec from the engine's
+ * own prefill estimate so waiting never costs more than prefilling. */
+uint32_t kvpark_plan_pending_tokens(const kvpark_plan* plan);
+/* Single flight: tokens past the restorable prefix that another engine (any
+ * process) is prefilling right now and will publish. An engine with the same
+ * prompt should wait for it instead of prefilling the same head twice:
+ * kvpark_plan_wait() then returns when that engine sealed or gave up (crash
+ * included) and the plan has been looked up again; prefill only what is still
+ * missing. The daemon ends such a wait once it has lasted as long as prefilling
+ * those tokens at the engine's declared rate would. */
+uint32_t kvpark_plan_inflight_tokens(const kvpark_plan* plan);
+/* Recurrence: a position (tokens) that independent sessions share past what is
+ * parked; an engine that can should park its state there (evidence
+ * KVPARK_EVIDENCE_OBSERVED_RECURRENCE, class shared). 0: no hint. */
+uint32_t kvpark_plan_capture_hint(const kvpark_plan* plan);
+kvpark_status kvpark_plan_wait(kvpark_plan* plan, uint32_t timeout_msec);
 /* Ends the plan's lease and frees it. NULL is ignored. */
 void kvpark_plan_release(kvpark_plan* plan);
 
@@ -158,6 +182,12 @@ typedef struct kvpark_stats {
   uint64_t evictions;
   uint64_t dedup_hits;
   uint64_t protocol_errors;
+  uint64_t disk_entries;      /* entries with a disk copy */
+  uint64_t disk_bytes;
+  uint64_t spills;            /* host -> disk writes completed */
+  uint64_t spill_failures;
+  uint64_t promotions;        /* disk -> host restores completed */
+  uint64_t checksum_failures; /* disk records refused: never served */
 } kvpark_stats;
 
 kvpark_status kvpark_get_stats(kvpark_client* client, kvpark_stats* ret_stats);

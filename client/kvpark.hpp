@@ -50,6 +50,10 @@ class Plan : public Handle<kvpark_plan, kvpark_plan_release> {
   using Handle::Handle;
   uint32_t restorable_tokens() const { return kvpark_plan_restorable_tokens(get()); }
   kvpark_reuse_kind reuse_kind() const { return kvpark_plan_reuse_kind(get()); }
+  uint32_t pending_tokens() const { return kvpark_plan_pending_tokens(get()); }
+  uint32_t inflight_tokens() const { return kvpark_plan_inflight_tokens(get()); }
+  uint32_t capture_hint() const { return kvpark_plan_capture_hint(get()); }
+  kvpark_status wait(uint32_t timeout_msec) { return kvpark_plan_wait(get(), timeout_msec); }
   size_t block_count() const { return kvpark_plan_block_count(get()); }
   const void* block(size_t index) const { return kvpark_plan_block(get(), index); }
   const void* snapshot(uint64_t* ret_bytes, uint32_t* ret_position) const {

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <ctime>
 
+#include "daemon/disk_tier.h"
 #include "proto/limits.h"
 
 namespace kvpark::daemon {
@@ -55,6 +56,21 @@ StatusInfo ControlPlane::status_in_loop() const {
   s.dedup_hits = c.dedup_hits;
   s.protocol_errors = c.protocol_errors;
   s.seal_corrupt = c.seal_corrupt;
+  s.spills = c.spills;
+  s.spill_bytes = c.spill_bytes;
+  s.restores = c.promotions;
+  s.restore_bytes = c.promotion_bytes;
+  s.checksum_failures = c.checksum_failures;
+  if (DiskTier* disk = park_.disk()) {
+    const disk::DiskStats d = disk->store().stats();
+    s.disk_enabled = true;
+    s.disk_directory = disk->directory();
+    s.disk_bytes = table_.disk_bytes();
+    s.disk_capacity_bytes = disk->capacity_bytes();
+    s.disk_write_budget_bytes_per_day = disk->write_budget_bytes_per_day();
+    s.disk_written_today_bytes = disk->written_today_bytes();
+    s.disk_io_errors = d.io_errors;
+  }
   return s;
 }
 
@@ -74,7 +90,8 @@ std::vector<NamespaceSummary> ControlPlane::namespaces() {
                          .prefill_tokens_per_second = info.prefill_tokens_per_second,
                          .blocks = info.blocks,
                          .snapshots = info.snapshots,
-                         .host_bytes = info.bytes});
+                         .host_bytes = info.bytes,
+                         .disk_bytes = info.disk_bytes});
         }
         return out;
       })
@@ -83,14 +100,15 @@ std::vector<NamespaceSummary> ControlPlane::namespaces() {
 
 EntrySummary ControlPlane::summarize(EntrySlot slot, uint64_t now_usec) const {
   const Entry& e = table_.entry(slot);
+  const Tier tier = e.on_host && e.on_disk ? Tier::Both : e.on_disk ? Tier::Disk : Tier::Host;
   return {.id = table_.entry_id(slot),
           .namespace_id = table_.namespace_info(e.ns).id,
           .kind = e.kind,
-          .tier = Tier::Host,
+          .tier = tier,
           .key_hash = e.key_hash,
           .position = e.position,
           .tail_tokens = static_cast<uint32_t>(e.tail_tokens.size()),
-          .bytes = e.extent_bytes,
+          .bytes = e.on_host ? e.extent_bytes : e.disk_bytes,
           .entry_class = e.entry_class,
           .evidence = e.evidence,
           .hits = e.hits,
@@ -109,9 +127,10 @@ std::vector<EntrySummary> ControlPlane::entries(const EntryFilter& filter, uint6
     std::vector<EntrySlot> matching;
     for (EntrySlot slot = 0; slot < table_.slot_count(); ++slot) {
       const Entry& e = table_.entry(slot);
-      if (!e.in_use || !e.sealed) continue;
+      if (!e.in_use || !e.sealed || e.dead) continue;
       if (filter.namespace_id && table_.namespace_info(e.ns).id != *filter.namespace_id) continue;
-      if (filter.tier && !tier_matches(*filter.tier, Tier::Host)) continue;
+      const Tier tier = e.on_host && e.on_disk ? Tier::Both : e.on_disk ? Tier::Disk : Tier::Host;
+      if (filter.tier && !tier_matches(*filter.tier, tier)) continue;
       if (filter.entry_class && e.entry_class != *filter.entry_class) continue;
       matching.push_back(slot);
     }
@@ -193,7 +212,15 @@ Status ControlPlane::set_limit(const std::string& name, uint64_t value) {
           return Status::Ok;
         }
         if (name == limit_disk_capacity || name == limit_disk_write_budget) {
-          return Status::BadState;  // no disk tier configured
+          DiskTier* disk = park_.disk();
+          if (disk == nullptr) return Status::BadState;  // no disk tier configured
+          if (name == limit_disk_capacity) {
+            disk->set_capacity_bytes(value);
+            park_.tick();
+          } else {
+            disk->set_write_budget_bytes_per_day(value);
+          }
+          return Status::Ok;
         }
         return Status::InvalidArgument;
       })
@@ -201,11 +228,37 @@ Status ControlPlane::set_limit(const std::string& name, uint64_t value) {
 }
 
 Status ControlPlane::start_flush(uint64_t& ret_job_id) {
-  ret_job_id = 0;
-  return Status::BadState;  // no disk tier configured
+  struct Result {
+    Status status;
+    uint64_t job;
+  };
+  auto r = loop_.call<Result>([this] {
+    uint64_t job = 0;
+    Status s = park_.start_flush(true, job);
+    return Result{s, job};
+  });
+  if (!r) return Status::Unavailable;
+  ret_job_id = r->job;
+  return r->status;
 }
 
-Status ControlPlane::flush_progress(uint64_t, FlushProgress&) { return Status::NotFound; }
+Status ControlPlane::flush_progress(uint64_t job_id, FlushProgress& ret_progress) {
+  auto r = loop_.call<std::optional<FlushProgress>>([this, job_id]() -> std::optional<FlushProgress> {
+    const FlushState& f = park_.flush_state();
+    if (f.job_id != job_id || job_id == 0) return std::nullopt;
+    return FlushProgress{.job_id = f.job_id,
+                         .done = f.done,
+                         .status = f.status,
+                         .entries_total = f.entries_total,
+                         .entries_done = f.entries_done,
+                         .bytes_total = f.bytes_total,
+                         .bytes_done = f.bytes_done};
+  });
+  if (!r) return Status::Unavailable;
+  if (!*r) return Status::NotFound;
+  ret_progress = **r;
+  return Status::Ok;
+}
 
 Status ControlPlane::reload_config(std::string& ret_message) {
   if (!options_.reload) {

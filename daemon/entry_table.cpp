@@ -73,16 +73,18 @@ std::span<const EntrySlot> EntryTable::snapshots_at(NamespaceIndex ns,
   return it->second;
 }
 
-Status EntryTable::insert_reserved(const NewEntry& n, EntrySlot& ret_slot) {
-  assert(n.ns < namespaces_.size() && n.extent_bytes > 0);
-  assert(n.extent_bytes % allocator_.granularity_bytes() == 0);
-  if (n.extent_bytes > allocator_.bytes_free() + evictable_bytes_) return Status::ArenaFull;
-  uint64_t offset = 0;
-  while (!allocator_.allocate(n.extent_bytes, offset)) {
+Status EntryTable::allocate_extent(uint64_t bytes, uint64_t& ret_offset) {
+  assert(bytes > 0 && bytes % allocator_.granularity_bytes() == 0);
+  if (bytes > allocator_.bytes_free() + evictable_bytes_) return Status::ArenaFull;
+  while (!allocator_.allocate(bytes, ret_offset)) {
     // Free space is fragmented: evict until a run is large enough.
-    if (lru_tail_ == no_slot) return Status::ArenaFull;
-    evict_one();
+    if (!evict_lru()) return Status::ArenaFull;
   }
+  return Status::Ok;
+}
+
+EntrySlot EntryTable::new_slot(const NewEntry& n) {
+  assert(n.ns < namespaces_.size() && n.extent_bytes > 0);
   EntrySlot slot;
   if (!free_slots_.empty()) {
     slot = free_slots_.back();
@@ -96,7 +98,6 @@ Status EntryTable::insert_reserved(const NewEntry& n, EntrySlot& ret_slot) {
   e = Entry{};
   e.key_hash = n.key_hash;
   e.tail_tokens.assign(n.tail_tokens.begin(), n.tail_tokens.end());
-  e.extent_offset = offset;
   e.extent_bytes = n.extent_bytes;
   e.creator_session = n.creator_session;
   e.last_use_tick = ++tick_;
@@ -107,21 +108,49 @@ Status EntryTable::insert_reserved(const NewEntry& n, EntrySlot& ret_slot) {
   e.kind = n.kind;
   e.entry_class = n.entry_class;
   e.evidence = n.evidence;
+  e.reserved_by = n.reserved_by;
   e.in_use = true;
   ++slots_in_use_;
-  if (n.kind == EntryKind::Block) {
-    auto [it, inserted] = blocks_.emplace(BlockKey{n.ns, n.key_hash}, slot);
+  return slot;
+}
+
+void EntryTable::index(EntrySlot slot) {
+  const Entry& e = slots_[slot];
+  if (e.kind == EntryKind::Block) {
+    auto [it, inserted] = blocks_.emplace(BlockKey{e.ns, e.key_hash}, slot);
     assert(inserted && "caller checks find_block first");
   } else {
-    snapshots_[{n.ns, n.key_hash}].push_back(slot);
+    snapshots_[{e.ns, e.key_hash}].push_back(slot);
   }
+}
+
+Status EntryTable::insert_reserved(const NewEntry& n, EntrySlot& ret_slot) {
+  uint64_t offset = 0;
+  if (Status s = allocate_extent(n.extent_bytes, offset); s != Status::Ok) return s;
+  const EntrySlot slot = new_slot(n);
+  slots_[slot].extent_offset = offset;
+  index(slot);
+  ret_slot = slot;
+  return Status::Ok;
+}
+
+Status EntryTable::insert_on_disk(const NewEntry& n, uint64_t disk_bytes, EntrySlot& ret_slot) {
+  const EntrySlot slot = new_slot(n);
+  Entry& e = slots_[slot];
+  e.on_host = false;
+  e.sealed = true;
+  e.kind == EntryKind::Block ? ++sealed_blocks_ : ++sealed_snapshots_;
+  NamespaceInfo& info = namespaces_[e.ns];
+  e.kind == EntryKind::Block ? ++info.blocks : ++info.snapshots;
+  index(slot);
+  attach_disk_record(slot, disk_bytes);
   ret_slot = slot;
   return Status::Ok;
 }
 
 void EntryTable::seal(EntrySlot slot) {
   Entry& e = slots_.at(slot);
-  assert(e.in_use && !e.sealed);
+  assert(e.in_use && !e.sealed && e.on_host);
   e.sealed = true;
   NamespaceInfo& info = namespaces_[e.ns];
   info.bytes += e.extent_bytes;
@@ -132,7 +161,7 @@ void EntryTable::seal(EntrySlot slot) {
     ++info.snapshots;
     ++sealed_snapshots_;
   }
-  lru_push_front(slot);
+  sync_lists(slot, true);
 }
 
 void EntryTable::remove_from_index(EntrySlot slot) {
@@ -147,14 +176,36 @@ void EntryTable::remove_from_index(EntrySlot slot) {
   }
 }
 
+void EntryTable::free_slot(EntrySlot slot) {
+  Entry& e = slots_[slot];
+  assert(!e.on_lru && !e.on_disk_lru && e.leases == 0 && e.io_pins == 0);
+  if (e.pinned) --pinned_;
+  e = Entry{};
+  ++generations_[slot];
+  free_slots_.push_back(slot);
+  --slots_in_use_;
+}
+
+void EntryTable::drop_host_copy(EntrySlot slot) {
+  Entry& e = slots_[slot];
+  assert(e.on_host);
+  if (e.on_lru) lru_unlink(slot);
+  allocator_.free(e.extent_offset, e.extent_bytes);
+  if (e.sealed) namespaces_[e.ns].bytes -= e.extent_bytes;
+  e.on_host = false;
+  e.promoting = false;
+  e.extent_offset = 0;
+}
+
 void EntryTable::erase(EntrySlot slot) {
   Entry& e = slots_.at(slot);
-  assert(e.in_use && e.leases == 0);
-  if (e.pinned) --pinned_;
-  if (e.sealed) {
-    if (!e.pinned) lru_unlink(slot);
+  assert(e.in_use && e.leases == 0 && e.io_pins == 0);
+  if (e.on_lru) lru_unlink(slot);
+  if (e.on_disk_lru) disk_unlink(slot);
+  if (e.on_disk) forget_disk_copy(slot);
+  if (e.on_host) drop_host_copy(slot);
+  if (e.sealed && !e.dead) {
     NamespaceInfo& info = namespaces_[e.ns];
-    info.bytes -= e.extent_bytes;
     if (e.kind == EntryKind::Block) {
       --info.blocks;
       --sealed_blocks_;
@@ -163,36 +214,144 @@ void EntryTable::erase(EntrySlot slot) {
       --sealed_snapshots_;
     }
   }
-  remove_from_index(slot);
-  allocator_.free(e.extent_offset, e.extent_bytes);
-  e = Entry{};
-  ++generations_[slot];
-  free_slots_.push_back(slot);
-  --slots_in_use_;
+  if (!e.dead) remove_from_index(slot);
+  free_slot(slot);
 }
 
-void EntryTable::evict_one() {
-  assert(lru_tail_ != no_slot);
-  erase(lru_tail_);
-  ++evictions_;
+Status EntryTable::begin_promotion(EntrySlot slot) {
+  Entry& e = slots_.at(slot);
+  assert(e.sealed && !e.dead && !e.on_host && e.on_disk);
+  uint64_t offset = 0;
+  if (Status s = allocate_extent(e.extent_bytes, offset); s != Status::Ok) return s;
+  e.extent_offset = offset;
+  e.on_host = true;
+  e.promoting = true;
+  namespaces_[e.ns].bytes += e.extent_bytes;
+  sync_lists(slot, false);
+  return Status::Ok;
+}
+
+void EntryTable::finish_promotion(EntrySlot slot, bool success) {
+  Entry& e = slots_.at(slot);
+  assert(e.on_host && e.promoting);
+  e.promoting = false;
+  if (!success) drop_host_copy(slot);
+  sync_lists(slot, true);
+}
+
+void EntryTable::attach_disk_record(EntrySlot slot, uint64_t disk_bytes) {
+  Entry& e = slots_.at(slot);
+  assert(e.sealed && !e.on_disk);
+  e.on_disk = true;
+  e.disk_bytes = disk_bytes;
+  namespaces_[e.ns].disk_bytes += disk_bytes;
+  disk_bytes_ += disk_bytes;
+  ++disk_entries_;
+  sync_lists(slot, true);
+}
+
+void EntryTable::forget_disk_copy(EntrySlot slot) {
+  Entry& e = slots_[slot];
+  assert(e.on_disk);
+  if (e.on_disk_lru) disk_unlink(slot);
+  namespaces_[e.ns].disk_bytes -= e.disk_bytes;
+  disk_bytes_ -= e.disk_bytes;
+  --disk_entries_;
+  e.on_disk = false;
+  e.disk_bytes = 0;
+}
+
+bool EntryTable::detach_disk_record(EntrySlot slot) {
+  Entry& e = slots_.at(slot);
+  assert(e.on_disk && e.io_pins == 0);
+  forget_disk_copy(slot);
+  if (!e.on_host) {
+    erase(slot);
+    return false;
+  }
+  sync_lists(slot, false);
+  return true;
+}
+
+void EntryTable::kill(EntrySlot slot) {
+  Entry& e = slots_.at(slot);
+  assert(e.sealed && !e.dead);
+  if (e.on_disk) forget_disk_copy(slot);
+  if (e.on_lru) lru_unlink(slot);
+  NamespaceInfo& info = namespaces_[e.ns];
+  if (e.kind == EntryKind::Block) {
+    --info.blocks;
+    --sealed_blocks_;
+  } else {
+    --info.snapshots;
+    --sealed_snapshots_;
+  }
+  remove_from_index(slot);
+  e.dead = true;
+  if (e.leases == 0 && e.io_pins == 0) {
+    if (e.on_host) drop_host_copy(slot);
+    free_slot(slot);
+  }
 }
 
 bool EntryTable::evict_lru() {
   if (lru_tail_ == no_slot) return false;
-  evict_one();
+  evict_host(lru_tail_);
   return true;
+}
+
+void EntryTable::evict_host(EntrySlot slot) {
+  assert(slots_.at(slot).on_lru);
+  // An entry with a disk copy only leaves the host; the rest leave altogether.
+  if (slots_[slot].on_disk) {
+    drop_host_copy(slot);
+    sync_lists(slot, false);
+  } else {
+    erase(slot);
+  }
+  ++evictions_;
 }
 
 void EntryTable::acquire_lease(EntrySlot slot) {
   Entry& e = slots_.at(slot);
-  assert(e.in_use && e.sealed);
-  if (e.leases++ == 0 && !e.pinned) lru_unlink(slot);
+  assert(e.in_use && e.sealed && !e.dead);
+  ++e.leases;
+  sync_lists(slot, false);
 }
 
 void EntryTable::release_lease(EntrySlot slot) {
   Entry& e = slots_.at(slot);
   assert(e.in_use && e.sealed && e.leases > 0);
-  if (--e.leases == 0 && !e.pinned) lru_push_front(slot);
+  --e.leases;
+  if (e.dead) {
+    if (e.leases == 0 && e.io_pins == 0) {
+      if (e.on_host) drop_host_copy(slot);
+      free_slot(slot);
+    }
+    return;
+  }
+  sync_lists(slot, true);
+}
+
+void EntryTable::pin_io(EntrySlot slot) {
+  Entry& e = slots_.at(slot);
+  assert(e.in_use);
+  ++e.io_pins;
+  sync_lists(slot, false);
+}
+
+void EntryTable::unpin_io(EntrySlot slot) {
+  Entry& e = slots_.at(slot);
+  assert(e.io_pins > 0);
+  --e.io_pins;
+  if (e.dead) {
+    if (e.leases == 0 && e.io_pins == 0) {
+      if (e.on_host) drop_host_copy(slot);
+      free_slot(slot);
+    }
+    return;
+  }
+  sync_lists(slot, false);
 }
 
 void EntryTable::touch(EntrySlot slot) {
@@ -201,15 +360,13 @@ void EntryTable::touch(EntrySlot slot) {
   ++e.hits;
   e.last_use_tick = ++tick_;
   e.last_use_usec = coarse_now_usec();
-  if (evictable(e)) {
-    lru_unlink(slot);
-    lru_push_front(slot);
-  }
+  sync_lists(slot, true);
 }
 
 EntrySlot EntryTable::slot_for_id(uint64_t id) const {
   const auto slot = static_cast<EntrySlot>(id & 0xffffffffu);
-  if (slot >= slots_.size() || generations_[slot] != (id >> 32) || !slots_[slot].in_use) {
+  if (slot >= slots_.size() || generations_[slot] != (id >> 32) || !slots_[slot].in_use ||
+      slots_[slot].dead) {
     return no_slot;
   }
   return slot;
@@ -219,32 +376,64 @@ void EntryTable::set_pinned(EntrySlot slot, bool pinned) {
   Entry& e = slots_.at(slot);
   assert(e.in_use && e.sealed);
   if (e.pinned == pinned) return;
-  const bool was_evictable = evictable(e);
   e.pinned = pinned;
   pinned ? ++pinned_ : --pinned_;
-  if (was_evictable) lru_unlink(slot);
-  if (evictable(e)) lru_push_front(slot);
+  sync_lists(slot, true);
+}
+
+void EntryTable::sync_lists(EntrySlot slot, bool to_front) {
+  Entry& e = slots_[slot];
+  const bool host = host_evictable(e);
+  if (e.on_lru && (!host || to_front)) lru_unlink(slot);
+  if (host && !e.on_lru) lru_push_front(slot);
+  const bool disk = disk_evictable(e);
+  if (e.on_disk_lru && (!disk || to_front)) disk_unlink(slot);
+  if (disk && !e.on_disk_lru) disk_push_front(slot);
 }
 
 void EntryTable::lru_push_front(EntrySlot slot) {
   Entry& e = slots_[slot];
-  assert(evictable(e) && e.lru_prev == no_slot && e.lru_next == no_slot && lru_head_ != slot);
+  assert(!e.on_lru && e.lru_prev == no_slot && e.lru_next == no_slot);
   e.lru_next = lru_head_;
   if (lru_head_ != no_slot) slots_[lru_head_].lru_prev = slot;
   lru_head_ = slot;
   if (lru_tail_ == no_slot) lru_tail_ = slot;
+  e.on_lru = true;
   evictable_bytes_ += e.extent_bytes;
 }
 
 void EntryTable::lru_unlink(EntrySlot slot) {
   Entry& e = slots_[slot];
+  assert(e.on_lru);
   if (e.lru_prev != no_slot) slots_[e.lru_prev].lru_next = e.lru_next;
   else lru_head_ = e.lru_next;
   if (e.lru_next != no_slot) slots_[e.lru_next].lru_prev = e.lru_prev;
   else lru_tail_ = e.lru_prev;
   e.lru_prev = e.lru_next = no_slot;
+  e.on_lru = false;
   assert(evictable_bytes_ >= e.extent_bytes);
   evictable_bytes_ -= e.extent_bytes;
+}
+
+void EntryTable::disk_push_front(EntrySlot slot) {
+  Entry& e = slots_[slot];
+  assert(!e.on_disk_lru);
+  e.disk_next = disk_head_;
+  if (disk_head_ != no_slot) slots_[disk_head_].disk_prev = slot;
+  disk_head_ = slot;
+  if (disk_tail_ == no_slot) disk_tail_ = slot;
+  e.on_disk_lru = true;
+}
+
+void EntryTable::disk_unlink(EntrySlot slot) {
+  Entry& e = slots_[slot];
+  assert(e.on_disk_lru);
+  if (e.disk_prev != no_slot) slots_[e.disk_prev].disk_next = e.disk_next;
+  else disk_head_ = e.disk_next;
+  if (e.disk_next != no_slot) slots_[e.disk_next].disk_prev = e.disk_prev;
+  else disk_tail_ = e.disk_prev;
+  e.disk_prev = e.disk_next = no_slot;
+  e.on_disk_lru = false;
 }
 
 }  // namespace kvpark::daemon

@@ -1,13 +1,18 @@
-// The daemon's index of parked entries: namespaces, blocks, snapshots, placement
-// in the arena, reference counts and the eviction order.
+// The daemon's index of parked entries: namespaces, blocks, snapshots, their
+// placement (host arena, disk, or both), reference counts and eviction order.
 //
 // Invariants:
-//  - every entry owns exactly one extent of the arena's data region;
-//  - an entry is either reserved (being written by one client, invisible to
-//    lookups) or sealed (immutable, visible);
-//  - a sealed entry is on the LRU list iff it has no lease and no pin: the list
-//    holds exactly the entries eviction may take, oldest at the tail;
-//  - evictable_bytes() is the sum of extents on the LRU list.
+//  - an entry is reserved (being written by one client, invisible to lookups) or
+//    sealed (immutable); a sealed entry lives on the host (an arena extent), on
+//    disk (a record), or both; a reserved entry is always on the host;
+//  - an entry is on the host LRU list iff host_evictable(): sealed, on the host,
+//    readable (not promoting), no lease, no pin, no I/O in flight; the list holds
+//    exactly what host eviction may take, oldest at the tail;
+//  - likewise the disk LRU list holds exactly the disk_evictable() entries;
+//  - evictable_bytes() is the sum of extents on the host LRU list;
+//  - a dead entry (its disk copy failed verification while leased) is out of the
+//    index and is freed when its last lease goes.
+// Host eviction of an entry that has a disk copy only drops the host copy.
 // Blocks are keyed by (namespace, chain hash), snapshots by (namespace, anchor
 // hash, tail tokens); identical content is therefore stored once.
 // Single-threaded: the daemon's event loop owns it.
@@ -37,14 +42,16 @@ struct NamespaceInfo {
   uint32_t prefill_tokens_per_second = 0;
   uint64_t blocks = 0;                // sealed
   uint64_t snapshots = 0;             // sealed
-  uint64_t bytes = 0;                 // sealed extents
+  uint64_t bytes = 0;                 // sealed extents on the host
+  uint64_t disk_bytes = 0;            // records on disk
 };
 
 struct Entry {
   Hash128 key_hash;                  // block chain hash, or snapshot anchor hash
   std::vector<int32_t> tail_tokens;  // snapshots only
-  uint64_t extent_offset = 0;        // data-region offset
-  uint64_t extent_bytes = 0;
+  uint64_t extent_offset = 0;        // data-region offset, valid when on_host
+  uint64_t extent_bytes = 0;         // the entry's image size, whatever its tier
+  uint64_t disk_bytes = 0;           // record file bytes, when on_disk
   uint64_t creator_session = 0;
   uint64_t hits = 0;
   uint64_t last_use_tick = 0;
@@ -53,14 +60,24 @@ struct Entry {
   uint32_t position = 0;             // tokens restored through this entry
   uint32_t anchor_chunks = 0;
   uint32_t leases = 0;
+  uint32_t io_pins = 0;              // spills or restores in flight
+  uint32_t reserved_by = 0;          // connection writing it, while reserved
   EntrySlot lru_prev = no_slot;
   EntrySlot lru_next = no_slot;
+  EntrySlot disk_prev = no_slot;
+  EntrySlot disk_next = no_slot;
   EntryKind kind = EntryKind::Block;
   EntryClass entry_class = EntryClass::Private;
   Evidence evidence = Evidence::DefaultAutomatic;
   bool sealed = false;
   bool pinned = false;
-  bool in_use = false;  // slab slot holds an entry
+  bool in_use = false;     // slab slot holds an entry
+  bool on_host = true;     // has an arena extent
+  bool on_disk = false;    // has a verified disk record (its id follows from the key)
+  bool promoting = false;  // extent allocated, disk restore still filling it
+  bool dead = false;
+  bool on_lru = false;
+  bool on_disk_lru = false;
 };
 
 struct NewEntry {
@@ -74,13 +91,14 @@ struct NewEntry {
   uint64_t creator_session = 0;
   EntryClass entry_class = EntryClass::Private;
   Evidence evidence = Evidence::DefaultAutomatic;
+  uint32_t reserved_by = 0;
 };
 
 class EntryTable {
  public:
   EntryTable(uint64_t data_bytes, uint64_t extent_align_bytes);
 
-  // Namespaces: registered on first HELLO, kept while the daemon runs.
+  // Namespaces: registered on first HELLO (or disk recovery), kept while the daemon runs.
   Status register_namespace(const NamespaceId& id, const Geometry& geometry,
                             uint32_t prefill_tokens_per_second, NamespaceIndex& ret_ns);
   const NamespaceInfo& namespace_info(NamespaceIndex ns) const { return namespaces_.at(ns); }
@@ -90,22 +108,47 @@ class EntryTable {
   EntrySlot find_block(NamespaceIndex ns, const Hash128& hash) const;
   EntrySlot find_snapshot(NamespaceIndex ns, const Hash128& anchor,
                           std::span<const int32_t> tail) const;
-  // Sealed snapshots hanging off an anchor.
+  // Snapshots (reserved or sealed) hanging off an anchor.
   std::span<const EntrySlot> snapshots_at(NamespaceIndex ns, const Hash128& anchor) const;
 
-  // Places a new reserved entry, evicting unleased entries in LRU order if needed.
+  // Places a new reserved entry, evicting from the host in LRU order if needed.
   // ArenaFull when even evicting everything evictable cannot make room; then
   // nothing is evicted (a request that can never fit costs no parked state).
   Status insert_reserved(const NewEntry& entry, EntrySlot& ret_slot);
+  // Indexes a sealed entry that exists only on disk (recovery after a restart).
+  Status insert_on_disk(const NewEntry& entry, uint64_t disk_bytes, EntrySlot& ret_slot);
   void seal(EntrySlot slot);
-  void erase(EntrySlot slot);  // reserved or sealed-and-unleased entries
+  void erase(EntrySlot slot);  // reserved, or sealed with no lease and no I/O
+
+  // Host copy of a disk-only entry: allocates its extent (evicting as needed) and
+  // marks it promoting until finish_promotion().
+  Status begin_promotion(EntrySlot slot);
+  // success: the extent now holds the image; failure: the extent is freed again.
+  void finish_promotion(EntrySlot slot, bool success);
+  // Disk copy bookkeeping (the caller does the I/O).
+  void attach_disk_record(EntrySlot slot, uint64_t disk_bytes);
+  // Forgets the disk copy; an entry left on no tier is erased (false returned).
+  bool detach_disk_record(EntrySlot slot);
+  // The disk copy failed verification: the entry leaves the index now and its slot
+  // is freed with its last lease. The caller deletes the record.
+  void kill(EntrySlot slot);
 
   void acquire_lease(EntrySlot slot);
   void release_lease(EntrySlot slot);
+  void pin_io(EntrySlot slot);
+  void unpin_io(EntrySlot slot);
   void touch(EntrySlot slot);  // a hit: count it and make it most recent
-  bool evict_lru();            // evicts the least recently used entry; false if none
+  bool evict_lru();            // host-evicts the least recently used entry; false if none
+  void evict_host(EntrySlot slot);  // host-evicts this evictable entry
+  EntrySlot host_lru_tail() const { return lru_tail_; }
+  EntrySlot host_lru_prev(EntrySlot slot) const { return slots_.at(slot).lru_prev; }
+  // The coldest disk copy eviction may take (no_slot if none).
+  EntrySlot disk_lru_tail() const { return disk_tail_; }
+  void count_disk_eviction() { ++disk_evictions_; }
 
   const Entry& entry(EntrySlot slot) const { return slots_.at(slot); }
+  // Readable from the arena by clients now.
+  bool host_readable(const Entry& e) const { return e.sealed && e.on_host && !e.promoting; }
   // Operator-visible ids: a slot and its reuse generation, so a stale id never
   // names a newer entry in the same slot.
   uint64_t entry_id(EntrySlot slot) const { return (uint64_t{generations_.at(slot)} << 32) | slot; }
@@ -119,9 +162,12 @@ class EntryTable {
   uint64_t bytes_free() const { return allocator_.bytes_free(); }
   uint64_t largest_free_bytes() const { return allocator_.largest_free_bytes(); }
   uint64_t evictable_bytes() const { return evictable_bytes_; }
+  uint64_t disk_bytes() const { return disk_bytes_; }
+  uint64_t disk_entries() const { return disk_entries_; }
   uint64_t blocks() const { return sealed_blocks_; }
   uint64_t snapshots() const { return sealed_snapshots_; }
   uint64_t evictions() const { return evictions_; }
+  uint64_t disk_evictions() const { return disk_evictions_; }
   size_t slots_in_use() const { return slots_in_use_; }
 
  private:
@@ -134,11 +180,27 @@ class EntryTable {
     size_t operator()(const BlockKey& k) const noexcept { return Hash128Hasher{}(k.hash) ^ k.ns; }
   };
 
-  bool evictable(const Entry& e) const { return e.sealed && e.leases == 0 && !e.pinned; }
+  bool host_evictable(const Entry& e) const {
+    return host_readable(e) && !e.dead && e.leases == 0 && !e.pinned && e.io_pins == 0;
+  }
+  bool disk_evictable(const Entry& e) const {
+    return e.sealed && !e.dead && e.on_disk && e.leases == 0 && !e.pinned &&
+           e.io_pins == 0;
+  }
+  // Puts the entry on, or takes it off, each LRU list as its state now requires;
+  // `to_front` makes a listed entry the most recent.
+  void sync_lists(EntrySlot slot, bool to_front);
   void lru_push_front(EntrySlot slot);
   void lru_unlink(EntrySlot slot);
-  void evict_one();
+  void disk_push_front(EntrySlot slot);
+  void disk_unlink(EntrySlot slot);
+  Status allocate_extent(uint64_t bytes, uint64_t& ret_offset);
+  void drop_host_copy(EntrySlot slot);
+  void forget_disk_copy(EntrySlot slot);
+  EntrySlot new_slot(const NewEntry& n);
+  void index(EntrySlot slot);
   void remove_from_index(EntrySlot slot);
+  void free_slot(EntrySlot slot);
 
   shm::ExtentAllocator allocator_;
   std::vector<NamespaceInfo> namespaces_;
@@ -150,11 +212,16 @@ class EntryTable {
   std::unordered_map<BlockKey, std::vector<EntrySlot>, BlockKeyHasher> snapshots_;  // by anchor
   EntrySlot lru_head_ = no_slot;  // most recent
   EntrySlot lru_tail_ = no_slot;  // next to evict
+  EntrySlot disk_head_ = no_slot;
+  EntrySlot disk_tail_ = no_slot;
   uint64_t evictable_bytes_ = 0;
+  uint64_t disk_bytes_ = 0;
+  uint64_t disk_entries_ = 0;
   uint64_t tick_ = 0;
   uint64_t sealed_blocks_ = 0;
   uint64_t sealed_snapshots_ = 0;
   uint64_t evictions_ = 0;
+  uint64_t disk_evictions_ = 0;
   uint64_t pinned_ = 0;
   size_t slots_in_use_ = 0;
 };

@@ -2,17 +2,25 @@
 #include <grp.h>
 #include <signal.h>
 #include <sys/random.h>
+#include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <poll.h>
 
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 
+#include "daemon/config.h"
 #include "daemon/control_plane.h"
+#include "daemon/dbus_adapter.h"
+#include "daemon/disk_tier.h"
 #include "daemon/entry_table.h"
+#include "daemon/http_adapter.h"
 #include "daemon/loop_queue.h"
 #include "daemon/log.h"
+#include "daemon/notify.h"
 #include "daemon/options.h"
 #include "daemon/park.h"
 #include "daemon/server.h"
@@ -23,7 +31,9 @@ using namespace kvpark;
 
 namespace {
 
-constexpr int tick_msec = 1000;
+constexpr int tick_msec = 50;  // WAIT deadlines are honoured to this resolution
+constexpr uint64_t shutdown_flush_timeout_usec = 120'000'000;
+constexpr uint64_t arena_low_water_divisor_with_disk = 8;  // default low water: 1/8 of the arena
 constexpr const char* version = "0.1.0";
 
 uint64_t monotonic_usec() {
@@ -39,6 +49,38 @@ uint64_t random_incarnation() {
   return value;
 }
 
+// What the loop does between events: low-water eviction, watchdog pings and a
+// STATUS= line for systemctl status.
+struct Ticker {
+  static constexpr uint64_t status_interval_usec = 10'000'000;
+  daemon::Park& park;
+  daemon::ControlPlane& control;
+  daemon::Notifier& notifier;
+  uint64_t last_status_usec = 0;
+
+  static void run(void* context) {
+    Ticker& t = *static_cast<Ticker*>(context);
+    t.park.tick();
+    const uint64_t now = monotonic_usec();
+    t.notifier.tick(now);
+    if (now - t.last_status_usec >= status_interval_usec) {
+      t.last_status_usec = now;
+      const daemon::StatusInfo s = t.control.status_in_loop();
+      t.notifier.status(std::to_string(s.connections) + " engines, " + std::to_string(s.entries) +
+                        " entries, arena " + std::to_string(s.arena_used_bytes >> 20) + " of " +
+                        std::to_string(s.arena_data_bytes >> 20) + " MiB used");
+    }
+  }
+};
+
+// SIGHUP re-reads the configuration, like `kvparkctl reload`.
+int open_reload_signal_fd() {
+  sigset_t hup;
+  sigemptyset(&hup);
+  sigaddset(&hup, SIGHUP);
+  return signalfd(-1, &hup, SFD_NONBLOCK | SFD_CLOEXEC);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -51,6 +93,7 @@ int main(int argc, char** argv) {
   sigemptyset(&mask);
   sigaddset(&mask, SIGTERM);
   sigaddset(&mask, SIGINT);
+  sigaddset(&mask, SIGHUP);  // reload, through open_reload_signal_fd()
   sigprocmask(SIG_BLOCK, &mask, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
@@ -71,13 +114,51 @@ int main(int argc, char** argv) {
   std::filesystem::create_directories(std::filesystem::path(options.socket_path).parent_path(),
                                       ec);
 
+  // The disk tier is optional: without it (or if it cannot start) the host tier serves.
+  std::unique_ptr<daemon::DiskTier> disk;
+  disk::RecoveryReport recovery;
+  if (!options.disk_directory.empty()) {
+    disk::OpenError open_error;
+    daemon::DiskTierOptions disk_options{
+        .directory = options.disk_directory,
+        .capacity_bytes = options.disk_capacity_bytes,
+        .write_budget_bytes_per_day = options.disk_write_budget_bytes_per_day,
+        .fixed_buffers = {iovec{arena->data(), arena->data_bytes()}}};
+    if (Status s = daemon::DiskTier::open(disk_options, disk, recovery, open_error);
+        s != Status::Ok) {
+      log_error("kvparkd: disk tier off, serving from memory only: %s: %s%s%s",
+                std::string(status_name(s)).c_str(), open_error.detail.c_str(),
+                open_error.err != 0 ? ": " : "", open_error.err != 0 ? strerror(open_error.err) : "");
+    }
+  }
+
   daemon::EntryTable table(arena->data_bytes(), limits::extent_align_bytes);
   daemon::Park park({.arena_data = arena->data(),
                      .arena_bytes = arena->arena_bytes(),
                      .incarnation = incarnation,
                      .reservation_bytes_max = options.reservation_bytes_max,
-                     .connections_max = limits::connections_max},
+                     .connections_max = limits::connections_max,
+                     .disk = disk.get()},
                     table);
+  if (disk) {
+    const uint64_t skipped = park.recover(recovery);
+    log_info("kvparkd: disk tier at %s: %zu records recovered in %llu ms (%llu skipped, %llu "
+             "interrupted writes removed, %llu damaged files removed, %llu of another format "
+             "version left alone)%s",
+             disk->directory().c_str(), recovery.records.size() - skipped,
+             static_cast<unsigned long long>(recovery.scan_usec / 1000),
+             static_cast<unsigned long long>(skipped),
+             static_cast<unsigned long long>(recovery.temp_files_removed),
+             static_cast<unsigned long long>(recovery.garbage_removed),
+             static_cast<unsigned long long>(recovery.other_version_records),
+             recovery.fixed_buffers_registered ? "" : "; arena not registered with io_uring");
+    for (const std::string& note : recovery.engine_notes) log_notice("kvparkd: io_uring: %s", note.c_str());
+  }
+  park.set_low_water_bytes(options.arena_low_water_bytes);
+  if (disk && options.arena_low_water_bytes == 0) {
+    // With a disk tier, demote ahead of need so valuable entries are never just dropped.
+    park.set_low_water_bytes(arena->data_bytes() / arena_low_water_divisor_with_disk);
+  }
   gid_t attach_gid = static_cast<gid_t>(-1);
   if (const group* g = getgrnam(options.attach_group.c_str()); g != nullptr) {
     attach_gid = g->gr_gid;
@@ -92,21 +173,82 @@ int main(int argc, char** argv) {
   }
   daemon::LoopQueue loop;
   server.watch(loop.event_fd(), [&loop] { loop.drain(); });
+  if (disk) server.watch(disk->store().notify_fd(), [&park] { park.on_disk_completions(); });
   daemon::ControlPlane control({.version = version,
                                 .socket_path = options.socket_path,
                                 .incarnation = incarnation,
-                                .start_usec = monotonic_usec()},
+                                .start_usec = monotonic_usec(),
+                                .reload =
+                                    [&options, &park](std::string& ret_message) {
+                                      return daemon::reload_options(options, park, ret_message);
+                                    }},
                                park, table, loop);
+  // Operations: SIGHUP reload, HTTP status and metrics, the systemd notify protocol.
+  daemon::Notifier notifier(options.watchdog_usec);
+  const int reload_fd = open_reload_signal_fd();
+  server.watch(reload_fd, [&] {
+    signalfd_siginfo info{};
+    while (read(reload_fd, &info, sizeof info) == sizeof info) {
+    }
+    notifier.reloading();
+    std::string message;
+    daemon::reload_options(options, park, message);
+    log_notice("kvparkd: %s", message.c_str());
+    notifier.reloaded(message);
+  });
+  daemon::HttpAdapter http(control);
+  if (!options.http_listen.empty()) {
+    std::string host;
+    uint16_t port = 0;
+    std::string http_error;
+    daemon::parse_listen_address(options.http_listen, host, port);
+    if (http.start(host, port, http_error)) {
+      log_info("kvparkd: http listening on %s%s%s:%u", host.find(':') != std::string::npos ? "[" : "",
+               host.c_str(), host.find(':') != std::string::npos ? "]" : "", http.port());
+    } else {
+      log_error("kvparkd: no HTTP status or metrics: %s", http_error.c_str());
+    }
+  }
+  std::unique_ptr<daemon::DbusAdapter> dbus;
+  if (options.dbus_bus != daemon::DbusBus::Off) {
+    std::string dbus_error;
+    dbus = daemon::DbusAdapter::start(
+        {.bus = options.dbus_bus, .admin_group = options.admin_group}, control, dbus_error);
+    if (!dbus) log_warning("kvparkd: no D-Bus control: %s", dbus_error.c_str());
+  }
   log_info("kvparkd: ready on %s, arena %s of %llu MiB, incarnation %016llx",
            options.socket_path.c_str(), options.arena_name.c_str(),
            static_cast<unsigned long long>(arena->data_bytes() >> 20),
            static_cast<unsigned long long>(incarnation));
-  auto on_tick = [](void* context) { static_cast<daemon::Park*>(context)->tick(); };
-  if (server.run(tick_msec, on_tick, &park) != Status::Ok) {
+  notifier.ready("serving on " + options.socket_path);
+  Ticker ticker{.park = park, .control = control, .notifier = notifier};
+  if (server.run(daemon::watchdog_tick_msec(options.watchdog_usec, tick_msec), Ticker::run,
+                 &ticker) != Status::Ok) {
     log_error("kvparkd: event loop failed: %s", strerror(errno));
     return 1;
   }
+  notifier.stopping("stopping");
+  server.close_connections();
+  if (disk && options.spill_on_shutdown) {
+    // A planned restart keeps what is worth keeping: write it to disk first.
+    uint64_t job = 0;
+    park.start_flush(false, job);
+    const uint64_t deadline = monotonic_usec() + shutdown_flush_timeout_usec;
+    while (!park.flush_state().done && monotonic_usec() < deadline) {
+      pollfd p{disk->store().notify_fd(), POLLIN, 0};
+      if (poll(&p, 1, 100) > 0) park.on_disk_completions();
+      park.tick();
+      notifier.tick(monotonic_usec());  // systemd's watchdog still runs while we spill
+    }
+    const daemon::FlushState& f = park.flush_state();
+    log_info("kvparkd: wrote %llu of %llu entries (%llu MiB) to disk before stopping%s",
+             static_cast<unsigned long long>(f.entries_done),
+             static_cast<unsigned long long>(f.entries_total),
+             static_cast<unsigned long long>(f.bytes_done >> 20), f.done ? "" : " (timed out)");
+  }
   loop.close();  // adapter threads waiting on the loop get 'unavailable' from here on
+  http.stop();
+  dbus.reset();
   log_info("kvparkd: stopped cleanly");
   return 0;
 }

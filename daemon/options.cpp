@@ -4,9 +4,11 @@
 #include <getopt.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <limits>
 
+#include "daemon/config.h"
 #include "proto/limits.h"
 #include "proto/paths.h"
 
@@ -15,6 +17,8 @@ namespace kvpark::daemon {
 bool parse_size(const std::string& text, uint64_t& ret_bytes) {
   size_t used = 0;
   unsigned long long value = 0;
+  // stoull skips whitespace and negates "-1" into 2^64-1: accept digits only.
+  if (text.empty() || text[0] < '0' || text[0] > '9') return false;
   try {
     value = std::stoull(text, &used);
   } catch (...) {
@@ -38,54 +42,75 @@ namespace {
 void print_usage(FILE* out) {
   fprintf(out,
           "Usage: kvparkd [OPTIONS]\n"
-          "Keeps parked LLM inference state for the engines on this machine.\n\n"
-          "  --socket PATH          engine socket (default %s)\n"
-          "  --arena-size SIZE      host arena data bytes, e.g. 8G (default 1G)\n"
-          "  --arena-name NAME      POSIX shared-memory name (default /kvpark-arena-$EUID)\n"
-          "  --reservation-max SIZE largest single reservation (default half the arena)\n"
-          "  --attach-group GROUP   members of GROUP may attach (default kvpark)\n"
-          "  -h, --help             show this help\n",
-          default_socket_path().c_str());
+          "Keeps parked LLM inference state for the engines on this machine.\n"
+          "Values come from the embedded defaults, then %s, then these flags.\n\n"
+          "  --config PATH                    configuration file (see kvparkd.conf(5))\n"
+          "  --print-config                   print the effective configuration and exit\n"
+          "  --socket PATH                    engine socket (default %s)\n"
+          "  --arena-size SIZE                host arena data bytes, e.g. 8G (default 1G)\n"
+          "  --arena-name NAME                POSIX shared-memory name (default /kvpark-arena-$EUID)\n"
+          "  --reservation-max SIZE           largest single reservation (default half the arena)\n"
+          "  --arena-low-water SIZE           evict to keep this much of the arena free (default 0)\n"
+          "  --attach-group GROUP             members of GROUP may attach (default kvpark)\n"
+          "  --admin-group GROUP              members of GROUP may change state over D-Bus\n"
+          "  --http-listen ADDR:PORT|off      HTTP status and metrics (default 127.0.0.1:7797)\n"
+          "  --http-allow-remote[=BOOL]       allow a non-loopback --http-listen\n"
+          "  --dbus auto|session|system|off   message bus to join (default auto)\n"
+          "  --disk-dir PATH|off              disk tier directory (default $STATE_DIRECTORY)\n"
+          "  --disk-capacity SIZE             disk tier size (default 0: from free space)\n"
+          "  --disk-write-budget-per-day SIZE bytes the disk tier may write per day\n"
+          "  --spill-on-shutdown[=BOOL]       spill valuable host entries to disk at stop\n"
+          "  -h, --help                       show this help\n",
+          config_path_default, default_socket_path().c_str());
+}
+
+// Flags that are config keys: "--arena-size" sets "arena_size".
+constexpr const char* key_flags[] = {
+    "socket", "arena-size", "arena-name", "reservation-max", "arena-low-water", "attach-group",
+    "admin-group", "http-listen", "http-allow-remote", "dbus", "disk-dir", "disk-capacity",
+    "disk-write-budget-per-day", "spill-on-shutdown",
+};
+constexpr size_t key_flag_count = sizeof key_flags / sizeof key_flags[0];
+
+bool boolean_flag(const std::string& name) {
+  return name == "http-allow-remote" || name == "spill-on-shutdown";
 }
 
 }  // namespace
 
 bool parse_options(int argc, char** argv, DaemonOptions& o, int& ret_exit) {
-  enum { opt_socket = 1, opt_arena_size, opt_arena_name, opt_reservation, opt_group };
-  static const option long_options[] = {
-      {"socket", required_argument, nullptr, opt_socket},
-      {"arena-size", required_argument, nullptr, opt_arena_size},
-      {"arena-name", required_argument, nullptr, opt_arena_name},
-      {"reservation-max", required_argument, nullptr, opt_reservation},
-      {"attach-group", required_argument, nullptr, opt_group},
-      {"help", no_argument, nullptr, 'h'},
-      {nullptr, 0, nullptr, 0},
-  };
-  o.socket_path = default_socket_path();
-  o.arena_name = "/kvpark-arena-" + std::to_string(geteuid());
-  o.arena_bytes = limits::arena_bytes_default;
+  enum { opt_config = 1, opt_print_config, opt_key_base = 256 };
+  std::vector<option> long_options;
+  for (size_t i = 0; i < key_flag_count; ++i) {
+    long_options.push_back({key_flags[i],
+                            boolean_flag(key_flags[i]) ? optional_argument : required_argument,
+                            nullptr, opt_key_base + static_cast<int>(i)});
+  }
+  long_options.push_back({"config", required_argument, nullptr, opt_config});
+  long_options.push_back({"print-config", no_argument, nullptr, opt_print_config});
+  long_options.push_back({"help", no_argument, nullptr, 'h'});
+  long_options.push_back({nullptr, 0, nullptr, 0});
+
+  std::vector<std::pair<std::string, std::string>> flag_values;
+  std::string config_path = config_path_default;
+  bool config_explicit = false;
+  bool print_config = false;
   optind = 1;
+  opterr = 1;
   int c;
-  while ((c = getopt_long(argc, argv, "h", long_options, nullptr)) != -1) {
+  while ((c = getopt_long(argc, argv, "h", long_options.data(), nullptr)) != -1) {
+    if (c >= opt_key_base && c < opt_key_base + static_cast<int>(key_flag_count)) {
+      std::string key = key_flags[c - opt_key_base];
+      std::replace(key.begin(), key.end(), '-', '_');
+      flag_values.emplace_back(key, optarg != nullptr ? optarg : "true");
+      continue;
+    }
     switch (c) {
-      case opt_socket: o.socket_path = optarg; break;
-      case opt_arena_name: o.arena_name = optarg; break;
-      case opt_group: o.attach_group = optarg; break;
-      case opt_arena_size:
-        if (!parse_size(optarg, o.arena_bytes) || o.arena_bytes < limits::arena_bytes_min) {
-          fprintf(stderr, "kvparkd: --arena-size: '%s' is not a size of at least %llu bytes\n",
-                  optarg, static_cast<unsigned long long>(limits::arena_bytes_min));
-          ret_exit = 2;
-          return false;
-        }
+      case opt_config:
+        config_path = optarg;
+        config_explicit = true;
         break;
-      case opt_reservation:
-        if (!parse_size(optarg, o.reservation_bytes_max) || o.reservation_bytes_max == 0) {
-          fprintf(stderr, "kvparkd: --reservation-max: '%s' is not a positive size\n", optarg);
-          ret_exit = 2;
-          return false;
-        }
-        break;
+      case opt_print_config: print_config = true; break;
       case 'h':
         print_usage(stdout);
         ret_exit = 0;
@@ -101,7 +126,36 @@ bool parse_options(int argc, char** argv, DaemonOptions& o, int& ret_exit) {
     ret_exit = 2;
     return false;
   }
-  if (o.reservation_bytes_max == 0) o.reservation_bytes_max = o.arena_bytes / 2;
+
+  o = default_options();
+  o.config_path = config_path;
+  o.config_path_explicit = config_explicit;
+  o.flag_values = flag_values;
+  std::string error;
+  if (!apply_config_file(config_path, config_explicit, o, error)) {
+    fprintf(stderr, "kvparkd: %s\n", error.c_str());
+    ret_exit = 2;
+    return false;
+  }
+  for (const auto& [key, value] : flag_values) {
+    if (!set_config_value(o, key, value, error)) {
+      std::string flag = key;
+      std::replace(flag.begin(), flag.end(), '_', '-');
+      fprintf(stderr, "kvparkd: --%s: %s\n", flag.c_str(), error.c_str());
+      ret_exit = 2;
+      return false;
+    }
+  }
+  if (!finish_options(o, error)) {
+    fprintf(stderr, "kvparkd: %s\n", error.c_str());
+    ret_exit = 2;
+    return false;
+  }
+  if (print_config) {
+    fputs(format_config(o).c_str(), stdout);
+    ret_exit = 0;
+    return false;
+  }
   return true;
 }
 

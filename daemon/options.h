@@ -3,19 +3,44 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace kvpark::daemon {
 
+// Which message bus the D-Bus adapter joins.
+enum class DbusBus : uint8_t { Off = 0, Session = 1, System = 2 };
+
+inline constexpr const char* config_path_default = "/etc/kvpark/kvparkd.conf";
+
+// Every field is also a key of kvparkd.conf (config.h holds the key table).
 struct DaemonOptions {
   std::string socket_path;             // default: kvpark::default_socket_path()
   std::string arena_name;              // shm_open name; default "/kvpark-arena-$EUID"
   uint64_t arena_bytes = 0;            // data region; default limits::arena_bytes_default
   uint64_t reservation_bytes_max = 0;  // default: half the arena
   std::string attach_group = "kvpark"; // members may attach; ignored if the group is missing
+  std::string admin_group = "kvpark-admin";  // members may mutate over D-Bus (root always may)
+  uint64_t arena_low_water_bytes = 0;  // evict (LRU) to keep this many bytes free
+  std::string http_listen = "127.0.0.1:7797";  // "host:port", "[v6]:port"; empty: off
+  bool http_allow_remote = false;      // a non-loopback http_listen needs this
+  DbusBus dbus_bus = DbusBus::Session; // default: System under systemd, else Session
+  std::string disk_directory;          // disk tier records; empty: no disk tier
+  uint64_t disk_capacity_bytes = 0;    // 0: the daemon sizes the tier from free space
+  uint64_t disk_write_budget_bytes_per_day = 0;  // 0: no budget
+  bool spill_on_shutdown = true;       // write valuable host-only entries to disk at stop
+  uint64_t watchdog_usec = 0;          // from $WATCHDOG_USEC (systemd); 0: no watchdog
+
+  // Where the values came from, for --print-config and reload.
+  std::string config_path;             // the file named (read when it exists)
+  bool config_path_explicit = false;   // --config given: a missing file is an error
+  bool config_file_read = false;       // the file existed and was applied
+  std::vector<std::pair<std::string, std::string>> flag_values;  // key, value from argv
 };
 
-// Parses argv. Returns 0 to run, or an exit code (0 after --help, 2 on a bad flag)
-// through ret_exit with a message already printed.
+// Parses argv over the config file over the embedded defaults. Returns true to
+// run, or false with an exit code (0 after --help or --print-config, 2 on a bad
+// flag or config file) through ret_exit with a message already printed.
 bool parse_options(int argc, char** argv, DaemonOptions& ret_options, int& ret_exit);
 
 // "64M", "1G", "1GiB", "1073741824" -> bytes; false on anything else.

@@ -1,13 +1,22 @@
-// The daemon core: what each verb does, per connection, over the entry table.
+// The daemon core: what each verb does, per connection, over the entry table,
+// and the policies that move entries between host and disk.
 //
 // A connection is the scope of every lease and reservation it creates; close()
-// is the one cleanup routine that aborts its open reservations and drops its
-// leases, whether the client said goodbye, crashed or sent garbage. The core
-// knows nothing of sockets, D-Bus or HTTP; the server feeds it decoded requests.
-// Single-threaded: the daemon's event loop owns it.
+// is the one cleanup routine that aborts its open reservations, drops its leases
+// and forgets its waits, whether the client said goodbye, crashed or sent
+// garbage. The core knows nothing of sockets, D-Bus or HTTP; the server feeds it
+// decoded requests and sends what it answers (WAIT answers later, through the
+// reply sink). Single-threaded: the daemon's event loop owns it.
+//
+// Disk policy (when a DiskTier is attached): shared or explicitly marked entries
+// are written through at seal; tick() keeps the arena's free bytes above the
+// low-water mark by demoting the coldest entries worth keeping to disk and
+// dropping the rest; a LOOKUP that reaches disk-only entries promotes them into
+// the arena asynchronously; disk capacity is kept by evicting cold records.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <unordered_map>
 #include <vector>
@@ -18,7 +27,13 @@
 
 namespace kvpark::daemon {
 
+class DiskTier;
 using ConnectionId = uint32_t;
+}  // namespace kvpark::daemon
+namespace kvpark::disk {
+struct RecoveryReport;
+}
+namespace kvpark::daemon {
 
 struct ParkOptions {
   uint8_t* arena_data = nullptr;  // the daemon's mapping of the data region
@@ -26,7 +41,16 @@ struct ParkOptions {
   uint64_t incarnation = 0;
   uint64_t reservation_bytes_max = 0;  // one reservation's extents, bytes
   size_t connections_max = 0;
+  DiskTier* disk = nullptr;            // null: host tier only
 };
+
+inline constexpr size_t spills_in_flight_max = 16;
+inline constexpr uint32_t wait_timeout_msec_max = 600'000;
+inline constexpr size_t waits_max = 1024;  // pending WAITs, all connections
+// Recurrence detection: chunk hashes remembered from lookups past their restorable
+// prefix, and how far past it two sessions must agree before a capture hint.
+inline constexpr size_t recurrence_chunks_max = 65536;
+inline constexpr uint32_t recurrence_tokens_min = 1024;
 
 struct Counters {
   uint64_t lookups = 0;
@@ -35,19 +59,43 @@ struct Counters {
   uint64_t protocol_errors = 0;
   uint64_t seal_corrupt = 0;
   uint64_t reuse[reuse_kind_max + 1] = {};
+  uint64_t spills = 0;           // completed
+  uint64_t spill_bytes = 0;
+  uint64_t spill_failures = 0;
+  uint64_t promotions = 0;       // completed disk -> host restores
+  uint64_t promotion_bytes = 0;
+  uint64_t promotion_failures = 0;
+  uint64_t checksum_failures = 0;
+  uint64_t budget_refusals = 0;  // spills skipped: daily write budget spent
+};
+
+// Progress of a flush (operator command or planned shutdown).
+struct FlushState {
+  uint64_t job_id = 0;
+  bool done = true;
+  Status status = Status::Ok;
+  uint64_t entries_total = 0;
+  uint64_t entries_done = 0;
+  uint64_t bytes_total = 0;
+  uint64_t bytes_done = 0;
 };
 
 class Park {
  public:
+  using ReplySink = std::function<void(ConnectionId, std::vector<uint8_t>&&)>;
+
   Park(const ParkOptions& options, EntryTable& table);
 
   Status open(ConnectionId id, uint32_t peer_pid);
-  // Aborts the connection's reservations and releases its leases. Idempotent.
+  // Aborts the connection's reservations, releases its leases, forgets its waits.
   void close(ConnectionId id);
 
   Status hello(ConnectionId id, const wire::HelloRequest& req, wire::HelloReply& ret);
   Status lookup(ConnectionId id, const wire::LookupRequest& req, wire::LookupReply& ret);
   Status release(ConnectionId id, const wire::ReleaseRequest& req);
+  // Answers at once (true, ret filled) or later through the reply sink (false).
+  bool wait(ConnectionId id, uint32_t sequence, const wire::WaitRequest& req, Status& ret_status,
+            wire::LookupReply& ret);
   Status reserve_blocks(ConnectionId id, const wire::ReserveBlocksRequest& req,
                         wire::ReserveBlocksReply& ret);
   Status reserve_snapshot(ConnectionId id, const wire::ReserveSnapshotRequest& req,
@@ -56,33 +104,74 @@ class Park {
   Status abort(ConnectionId id, const wire::ReservationRequest& req);
   wire::StatsReply stats() const;
 
+  void set_reply_sink(ReplySink sink) { reply_sink_ = std::move(sink); }
+
   // Operator commands (see control.h); they never touch leased entries.
   Status evict_entry(EntrySlot slot);
   Status drop_namespace(const NamespaceId& id, uint64_t& ret_dropped);
   void set_reservation_bytes_max(uint64_t bytes) { options_.reservation_bytes_max = bytes; }
   uint64_t reservation_bytes_max() const { return options_.reservation_bytes_max; }
-  // Keeps at least this many arena bytes free, evicting in LRU order on tick().
+  // Keeps at least this many arena bytes free on tick(): demotes or evicts.
   void set_low_water_bytes(uint64_t bytes) { low_water_bytes_ = bytes; }
   uint64_t low_water_bytes() const { return low_water_bytes_; }
+  // Periodic work: WAIT deadlines, low-water demotion, flush progress.
   void tick();
 
+  // Disk tier (no-ops without one).
+  DiskTier* disk() const { return options_.disk; }
+  // Indexes the records the disk tier found at start; returns how many it skipped.
+  uint64_t recover(const disk::RecoveryReport& report);
+  void on_disk_completions();  // the disk tier's notify fd is readable
+  // Writes host-only entries to disk: all of them (operator flush) or only those
+  // worth keeping (planned shutdown). BadState without a disk tier.
+  Status start_flush(bool everything, uint64_t& ret_job_id);
+  const FlushState& flush_state() const { return flush_; }
+  bool disk_idle() const { return jobs_.empty(); }
+
+  const Counters& counters() const { return counters_; }
+  size_t connection_count() const { return connections_.size(); }
   uint64_t leases_open() const { return leases_open_; }
   uint64_t reservations_open() const { return reservations_open_; }
   void count_protocol_error() { ++counters_.protocol_errors; }
-  const Counters& counters() const { return counters_; }
-  size_t connection_count() const { return connections_.size(); }
 
  private:
   struct Reservation {
     std::vector<EntrySlot> slots;
     std::vector<shm::EntryHeader> headers;  // as written; checked again at seal
   };
+  struct Lease {
+    uint64_t session_id = 0;
+    uint32_t prompt_tokens = 0;
+    std::vector<EntrySlot> blocks;     // chain order
+    std::vector<EntrySlot> snapshots;  // deepest first
+    // Single flight: entries past the prefix that other engines were writing at
+    // LOOKUP time (slot, entry id); WAIT returns when they are sealed or gone.
+    std::vector<std::pair<EntrySlot, uint64_t>> inflight;
+    uint32_t inflight_tokens = 0;
+    uint32_t capture_hint_tokens = 0;
+  };
+  struct RecurrenceSeen {
+    uint64_t session_id = 0;
+    bool recurring = false;  // seen from two sessions
+  };
   struct Connection {
     uint32_t peer_pid = 0;
     bool greeted = false;
     NamespaceIndex ns = 0;
-    std::unordered_map<uint64_t, std::vector<EntrySlot>> leases;
+    std::unordered_map<uint64_t, Lease> leases;
     std::map<uint64_t, Reservation> reservations;
+  };
+  struct Waiter {
+    ConnectionId connection = 0;
+    uint32_t sequence = 0;
+    uint64_t lease_id = 0;
+    uint64_t deadline_usec = 0;  // CLOCK_MONOTONIC
+  };
+  struct DiskJob {
+    bool spill = true;
+    EntrySlot slot = no_slot;
+    uint64_t entry_id = 0;  // slot + generation, to notice a reused slot (a bug)
+    uint64_t flush_job = 0;
   };
 
   Connection* greeted(ConnectionId id);
@@ -90,13 +179,41 @@ class Park {
   shm::EntryHeader make_entry_header(const Entry& e, uint32_t token_count,
                                      uint64_t payload_bytes) const;
   void drop_reservation(Reservation& r);
-  void drop_lease(std::vector<EntrySlot>& slots);
+  void drop_lease(Lease& lease);
+  bool evict_entry_unpinned(EntrySlot slot);  // drop-namespace: pins do not protect
+  // Fills a LOOKUP/WAIT answer from a lease's current state.
+  void describe_lease(const Connection& c, uint64_t lease_id, const Lease& lease,
+                      wire::LookupReply& ret) const;
+  bool lease_settled(const Lease& lease) const;  // no promotion in flight
+  void answer_waiters(bool expire_only);
+  // Notes the chunks past the restorable prefix; returns a capture hint position or 0.
+  uint32_t observe_recurrence(NamespaceIndex ns, const wire::LookupRequest& req,
+                              uint32_t restorable_tokens, uint32_t chain_tokens);
+
+  // Disk (park_disk.cpp).
+  bool worth_keeping(const Entry& e) const;
+  bool start_spill(EntrySlot slot, uint64_t flush_job);
+  bool start_promotion(EntrySlot slot);  // false: could not place it on the host
+  void remove_from_disk(EntrySlot slot);
+  void enforce_disk_capacity();
+  void keep_low_water();
+  void advance_flush();
 
   ParkOptions options_;
   EntryTable& table_;
   std::unordered_map<ConnectionId, Connection> connections_;
+  std::vector<Waiter> waiters_;
+  std::unordered_map<Hash128, RecurrenceSeen, Hash128Hasher> recurrence_;  // by chunk hash
+  std::vector<Hash128> recurrence_order_;  // insertion order, for bounded forgetting
+  size_t recurrence_next_ = 0;
+  ReplySink reply_sink_;
+  std::unordered_map<uint64_t, DiskJob> jobs_;  // by disk job id
+  size_t spills_in_flight_ = 0;
+  std::vector<EntrySlot> flush_queue_;  // slots still to spill for the flush
+  FlushState flush_;
   uint64_t next_lease_id_ = 1;
   uint64_t next_reservation_id_ = 1;
+  uint64_t next_flush_id_ = 1;
   uint64_t leases_open_ = 0;
   uint64_t reservations_open_ = 0;
   uint64_t low_water_bytes_ = 0;

@@ -47,10 +47,20 @@ bool process_in_group(pid_t pid, gid_t gid) {
 }  // namespace
 
 Server::Server(const ServerOptions& options, Park& park)
-    : options_(options), park_(park), receive_buffer_(limits::frame_bytes_max + 1) {}
+    : options_(options), park_(park), receive_buffer_(limits::frame_bytes_max + 1) {
+  // WAIT answers come later, when a promotion lands or the deadline passes.
+  park_.set_reply_sink([this](ConnectionId id, std::vector<uint8_t>&& frame) {
+    if (connections_.contains(id)) send_reply(id, frame, false);
+  });
+}
+
+void Server::close_connections() {
+  while (!connections_.empty()) close_connection(connections_.begin()->first);
+}
 
 Server::~Server() {
-  while (!connections_.empty()) close_connection(connections_.begin()->first);
+  park_.set_reply_sink(nullptr);
+  close_connections();
   if (listen_fd_ >= 0) {
     close(listen_fd_);
     unlink(options_.socket_path.c_str());
@@ -303,6 +313,25 @@ bool Server::handle_frame(ConnectionId id, std::span<const uint8_t> message) {
       status = park_.lookup(id, req, rep);
       if (status == Status::Ok) wire::encode(rep, seq, out);
       break;
+    }
+    case wire::Verb::Wait: {
+      wire::WaitRequest req;
+      wire::LookupReply rep;
+      if (wire::decode(body, req) != Status::Ok) return false;
+      if (!park_.wait(id, seq, req, status, rep)) return true;  // answered later
+      if (status == Status::Ok || status == Status::Timeout) {
+        // A timed-out WAIT still describes what is ready.
+        wire::encode(wire::Verb::Wait, rep, seq, out);
+        const auto code = static_cast<uint16_t>(status);
+        std::memcpy(out.data() + 2, &code, sizeof code);
+      }
+      break;
+    }
+    case wire::Verb::ReleaseOneWay: {
+      wire::ReleaseRequest req;
+      if (wire::decode(body, req) != Status::Ok) return false;
+      (void)park_.release(id, req);  // nobody listens for the answer
+      return true;
     }
     case wire::Verb::Release: {
       wire::ReleaseRequest req;

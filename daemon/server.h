@@ -39,6 +39,8 @@ class Server {
   // `on_tick` runs at least every tick_msec.
   Status run(int tick_msec, void (*on_tick)(void*), void* tick_context);
   void request_stop() { stop_requested_ = true; }
+  // Closes every engine connection (their cleanup runs); used before a shutdown flush.
+  void close_connections();
   // Runs `on_readable` on the loop whenever `fd` is readable (eventfds of other parts).
   void watch(int fd, std::function<void()> on_readable);
 

@@ -41,7 +41,9 @@ inline constexpr size_t reserve_blocks_max = 1024;  // blocks in one RESERVE
 inline constexpr size_t arena_header_bytes = 4096;  // one page, mapped read-only by clients
 inline constexpr size_t extent_align_bytes = 4096;  // O_DIRECT and page granularity
 inline constexpr size_t entry_header_bytes = 256;   // entry header + padding
-inline constexpr size_t payload_align_bytes = 256;  // payload start inside an extent
+// Payloads start on a page: engines copy whole payloads, and a destination 512 bytes
+// into a page made memcpy ~20% slower than a page-aligned one (kvpark-bench).
+inline constexpr size_t payload_align_bytes = 4096;
 inline constexpr uint64_t arena_bytes_min = 16ull * 1024 * 1024;
 inline constexpr uint64_t arena_bytes_default = 1024ull * 1024 * 1024;
 
@@ -50,7 +52,6 @@ static_assert(frame_bytes_max >= 64 + lookup_chunks_max * 16,
 static_assert(frame_bytes_max >= 64 + reserve_blocks_max * (16 + 8),
               "a RESERVE reply of reserve_blocks_max extents must fit one frame");
 static_assert(extent_align_bytes % payload_align_bytes == 0);
-static_assert(entry_header_bytes % payload_align_bytes == 0);
 static_assert(arena_header_bytes % extent_align_bytes == 0,
               "the data region must start O_DIRECT-aligned");
 static_assert(block_tokens_max * 4 <= 64 * 1024, "a block's token ids stay small");

@@ -24,6 +24,7 @@ enum class Status : uint16_t {
   BadState = 11,         // verb not valid now (e.g. LOOKUP before HELLO)
   PermissionDenied = 12,
   IoError = 13,          // a system call failed; errno is reported beside it
+  Timeout = 14,          // WAIT ran out of time; what is ready stays usable
 };
 
 inline constexpr std::string_view status_name(Status status) {
@@ -42,10 +43,11 @@ inline constexpr std::string_view status_name(Status status) {
     case Status::BadState: return "bad state";
     case Status::PermissionDenied: return "permission denied";
     case Status::IoError: return "I/O error";
+    case Status::Timeout: return "timed out";
   }
   return "unknown status";
 }
 
-inline constexpr bool status_is_known(uint16_t value) { return value <= 13; }
+inline constexpr bool status_is_known(uint16_t value) { return value <= 14; }
 
 }  // namespace kvpark

@@ -55,7 +55,8 @@ class Reader {
     if (count > count_max) return false;
     if ((body_.size() - offset_) / sizeof(T) < count) return false;
     ret.resize(count);
-    std::memcpy(ret.data(), body_.data() + offset_, size_t{count} * sizeof(T));
+    // memcpy from/to null is undefined even for 0 bytes (an empty vector's data()).
+    if (count > 0) std::memcpy(ret.data(), body_.data() + offset_, size_t{count} * sizeof(T));
     offset_ += size_t{count} * sizeof(T);
     return true;
   }
@@ -178,12 +179,20 @@ Status decode(std::span<const uint8_t> body, LookupRequest& m) {
 }
 
 void encode(const LookupReply& m, uint32_t seq, std::vector<uint8_t>& out) {
-  frame(reply(Verb::Lookup), 0, seq, out, [&](Writer& w) {
+  encode(Verb::Lookup, m, seq, out);
+}
+
+void encode(Verb verb, const LookupReply& m, uint32_t seq, std::vector<uint8_t>& out) {
+  assert(verb == Verb::Lookup || verb == Verb::Wait);
+  frame(reply(verb), 0, seq, out, [&](Writer& w) {
     w.put(m.lease_id);
     w.put(m.restorable_tokens);
     w.put(m.reuse_kind);
     w.put(uint8_t{0});
     w.put(uint16_t{0});
+    w.put(m.host_blocks);
+    w.put(m.inflight_tokens);
+    w.put(m.capture_hint_tokens);
     w.put(static_cast<uint32_t>(m.block_offsets.size()));
     w.put(static_cast<uint32_t>(m.snapshots.size()));
     w.put_array(m.block_offsets);
@@ -192,6 +201,7 @@ void encode(const LookupReply& m, uint32_t seq, std::vector<uint8_t>& out) {
       w.put(c.position);
       w.put(c.anchor_chunks);
       w.put(c.reuse_kind);
+      w.put(c.ready);
     }
   });
 }
@@ -202,24 +212,42 @@ Status decode(std::span<const uint8_t> body, LookupReply& m) {
   uint16_t pad16 = 0;
   uint32_t blocks = 0, snapshots = 0;
   bool ok = r.get(m.lease_id) && r.get(m.restorable_tokens) && r.get(m.reuse_kind) &&
-            m.reuse_kind <= reuse_kind_max && r.get(pad8) && r.get(pad16) && r.get(blocks) &&
+            m.reuse_kind <= reuse_kind_max && r.get(pad8) && r.get(pad16) &&
+            r.get(m.host_blocks) && r.get(m.inflight_tokens) && r.get(m.capture_hint_tokens) &&
+            r.get(blocks) &&
             r.get(snapshots) && snapshots <= limits::lookup_snapshot_candidates_max &&
             r.get_array(blocks, limits::lookup_chunks_max, m.block_offsets);
+  ok = ok && m.host_blocks <= m.block_offsets.size();
   m.snapshots.resize(ok ? snapshots : 0);
   for (SnapshotCandidate& c : m.snapshots) {
     ok = ok && r.get(c.extent_offset) && r.get(c.position) && r.get(c.anchor_chunks) &&
-         r.get(c.reuse_kind) && c.reuse_kind <= reuse_kind_max;
+         r.get(c.reuse_kind) && c.reuse_kind <= reuse_kind_max && r.get(c.ready) && c.ready <= 1;
   }
   return finish(r, ok);
 }
 
-void encode(const ReleaseRequest& m, uint32_t seq, std::vector<uint8_t>& out) {
-  frame(request(Verb::Release), 0, seq, out, [&](Writer& w) { w.put(m.lease_id); });
+void encode(const ReleaseRequest& m, uint32_t seq, std::vector<uint8_t>& out, Verb verb) {
+  assert(verb == Verb::Release || verb == Verb::ReleaseOneWay);
+  frame(request(verb), 0, seq, out, [&](Writer& w) { w.put(m.lease_id); });
 }
 
 Status decode(std::span<const uint8_t> body, ReleaseRequest& m) {
   Reader r(body);
   return finish(r, r.get(m.lease_id));
+}
+
+void encode(const WaitRequest& m, uint32_t seq, std::vector<uint8_t>& out) {
+  frame(request(Verb::Wait), 0, seq, out, [&](Writer& w) {
+    w.put(m.lease_id);
+    w.put(m.timeout_msec);
+    w.put(uint32_t{0});
+  });
+}
+
+Status decode(std::span<const uint8_t> body, WaitRequest& m) {
+  Reader r(body);
+  uint32_t pad = 1;
+  return finish(r, r.get(m.lease_id) && r.get(m.timeout_msec) && r.get(pad) && pad == 0);
 }
 
 void encode(const ReserveBlocksRequest& m, uint32_t seq, std::vector<uint8_t>& out) {

@@ -27,8 +27,10 @@ enum class Verb : uint16_t {
   Seal = 6,
   Abort = 7,
   Stats = 8,
+  Wait = 9,  // for a lease's disk promotions; the reply is a LookupReply
+  ReleaseOneWay = 10,  // RELEASE without a reply: saves the engine a round trip
 };
-inline constexpr uint16_t verb_max = 8;
+inline constexpr uint16_t verb_max = 10;
 
 struct FrameHeader {
   uint16_t verb = 0;
@@ -67,17 +69,28 @@ struct SnapshotCandidate {
   uint32_t position = 0;       // tokens restored if this snapshot is used
   uint32_t anchor_chunks = 0;  // whole chunks before its tail
   uint32_t reuse_kind = 0;     // ReuseKind if this snapshot is used
+  uint32_t ready = 0;          // 1: readable now; 0: being promoted from disk (WAIT)
 };
 struct LookupReply {
   uint64_t lease_id = 0;            // 0: nothing leased
   uint32_t restorable_tokens = 0;   // through blocks alone; snapshots may extend it
   uint8_t reuse_kind = 0;           // ReuseKind of the block prefix
+  uint32_t host_blocks = 0;         // blocks [0, host_blocks) are readable now; the rest
+                                    // are being promoted from disk (WAIT for them)
+  uint32_t inflight_tokens = 0;     // past the restorable prefix, tokens another engine is
+                                    // prefilling right now (single flight: WAIT, then LOOKUP)
+  uint32_t capture_hint_tokens = 0; // a position independent sessions share: park state there
   std::vector<uint64_t> block_offsets;  // extents of blocks 0..k-1, data-region offsets
   std::vector<SnapshotCandidate> snapshots;  // deepest first; the client confirms tails
 };
 
 struct ReleaseRequest {
   uint64_t lease_id = 0;
+};
+
+struct WaitRequest {
+  uint64_t lease_id = 0;
+  uint32_t timeout_msec = 0;
 };
 
 struct PublishOptions {
@@ -135,6 +148,13 @@ struct StatsReply {
   uint64_t evictions = 0;
   uint64_t dedup_hits = 0;  // reserves answered Present
   uint64_t protocol_errors = 0;
+  // Disk tier (zero without one).
+  uint64_t disk_entries = 0;        // entries with a disk copy
+  uint64_t disk_bytes = 0;
+  uint64_t spills = 0;              // completed
+  uint64_t spill_failures = 0;
+  uint64_t promotions = 0;          // disk -> host, completed
+  uint64_t checksum_failures = 0;   // records refused on read
 };
 
 // Encoding appends one whole message (header + body) to `out`.
@@ -143,7 +163,11 @@ void encode(const HelloRequest& msg, uint32_t sequence, std::vector<uint8_t>& ou
 void encode(const HelloReply& msg, uint32_t sequence, std::vector<uint8_t>& out);
 void encode(const LookupRequest& msg, uint32_t sequence, std::vector<uint8_t>& out);
 void encode(const LookupReply& msg, uint32_t sequence, std::vector<uint8_t>& out);
-void encode(const ReleaseRequest& msg, uint32_t sequence, std::vector<uint8_t>& out);
+void encode(const ReleaseRequest& msg, uint32_t sequence, std::vector<uint8_t>& out,
+            Verb verb = Verb::Release);
+void encode(const WaitRequest& msg, uint32_t sequence, std::vector<uint8_t>& out);
+// A LookupReply sent as the answer to `verb` (Lookup or Wait).
+void encode(wire::Verb verb, const LookupReply& msg, uint32_t sequence, std::vector<uint8_t>& out);
 void encode(const ReserveBlocksRequest& msg, uint32_t sequence, std::vector<uint8_t>& out);
 void encode(const ReserveBlocksReply& msg, uint32_t sequence, std::vector<uint8_t>& out);
 void encode(const ReserveSnapshotRequest& msg, uint32_t sequence, std::vector<uint8_t>& out);
@@ -161,6 +185,7 @@ Status decode(std::span<const uint8_t> body, HelloReply& ret);
 Status decode(std::span<const uint8_t> body, LookupRequest& ret);
 Status decode(std::span<const uint8_t> body, LookupReply& ret);
 Status decode(std::span<const uint8_t> body, ReleaseRequest& ret);
+Status decode(std::span<const uint8_t> body, WaitRequest& ret);
 Status decode(std::span<const uint8_t> body, ReserveBlocksRequest& ret);
 Status decode(std::span<const uint8_t> body, ReserveBlocksReply& ret);
 Status decode(std::span<const uint8_t> body, ReserveSnapshotRequest& ret);

@@ -40,7 +40,7 @@ static_assert(sizeof(ArenaHeader) == 56);
 static_assert(sizeof(ArenaHeader) <= limits::arena_header_bytes);
 
 inline constexpr uint32_t entry_magic = 0x4550564b;  // "KVPE"
-inline constexpr uint16_t entry_format_version = 1;
+inline constexpr uint16_t entry_format_version = 2;  // 2: payloads start on a page
 
 struct EntryHeader {
   uint32_t magic;

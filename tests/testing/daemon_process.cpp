@@ -91,9 +91,12 @@ DaemonProcess::~DaemonProcess() {
 }
 
 bool DaemonProcess::start() {
+  // Tests run many daemons side by side: no shared HTTP port, bus name or state
+  // directory unless a test asks for one (extra_args come later and win).
   std::vector<std::string> argv = {built_binary("KVPARKD"), "--socket", socket_path_,
                                    "--arena-name", arena_name_, "--arena-size",
-                                   std::to_string(config_.arena_bytes)};
+                                   std::to_string(config_.arena_bytes), "--http-listen", "off",
+                                   "--dbus", "off", "--disk-dir", "off"};
   if (config_.reservation_bytes_max != 0) {
     argv.push_back("--reservation-max");
     argv.push_back(std::to_string(config_.reservation_bytes_max));
@@ -123,6 +126,20 @@ int DaemonProcess::stop() {
   if (status == -1) kill_hard();
   pid_ = -1;
   return status;
+}
+
+int DaemonProcess::signal_and_wait(int signal_number, int timeout_msec) {
+  if (pid_ <= 0) return -1;
+  ::kill(pid_, signal_number);
+  int status = wait_with_timeout(pid_, timeout_msec);
+  if (status == -1) kill_hard();
+  pid_ = -1;
+  return status;
+}
+
+bool DaemonProcess::restart() {
+  if (pid_ > 0) stop();
+  return start();
 }
 
 void DaemonProcess::kill_hard() {

@@ -26,6 +26,11 @@ class DaemonProcess {
   // SIGTERM and wait; returns the exit status (as from waitpid), -1 on timeout.
   int stop();
   void kill_hard();  // SIGKILL and reap
+  // Sends `signal_number` and waits; the exit status (as from waitpid), -1 on
+  // timeout (the daemon is then killed).
+  int signal_and_wait(int signal_number, int timeout_msec = 10'000);
+  // stop(), then start() again on the same socket path and arena name.
+  bool restart();
   bool running() const { return pid_ > 0; }
 
   const std::string& socket_path() const { return socket_path_; }

@@ -33,6 +33,7 @@ struct Options {
   uint64_t snapshot_bytes = 0;  // publish a snapshot at the prompt's end too
   int iterations = 1;
   int shared = 0;
+  uint32_t wait_msec = 0;  // verify: wait this long for disk promotions (0: use what is ready)
 };
 
 [[noreturn]] void fail(const char* what, kvpark_status s) {
@@ -115,6 +116,12 @@ int verify(kvpark_client* c, const Options& o, const std::vector<int32_t>& token
   kvpark_plan* plan = nullptr;
   kvpark_status s = kvpark_lookup(c, o.session, tokens.data(), tokens.size(), &plan);
   if (s != KVPARK_OK) fail("lookup", s);
+  if (o.wait_msec > 0 && kvpark_plan_pending_tokens(plan) > kvpark_plan_restorable_tokens(plan)) {
+    printf("waiting\n");  // tests kill the daemon here
+    fflush(stdout);
+    s = kvpark_plan_wait(plan, o.wait_msec);
+    if (s != KVPARK_OK && s != KVPARK_TIMEOUT) fail("wait", s);
+  }
   const auto hashes = hashes_of(o, tokens, chain);
   bool good = true;
   for (size_t i = 0; i < kvpark_plan_block_count(plan); ++i) {
@@ -148,6 +155,7 @@ int main(int argc, char** argv) {
       {"snapshot-bytes", required_argument, nullptr, 'p'},
       {"iterations", required_argument, nullptr, 'i'},
       {"shared", no_argument, nullptr, 'c'},
+      {"wait-msec", required_argument, nullptr, 'w'},
       {nullptr, 0, nullptr, 0}};
   int ch;
   while ((ch = getopt_long(argc, argv, "", long_options, nullptr)) != -1) {
@@ -164,6 +172,7 @@ int main(int argc, char** argv) {
       case 'p': o.snapshot_bytes = strtoull(optarg, nullptr, 0); break;
       case 'i': o.iterations = atoi(optarg); break;
       case 'c': o.shared = 1; break;
+      case 'w': o.wait_msec = static_cast<uint32_t>(strtoul(optarg, nullptr, 0)); break;
       default: return 2;
     }
   }

@@ -1,0 +1,291 @@
+// kvpark-bench: host-tier figures of issue 2 in one run, against its own kvparkd.
+//
+//   kvpark-bench [--quick] [--json] [--kvparkd PATH]
+//
+// Sections: 1 LOOKUP latency, 2 restore/publish throughput vs memcpy, 3 hashing
+// cost, 4 daemon memory per indexed block. Sections 1, 2 and 4 each start a fresh
+// kvparkd (own socket directory and arena name) sized for that section, so one
+// section's state cannot disturb another's figures. Exit status: 0 when every
+// section ran (a target MISS is a figure, not a failure), 1 when one failed, 2 on
+// a bad flag.
+#include <getopt.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+
+#include "bench/bench.h"
+#include "bench/daemon_runner.h"
+#include "shm/arena_format.h"
+
+using namespace kvpark::bench;
+
+namespace {
+
+struct Options {
+  bool quick = false;
+  bool json = false;
+  std::string kvparkd;
+};
+
+struct Sizes {
+  int lookup_iterations;
+  int lookup_warmup;
+  uint64_t copy_bytes;
+  int copy_repetitions;
+  int hash_repetitions;
+  size_t memory_blocks;
+};
+constexpr Sizes full_sizes = {2000, 200, 1ull << 30, 5, 300, 100'000};
+constexpr Sizes quick_sizes = {200, 20, 64ull << 20, 2, 20, 10'000};
+
+struct Report {
+  std::vector<LookupResult> lookups;
+  Percentiles socket_floor;
+  CopyResult copy;
+  std::vector<HashResult> hashes;
+  MemoryResult memory;
+  int passed = 0;
+  int missed = 0;
+};
+
+const char* verdict(Report& report, bool pass) {
+  (pass ? report.passed : report.missed)++;
+  return pass ? "PASS" : "MISS";
+}
+
+void usage(FILE* out) {
+  fprintf(out,
+          "Usage: kvpark-bench [--quick] [--json] [--kvparkd PATH]\n"
+          "Measures kvpark's host tier against a kvparkd it starts itself.\n\n"
+          "  --quick         small sizes (a smoke test, seconds)\n"
+          "  --json          machine-readable output on stdout\n"
+          "  --kvparkd PATH  daemon to start (default: $KVPARKD, then beside this binary)\n");
+}
+
+bool parse(int argc, char** argv, Options& o, int& ret_exit) {
+  enum { opt_kvparkd = 1 };
+  static const option long_options[] = {{"quick", no_argument, nullptr, 'q'},
+                                        {"json", no_argument, nullptr, 'j'},
+                                        {"kvparkd", required_argument, nullptr, opt_kvparkd},
+                                        {"help", no_argument, nullptr, 'h'},
+                                        {nullptr, 0, nullptr, 0}};
+  int c;
+  while ((c = getopt_long(argc, argv, "h", long_options, nullptr)) != -1) {
+    switch (c) {
+      case 'q': o.quick = true; break;
+      case 'j': o.json = true; break;
+      case opt_kvparkd: o.kvparkd = optarg; break;
+      case 'h': usage(stdout); ret_exit = 0; return false;
+      default: usage(stderr); ret_exit = 2; return false;
+    }
+  }
+  if (optind != argc) {
+    usage(stderr);
+    ret_exit = 2;
+    return false;
+  }
+  return true;
+}
+
+double gib_per_sec(uint64_t bytes, double sec) { return sec > 0 ? double(bytes) / sec / (1ull << 30) : 0; }
+double ratio(double memcpy_sec, double sec) { return sec > 0 ? memcpy_sec / sec : 0; }
+
+void print_table(const Options& o, const Sizes& z, Report& r, const std::string& kvparkd) {
+  printf("kvpark-bench (%s run) — kvparkd %s — %ld CPUs online\n\n", o.quick ? "quick" : "full",
+         kvparkd.c_str(), sysconf(_SC_NPROCESSORS_ONLN));
+  printf("1. LOOKUP round trip: %zu parked tokens + a 37-token new turn, every block restorable\n"
+         "   target: p50 <= %.0f µs and p99 <= %.0f µs (judged on the full call)\n",
+         prompt_tokens, lookup_p50_usec_max, lookup_p99_usec_max);
+  printf("   %5s %7s  %-34s %8s %8s %8s %8s  %s\n", "block", "clients", "measure", "p50 µs",
+         "p99 µs", "max µs", "samples", "result");
+  for (const LookupResult& l : r.lookups) {
+    const bool pass = l.full.p50_usec <= lookup_p50_usec_max && l.full.p99_usec <= lookup_p99_usec_max;
+    printf("   %5u %7d  %-34s %8.1f %8.1f %8.1f %8zu  %s\n", l.block_tokens, l.clients,
+           "lookup+release (hash, confirm)", l.full.p50_usec, l.full.p99_usec, l.full.max_usec,
+           l.full.samples, verdict(r, pass));
+    printf("   %5s %7s  %-34s %8.1f %8.1f %8.1f %8zu  %s\n", "", "", "  socket only (pre-hashed)",
+           l.socket.p50_usec, l.socket.p99_usec, l.socket.max_usec, l.socket.samples, "-");
+  }
+  printf("   %5s %7s  %-34s %8.1f %8.1f %8.1f %8zu  %s\n", "-", "1",
+         "reference: bare SEQPACKET ping-pong", r.socket_floor.p50_usec, r.socket_floor.p99_usec,
+         r.socket_floor.max_usec, r.socket_floor.samples, "-");
+  printf("   (lookup+release is two round trips; the reference row is the kernel's floor for one)\n");
+  const CopyResult& c = r.copy;
+  printf("\n2. Copy of a %.0f MiB entry between the arena and private memory, vs memcpy\n"
+         "   median of %d; each interval covers the verbs too (reserve+copy+seal,\n"
+         "   lookup+copy+release); target ratio >= %.2f\n",
+         double(c.bytes) / (1 << 20), c.repetitions, copy_ratio_min);
+  printf("   %-58s %7s %6s  %s\n", "measure", "GiB/s", "ratio", "result");
+  printf("   %-58s %7.2f %6.2f  %s\n", "memcpy, private -> private (both faulted in)",
+         gib_per_sec(c.bytes, c.memcpy_sec), 1.0, "-");
+  struct Line { const char* name; double sec; };
+  const Line lines[] = {
+      {"publish, first touch (fresh client mapping, page faults)", c.publish_first_sec},
+      {"publish, warm (same mapping and extent, second pass)", c.publish_warm_sec},
+      {"restore, first touch (fresh client mapping, page faults)", c.restore_first_sec},
+      {"restore, warm (same mapping, second pass)", c.restore_warm_sec}};
+  for (const Line& line : lines) {
+    const double x = ratio(c.memcpy_sec, line.sec);
+    printf("   %-58s %7.2f %6.2f  %s\n", line.name, gib_per_sec(c.bytes, line.sec), x,
+           verdict(r, x >= copy_ratio_min));
+  }
+  if (!c.warm_reused_extent) printf("   note: a warm publish landed on a different extent\n");
+  printf("\n3. Chain hashing (kvpark_chain_hashes, XXH3-128) of the %zu-token prompt\n"
+         "   target: <= %.0f ns per token\n",
+         prompt_tokens, hash_nsec_per_token_max);
+  printf("   %-12s %12s  %s\n", "chunk tokens", "ns/token", "result");
+  for (const HashResult& h : r.hashes) {
+    printf("   %12u %12.3f  %s\n", h.chunk_tokens, h.nsec_per_token,
+           verdict(r, h.nsec_per_token <= hash_nsec_per_token_max));
+  }
+  const MemoryResult& m = r.memory;
+  printf("\n4. Daemon private memory per indexed block (%u-token blocks, %llu-byte payload)\n",
+         memory_block_tokens, static_cast<unsigned long long>(memory_block_payload_bytes));
+  printf("   %zu blocks: RssAnon %llu KiB -> %llu KiB = %.0f bytes per block (no target)\n",
+         m.blocks, static_cast<unsigned long long>(m.rss_anon_before_kib),
+         static_cast<unsigned long long>(m.rss_anon_after_kib), m.bytes_per_block);
+  printf("\ntargets: %d PASS, %d MISS\n", r.passed, r.missed);
+  (void)z;
+}
+
+void print_percentiles(const char* name, const Percentiles& p, bool last) {
+  printf("\"%s\": {\"p50_usec\": %.2f, \"p99_usec\": %.2f, \"max_usec\": %.2f, \"samples\": %zu}%s",
+         name, p.p50_usec, p.p99_usec, p.max_usec, p.samples, last ? "" : ", ");
+}
+
+void print_json(const Options& o, Report& r, const std::string& kvparkd) {
+  printf("{\"mode\": \"%s\", \"kvparkd\": \"%s\", \"cpus\": %ld,\n", o.quick ? "quick" : "full",
+         kvparkd.c_str(), sysconf(_SC_NPROCESSORS_ONLN));
+  printf(" \"lookup\": {\"prompt_tokens\": %zu, \"target_p50_usec\": %.0f, \"target_p99_usec\": %.0f, \"results\": [\n",
+         prompt_tokens, lookup_p50_usec_max, lookup_p99_usec_max);
+  for (size_t i = 0; i < r.lookups.size(); ++i) {
+    const LookupResult& l = r.lookups[i];
+    const bool pass = l.full.p50_usec <= lookup_p50_usec_max && l.full.p99_usec <= lookup_p99_usec_max;
+    printf("   {\"block_tokens\": %u, \"clients\": %d, \"restorable_tokens\": %u, ", l.block_tokens,
+           l.clients, l.restorable_tokens);
+    print_percentiles("full", l.full, false);
+    print_percentiles("socket_only", l.socket, false);
+    printf("\"pass\": %s}%s\n", pass ? "true" : "false", i + 1 < r.lookups.size() ? "," : "");
+    (pass ? r.passed : r.missed)++;
+  }
+  printf(" ], ");
+  print_percentiles("socket_pingpong_floor", r.socket_floor, true);
+  printf("},\n");
+  const CopyResult& c = r.copy;
+  printf(" \n \"copy\": {\"bytes\": %llu, \"repetitions\": %d, \"target_ratio\": %.2f, "
+         "\"memcpy_gib_per_sec\": %.3f, \"warm_reused_extent\": %s",
+         static_cast<unsigned long long>(c.bytes), c.repetitions, copy_ratio_min,
+         gib_per_sec(c.bytes, c.memcpy_sec), c.warm_reused_extent ? "true" : "false");
+  struct Line { const char* name; double sec; };
+  const Line lines[] = {{"publish_first_touch", c.publish_first_sec},
+                        {"publish_warm", c.publish_warm_sec},
+                        {"restore_first_touch", c.restore_first_sec},
+                        {"restore_warm", c.restore_warm_sec}};
+  for (const Line& line : lines) {
+    const double x = ratio(c.memcpy_sec, line.sec);
+    printf(",\n   \"%s\": {\"gib_per_sec\": %.3f, \"ratio\": %.3f, \"pass\": %s}", line.name,
+           gib_per_sec(c.bytes, line.sec), x, x >= copy_ratio_min ? "true" : "false");
+    (x >= copy_ratio_min ? r.passed : r.missed)++;
+  }
+  printf("},\n \"hash\": {\"prompt_tokens\": %zu, \"target_nsec_per_token\": %.0f, \"results\": [",
+         prompt_tokens, hash_nsec_per_token_max);
+  for (size_t i = 0; i < r.hashes.size(); ++i) {
+    const HashResult& h = r.hashes[i];
+    const bool pass = h.nsec_per_token <= hash_nsec_per_token_max;
+    printf("%s{\"chunk_tokens\": %u, \"nsec_per_token\": %.3f, \"pass\": %s}", i ? ", " : "",
+           h.chunk_tokens, h.nsec_per_token, pass ? "true" : "false");
+    (pass ? r.passed : r.missed)++;
+  }
+  const MemoryResult& m = r.memory;
+  printf("]},\n \"memory\": {\"blocks\": %zu, \"block_tokens\": %u, \"rss_anon_before_kib\": %llu, "
+         "\"rss_anon_after_kib\": %llu, \"bytes_per_block\": %.1f},\n",
+         m.blocks, memory_block_tokens, static_cast<unsigned long long>(m.rss_anon_before_kib),
+         static_cast<unsigned long long>(m.rss_anon_after_kib), m.bytes_per_block);
+  printf(" \"passed\": %d, \"missed\": %d}\n", r.passed, r.missed);
+}
+
+int fail(const char* section, const std::string& error) {
+  fprintf(stderr, "kvpark-bench: %s: %s\n", section, error.c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  int exit_code = 0;
+  if (!parse(argc, argv, o, exit_code)) return exit_code;
+  const std::string kvparkd = find_kvparkd(o.kvparkd);
+  if (kvparkd.empty() || access(kvparkd.c_str(), X_OK) != 0) {
+    fprintf(stderr, "kvpark-bench: no kvparkd found%s%s; pass --kvparkd PATH\n",
+            kvparkd.empty() ? "" : " at ", kvparkd.c_str());
+    return 1;
+  }
+  const Sizes& z = o.quick ? quick_sizes : full_sizes;
+  Report report;
+  std::string error;
+  int unclean_stops = 0;  // a daemon that crashes on SIGTERM is a bug: report it, keep the figures
+  auto progress = [&](const char* what) {
+    if (!o.json) fprintf(stderr, "kvpark-bench: %s...\n", what);
+  };
+
+  progress("1/4 lookup latency");
+  {
+    BenchDaemon daemon;
+    if (!daemon.start({.kvparkd = kvparkd, .arena_bytes = 64ull << 20}, error)) {
+      return fail("lookup", error);
+    }
+    const LookupConfig config = {.socket_path = daemon.socket_path(),
+                                 .block_tokens = {64, 256},
+                                 .clients = {1, 4},
+                                 .iterations = z.lookup_iterations,
+                                 .warmup = z.lookup_warmup};
+    if (!run_lookup_bench(config, report.lookups, error)) return fail("lookup", error);
+    report.socket_floor = run_socket_floor(z.lookup_iterations);
+    if (!daemon.stop()) unclean_stops++;
+  }
+  progress("2/4 restore and publish throughput");
+  {
+    // Room for exactly one entry: each publish evicts the last and reuses its extent.
+    const uint64_t arena = z.copy_bytes + (1ull << 20);
+    BenchDaemon daemon;
+    if (!daemon.start({.kvparkd = kvparkd, .arena_bytes = arena, .reservation_bytes_max = arena},
+                      error)) {
+      return fail("copy", error);
+    }
+    const CopyConfig config = {.socket_path = daemon.socket_path(),
+                               .bytes = z.copy_bytes,
+                               .repetitions = z.copy_repetitions};
+    if (!run_copy_bench(config, report.copy, error)) return fail("copy", error);
+    if (!daemon.stop()) unclean_stops++;
+  }
+  progress("3/4 hashing");
+  report.hashes = run_hash_bench(z.hash_repetitions);
+  progress("4/4 daemon memory per block");
+  {
+    BenchDaemon daemon;
+    const uint64_t extent =
+        kvpark::shm::extent_bytes_for(memory_block_tokens, memory_block_payload_bytes);
+    const uint64_t arena = uint64_t(z.memory_blocks) * extent + (32ull << 20);
+    if (!daemon.start({.kvparkd = kvparkd, .arena_bytes = arena}, error)) {
+      return fail("memory", error);
+    }
+    const MemoryConfig config = {.socket_path = daemon.socket_path(),
+                                 .daemon_pid = daemon.pid(),
+                                 .blocks = z.memory_blocks};
+    if (!run_memory_bench(config, report.memory, error)) return fail("memory", error);
+    if (!daemon.stop()) unclean_stops++;
+  }
+  if (o.json) {
+    print_json(o, report, kvparkd);
+  } else {
+    print_table(o, z, report, kvparkd);
+  }
+  if (unclean_stops > 0) {
+    fprintf(stderr, "kvpark-bench: %d kvparkd instance(s) did not stop cleanly on SIGTERM\n",
+            unclean_stops);
+    return 1;
+  }
+  return 0;
+}

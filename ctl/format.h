@@ -1,0 +1,43 @@
+// kvparkctl's output: sizes, durations, tables that fit the terminal, and JSON.
+//
+// Pure functions over strings (no bus, no sdbus types) so the formatting rules
+// can be read and tested on their own.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kvpark::ctl {
+
+// "4G", "512M", "1GiB", "4096", "1.5G" -> bytes; false on anything else.
+bool parse_size(const std::string& text, uint64_t& ret_bytes);
+// 1536 -> "1.5K"; exact powers keep no decimals ("4.0G" stays "4.0G").
+std::string format_bytes(uint64_t bytes);
+// 3723000000 -> "1h 2min 3s"; below a second "412ms".
+std::string format_duration_usec(uint64_t usec);
+
+// The largest unit only, for table cells: "412ms", "7s", "5min", "2h", "3d".
+std::string format_age_usec(uint64_t usec);
+
+// Columns of the terminal on stdout (TIOCGWINSZ); 80 when stdout is not a TTY
+// or $COLUMNS does not say otherwise.
+unsigned terminal_columns();
+bool stdout_is_tty();
+
+struct Column {
+  std::string header;
+  bool right_align = false;
+  bool shrinkable = false;  // gives up width (ellipsized) when the table is too wide
+  unsigned shrink_min = 8;  // never narrower than this
+};
+
+// Renders a table with a header row, one space between columns, no trailing
+// blanks; shrinkable columns are cut (ending in "…") until it fits `width`.
+std::string render_table(const std::vector<Column>& columns,
+                         const std::vector<std::vector<std::string>>& rows, unsigned width);
+
+// A JSON string literal, escaped per RFC 8259.
+std::string json_quote(const std::string& text);
+
+}  // namespace kvpark::ctl

@@ -1,0 +1,60 @@
+// kvparkd.conf: the configuration file and the key table it shares with the flags.
+//
+// Layers, lowest first: embedded defaults, the file, the command line. Every key is
+// also a flag (`arena_size` is `--arena-size`) and is parsed by the same code, so a
+// value means the same wherever it is written. The format (kvparkd.conf(5)) is one
+// `key = value` per line; `#` or `;` starts a comment line; blank lines are ignored;
+// a key given twice is an error. Errors name their place: "path:line: message" for
+// the file, "--flag: message" for the command line.
+//
+// --print-config writes the effective values in the file's own format; its output
+// read back as a file gives the same options.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "daemon/options.h"
+#include "proto/status.h"
+
+namespace kvpark::daemon {
+
+class Park;
+
+// Embedded defaults (reads $STATE_DIRECTORY, $WATCHDOG_USEC, $NOTIFY_SOCKET).
+DaemonOptions default_options();
+
+// Sets one key from its text form; false with a message (no location) otherwise.
+bool set_config_value(DaemonOptions& o, std::string_view key, std::string_view value,
+                      std::string& ret_error);
+
+// Applies a file's text over `o`; false with "path:line: message" in ret_error.
+bool apply_config_text(std::string_view text, const std::string& path, DaemonOptions& o,
+                       std::string& ret_error);
+
+// Reads `path` and applies it. A missing file is fine unless `required`.
+bool apply_config_file(const std::string& path, bool required, DaemonOptions& o,
+                       std::string& ret_error);
+
+// Fills values derived from others and checks how values relate.
+bool finish_options(DaemonOptions& o, std::string& ret_error);
+
+// The effective values in the file's format (one `key = value` per line).
+std::string format_config(const DaemonOptions& o);
+
+// Rebuilds the options from defaults, the file named at start and the same flags.
+bool reread_options(const DaemonOptions& current, DaemonOptions& ret_options,
+                    std::string& ret_error);
+
+// `reload config`: re-reads the file, applies what can change at run time to
+// `park` and `current`, and reports what needs a restart. Loop thread.
+Status reload_options(DaemonOptions& current, Park& park, std::string& ret_message);
+
+// "127.0.0.1:7797" or "[::1]:7797" (numeric addresses only; port 0: any free port).
+bool parse_listen_address(std::string_view text, std::string& ret_host, uint16_t& ret_port);
+
+// "64M" for 64 MiB; plain bytes when no binary suffix divides exactly.
+std::string format_size(uint64_t bytes);
+
+}  // namespace kvpark::daemon

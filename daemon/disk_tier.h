@@ -1,0 +1,70 @@
+// The daemon's side of the disk tier: translates entries to records and back,
+// keeps the daily write budget, and owns the DiskStore (iouring/).
+//
+// Records are named by their key, so an entry's record is found again from the
+// entry alone; the daemon keeps no record ids. Budget accounting is by UTC day.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "daemon/entry_table.h"
+#include "iouring/disk_store.h"
+
+namespace kvpark::daemon {
+
+struct DiskTierOptions {
+  std::string directory;
+  uint64_t capacity_bytes = 0;              // 0: no limit but the file system
+  uint64_t write_budget_bytes_per_day = 0;  // 0: unlimited
+  std::vector<iovec> fixed_buffers;         // the arena data region
+};
+
+class DiskTier {
+ public:
+  static Status open(const DiskTierOptions& options, std::unique_ptr<DiskTier>& ret,
+                     disk::RecoveryReport& ret_report, disk::OpenError& ret_error);
+
+  // Starts writing an entry's host image; the caller keeps it pinned until completion.
+  // `payload_bytes` comes from the image's entry header (the caller checked it).
+  uint64_t spill(const Entry& e, const NamespaceInfo& ns, uint64_t payload_bytes,
+                 const uint8_t* image);
+  // Starts reading an entry's record into its (promoting) extent.
+  uint64_t restore(const Entry& e, const NamespaceInfo& ns, uint8_t* image);
+  void remove(const Entry& e, const NamespaceInfo& ns);
+
+  // A recovered snapshot's tail tokens, read from its record and checked against
+  // the header's digest. False when they cannot be read or do not match.
+  bool read_tail_tokens(const disk::RecordInfo& record, std::vector<int32_t>& ret_tokens) const;
+
+  // Daily write budget.
+  bool budget_allows(uint64_t bytes);
+  void charge(uint64_t bytes);
+  uint64_t written_today_bytes() const { return written_today_bytes_; }
+
+  uint64_t capacity_bytes() const { return options_.capacity_bytes; }
+  void set_capacity_bytes(uint64_t bytes) { options_.capacity_bytes = bytes; }
+  uint64_t write_budget_bytes_per_day() const { return options_.write_budget_bytes_per_day; }
+  void set_write_budget_bytes_per_day(uint64_t bytes) { options_.write_budget_bytes_per_day = bytes; }
+  const std::string& directory() const { return options_.directory; }
+
+  disk::DiskStore& store() { return *store_; }
+
+ private:
+  disk::RecordHeader meta_for(const Entry& e, const NamespaceInfo& ns, uint64_t payload_bytes) const;
+  void roll_day();
+
+  DiskTierOptions options_;
+  std::unique_ptr<disk::DiskStore> store_;
+  uint64_t day_ = 0;  // UTC day number of written_today_bytes_
+  uint64_t written_today_bytes_ = 0;
+};
+
+// XXH3-128 of a snapshot's tail token ids (zero for blocks), as records store it.
+Hash128 tail_digest(std::span<const int32_t> tail_tokens);
+
+}  // namespace kvpark::daemon

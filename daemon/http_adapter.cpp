@@ -1,0 +1,483 @@
+// HTTP routes over Control (see http_adapter.h).
+#include "daemon/http_adapter.h"
+
+#include <httplib.h>
+#include <rapidjson/stringbuffer.h>
+#include <rapidjson/writer.h>
+#include <unistd.h>
+
+#include <charconv>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <thread>
+
+namespace kvpark::daemon {
+namespace {
+
+using JsonWriter = rapidjson::Writer<rapidjson::StringBuffer>;
+
+constexpr const char* metrics_content_type = "text/plain; version=0.0.4; charset=utf-8";
+constexpr const char* json_content_type = "application/json";
+
+const char* kind_name(EntryKind kind) {
+  return kind == EntryKind::Block ? "block" : "snapshot";
+}
+
+const char* tier_name(Tier tier) {
+  switch (tier) {
+    case Tier::Host:
+      return "host";
+    case Tier::Disk:
+      return "disk";
+    case Tier::Both:
+      return "both";
+  }
+  return "host";
+}
+
+const char* class_name(EntryClass c) {
+  return c == EntryClass::Shared ? "shared" : "private";
+}
+
+const char* evidence_name(Evidence e) {
+  switch (e) {
+    case Evidence::DefaultAutomatic:
+      return "default_automatic";
+    case Evidence::RequestedAutomatic:
+      return "requested_automatic";
+    case Evidence::ExplicitBreakpoint:
+      return "explicit_breakpoint";
+    case Evidence::EngineStructural:
+      return "engine_structural";
+    case Evidence::ObservedRecurrence:
+      return "observed_recurrence";
+  }
+  return "default_automatic";
+}
+
+bool parse_hex128(const std::string& text, Hash128& ret_value) {
+  if (text.size() != 32) return false;
+  Hash128 value;
+  for (int half = 0; half < 2; ++half) {
+    const char* begin = text.data() + half * 16;
+    uint64_t word = 0;
+    auto [end, ec] = std::from_chars(begin, begin + 16, word, 16);
+    if (ec != std::errc() || end != begin + 16) return false;
+    (half == 0 ? value.high : value.low) = word;
+  }
+  ret_value = value;
+  return true;
+}
+
+bool parse_count(const std::string& text, uint64_t& ret_value) {
+  uint64_t value = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size()) return false;
+  ret_value = value;
+  return true;
+}
+
+void json_error(httplib::Response& res, int status, const std::string& message) {
+  rapidjson::StringBuffer buffer;
+  JsonWriter w(buffer);
+  w.StartObject();
+  w.Key("error");
+  w.String(message.c_str());
+  w.EndObject();
+  res.status = status;
+  res.set_content(std::string(buffer.GetString()) + "\n", json_content_type);
+}
+
+void send_json(httplib::Response& res, const rapidjson::StringBuffer& buffer) {
+  res.status = 200;
+  res.set_content(std::string(buffer.GetString()) + "\n", json_content_type);
+}
+
+// One Prometheus family: HELP and TYPE, then its samples.
+class MetricsText {
+ public:
+  void family(const char* name, const char* type, const char* help) {
+    name_ = name;
+    out_ += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+  }
+  void sample(uint64_t value, const std::string& labels = "") {
+    out_ += name_ + (labels.empty() ? "" : "{" + labels + "}") + " " + std::to_string(value) + "\n";
+  }
+  void sample_double(double value) {
+    char text[64];
+    snprintf(text, sizeof text, "%.6f", value);
+    out_ += name_ + " " + text + "\n";
+  }
+  void one(const char* name, const char* type, const char* help, uint64_t value) {
+    family(name, type, help);
+    sample(value);
+  }
+  std::string take() { return std::move(out_); }
+
+ private:
+  std::string name_;
+  std::string out_;
+};
+
+std::string label(const char* key, const std::string& value) {
+  return std::string(key) + "=\"" + value + "\"";  // values here never need escaping
+}
+
+void write_status(JsonWriter& w, const StatusInfo& s) {
+  w.StartObject();
+  w.Key("version");
+  w.String(s.version.c_str());
+  char incarnation[17];
+  snprintf(incarnation, sizeof incarnation, "%016" PRIx64, s.incarnation);
+  w.Key("incarnation");
+  w.String(incarnation);
+  w.Key("uptime_usec");
+  w.Uint64(s.uptime_usec);
+  w.Key("socket_path");
+  w.String(s.socket_path.c_str());
+  const std::pair<const char*, uint64_t> numbers[] = {
+      {"arena_data_bytes", s.arena_data_bytes},
+      {"arena_used_bytes", s.arena_used_bytes},
+      {"arena_free_bytes", s.arena_free_bytes},
+      {"arena_largest_free_bytes", s.arena_largest_free_bytes},
+      {"arena_low_water_bytes", s.arena_low_water_bytes},
+      {"reservation_bytes_max", s.reservation_bytes_max},
+      {"disk_bytes", s.disk_bytes},
+      {"disk_capacity_bytes", s.disk_capacity_bytes},
+      {"disk_write_budget_bytes_per_day", s.disk_write_budget_bytes_per_day},
+      {"disk_written_today_bytes", s.disk_written_today_bytes},
+      {"entries", s.entries},
+      {"blocks", s.blocks},
+      {"snapshots", s.snapshots},
+      {"pinned", s.pinned},
+      {"namespaces", s.namespaces},
+      {"connections", s.connections},
+      {"leases", s.leases},
+      {"reservations", s.reservations},
+      {"lookups", s.lookups},
+      {"lookup_hit_tokens", s.lookup_hit_tokens},
+      {"reuse_root", s.reuse_root},
+      {"reuse_shared_stable_prefix", s.reuse_shared_stable_prefix},
+      {"reuse_private_turn_closure", s.reuse_private_turn_closure},
+      {"evictions", s.evictions},
+      {"dedup_hits", s.dedup_hits},
+      {"protocol_errors", s.protocol_errors},
+      {"seal_corrupt", s.seal_corrupt},
+      {"spills", s.spills},
+      {"spill_bytes", s.spill_bytes},
+      {"restores", s.restores},
+      {"restore_bytes", s.restore_bytes},
+      {"checksum_failures", s.checksum_failures},
+      {"disk_io_errors", s.disk_io_errors},
+  };
+  for (const auto& [key, value] : numbers) {
+    w.Key(key);
+    w.Uint64(value);
+  }
+  w.Key("disk_enabled");
+  w.Bool(s.disk_enabled);
+  w.Key("disk_directory");
+  w.String(s.disk_directory.c_str());
+  w.EndObject();
+}
+
+void write_namespace(JsonWriter& w, const NamespaceSummary& n) {
+  w.StartObject();
+  w.Key("id");
+  w.String(hex128(n.id).c_str());
+  w.Key("block_tokens");
+  w.Uint(n.geometry.block_tokens);
+  w.Key("block_payload_bytes");
+  w.Uint64(n.geometry.block_payload_bytes);
+  w.Key("snapshot_required");
+  w.Bool(n.geometry.snapshot_required);
+  w.Key("chain_tokens");
+  w.Uint(n.chain_tokens);
+  w.Key("prefill_tokens_per_second");
+  w.Uint(n.prefill_tokens_per_second);
+  w.Key("blocks");
+  w.Uint64(n.blocks);
+  w.Key("snapshots");
+  w.Uint64(n.snapshots);
+  w.Key("host_bytes");
+  w.Uint64(n.host_bytes);
+  w.Key("disk_bytes");
+  w.Uint64(n.disk_bytes);
+  w.EndObject();
+}
+
+void write_entry(JsonWriter& w, const EntrySummary& e) {
+  w.StartObject();
+  w.Key("id");
+  w.Uint64(e.id);
+  w.Key("namespace");
+  w.String(hex128(e.namespace_id).c_str());
+  w.Key("kind");
+  w.String(kind_name(e.kind));
+  w.Key("tier");
+  w.String(tier_name(e.tier));
+  w.Key("key_hash");
+  w.String(hex128(e.key_hash).c_str());
+  w.Key("position");
+  w.Uint(e.position);
+  w.Key("tail_tokens");
+  w.Uint(e.tail_tokens);
+  w.Key("bytes");
+  w.Uint64(e.bytes);
+  w.Key("class");
+  w.String(class_name(e.entry_class));
+  w.Key("evidence");
+  w.String(evidence_name(e.evidence));
+  w.Key("hits");
+  w.Uint64(e.hits);
+  w.Key("idle_usec");
+  w.Uint64(e.idle_usec);
+  w.Key("creator_session");
+  w.Uint64(e.creator_session);
+  w.Key("leases");
+  w.Uint(e.leases);
+  w.Key("pinned");
+  w.Bool(e.pinned);
+  w.EndObject();
+}
+
+// Reads /v1/entries' query into a filter; false with the message for a 400.
+bool parse_entry_filter(const httplib::Request& req, EntryFilter& ret_filter,
+                        std::string& ret_error) {
+  EntryFilter filter;
+  filter.limit = http_entries_limit_default;
+  for (const auto& [key, value] : req.params) {
+    if (req.params.count(key) > 1) {
+      ret_error = "query parameter '" + key + "' given more than once";
+      return false;
+    }
+    if (key == "namespace") {
+      Hash128 id;
+      if (!parse_hex128(value, id)) {
+        ret_error = "namespace must be 32 hex digits";
+        return false;
+      }
+      filter.namespace_id = id;
+    } else if (key == "tier") {
+      if (value == "host")
+        filter.tier = Tier::Host;
+      else if (value == "disk")
+        filter.tier = Tier::Disk;
+      else {
+        ret_error = "tier must be host or disk";
+        return false;
+      }
+    } else if (key == "class") {
+      if (value == "shared")
+        filter.entry_class = EntryClass::Shared;
+      else if (value == "private")
+        filter.entry_class = EntryClass::Private;
+      else {
+        ret_error = "class must be shared or private";
+        return false;
+      }
+    } else if (key == "offset") {
+      if (!parse_count(value, filter.offset)) {
+        ret_error = "offset must be a non-negative integer";
+        return false;
+      }
+    } else if (key == "limit") {
+      if (!parse_count(value, filter.limit) || filter.limit == 0 ||
+          filter.limit > http_entries_limit_max) {
+        ret_error = "limit must be an integer from 1 to " + std::to_string(http_entries_limit_max);
+        return false;
+      }
+    } else {
+      ret_error = "unknown query parameter '" + key + "'";
+      return false;
+    }
+  }
+  ret_filter = filter;
+  return true;
+}
+
+}  // namespace
+
+std::string hex128(const Hash128& value) {
+  char text[33];
+  snprintf(text, sizeof text, "%016" PRIx64 "%016" PRIx64, value.high, value.low);
+  return text;
+}
+
+std::string render_metrics(const StatusInfo& s, const std::vector<NamespaceSummary>& spaces) {
+  MetricsText m;
+  m.family("kvpark_build_info", "gauge", "Version of the running kvparkd (always 1).");
+  m.sample(1, label("version", s.version));
+  m.family("kvpark_uptime_seconds", "gauge", "Seconds since kvparkd started.");
+  m.sample_double(static_cast<double>(s.uptime_usec) / 1e6);
+
+  m.family("kvpark_tier_used_bytes", "gauge", "Bytes held, per tier.");
+  m.sample(s.arena_used_bytes, label("tier", "host"));
+  m.sample(s.disk_bytes, label("tier", "disk"));
+  m.family("kvpark_tier_capacity_bytes", "gauge", "Bytes each tier may hold (0: tier off).");
+  m.sample(s.arena_data_bytes, label("tier", "host"));
+  m.sample(s.disk_capacity_bytes, label("tier", "disk"));
+  m.one("kvpark_arena_free_bytes", "gauge", "Free bytes in the host arena.", s.arena_free_bytes);
+  m.one("kvpark_arena_largest_free_bytes", "gauge", "Largest free run in the host arena.",
+        s.arena_largest_free_bytes);
+  m.one("kvpark_arena_low_water_bytes", "gauge",
+        "Free bytes the daemon keeps in the arena by evicting.", s.arena_low_water_bytes);
+  m.one("kvpark_reservation_max_bytes", "gauge", "Largest single reservation.",
+        s.reservation_bytes_max);
+  m.one("kvpark_disk_write_budget_bytes", "gauge", "Bytes the disk tier may write per day.",
+        s.disk_write_budget_bytes_per_day);
+  m.one("kvpark_disk_written_today_bytes", "gauge", "Bytes the disk tier wrote today.",
+        s.disk_written_today_bytes);
+
+  m.family("kvpark_entries", "gauge", "Sealed entries, by kind.");
+  m.sample(s.blocks, label("kind", "block"));
+  m.sample(s.snapshots, label("kind", "snapshot"));
+  m.one("kvpark_pinned_entries", "gauge", "Pinned entries.", s.pinned);
+  m.one("kvpark_namespaces", "gauge", "Namespaces known.", s.namespaces);
+  m.one("kvpark_connections", "gauge", "Engine connections open.", s.connections);
+  m.one("kvpark_leases", "gauge", "Plan leases open.", s.leases);
+  m.one("kvpark_reservations", "gauge", "Reservations open.", s.reservations);
+
+  m.family("kvpark_namespace_entries", "gauge", "Sealed entries per namespace, by kind.");
+  for (const NamespaceSummary& n : spaces) {
+    const std::string ns = label("namespace", hex128(n.id));
+    m.sample(n.blocks, ns + "," + label("kind", "block"));
+    m.sample(n.snapshots, ns + "," + label("kind", "snapshot"));
+  }
+  m.family("kvpark_namespace_bytes", "gauge", "Bytes per namespace, by tier.");
+  for (const NamespaceSummary& n : spaces) {
+    const std::string ns = label("namespace", hex128(n.id));
+    m.sample(n.host_bytes, ns + "," + label("tier", "host"));
+    m.sample(n.disk_bytes, ns + "," + label("tier", "disk"));
+  }
+
+  m.one("kvpark_lookups_total", "counter", "Lookups answered.", s.lookups);
+  m.family("kvpark_lookup_reuse_total", "counter", "Lookups by reuse kind of their plan.");
+  m.sample(s.reuse_root, label("kind", "root"));
+  m.sample(s.reuse_shared_stable_prefix, label("kind", "shared_stable_prefix"));
+  m.sample(s.reuse_private_turn_closure, label("kind", "private_turn_closure"));
+  m.one("kvpark_lookup_hit_tokens_total", "counter",
+        "Tokens restorable from parked state (prefill saved).", s.lookup_hit_tokens);
+  m.one("kvpark_evictions_total", "counter", "Entries evicted from the host arena.", s.evictions);
+  m.one("kvpark_dedup_hits_total", "counter", "Reservations answered 'already parked'.",
+        s.dedup_hits);
+  m.one("kvpark_protocol_errors_total", "counter", "Malformed frames (connection closed).",
+        s.protocol_errors);
+  m.one("kvpark_seal_corrupt_total", "counter", "Seals refused for a damaged entry header.",
+        s.seal_corrupt);
+  m.one("kvpark_spills_total", "counter", "Entries written to the disk tier.", s.spills);
+  m.one("kvpark_spill_bytes_total", "counter", "Bytes written to the disk tier.", s.spill_bytes);
+  m.one("kvpark_restores_total", "counter", "Entries promoted from disk to host.", s.restores);
+  m.one("kvpark_restore_bytes_total", "counter", "Bytes promoted from disk to host.",
+        s.restore_bytes);
+  m.one("kvpark_checksum_failures_total", "counter", "Disk records whose checksum failed.",
+        s.checksum_failures);
+  m.one("kvpark_disk_io_errors_total", "counter", "Disk tier I/O errors.", s.disk_io_errors);
+  return m.take();
+}
+
+struct HttpAdapter::Impl {
+  httplib::Server server;
+  std::thread thread;
+};
+
+HttpAdapter::HttpAdapter(Control& control) : control_(control) {}
+
+HttpAdapter::~HttpAdapter() {
+  stop();
+}
+
+bool HttpAdapter::start(const std::string& host, uint16_t port, std::string& ret_error) {
+  auto impl = std::make_unique<Impl>();
+  httplib::Server& server = impl->server;
+  server.new_task_queue = [] { return new httplib::ThreadPool(http_worker_threads); };
+  server.set_keep_alive_max_count(100);
+
+  server.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    const StatusInfo status = control_.status();
+    res.set_content(render_metrics(status, control_.namespaces()), metrics_content_type);
+  });
+  server.Get("/v1/status", [this](const httplib::Request&, httplib::Response& res) {
+    rapidjson::StringBuffer buffer;
+    JsonWriter w(buffer);
+    write_status(w, control_.status());
+    send_json(res, buffer);
+  });
+  server.Get("/v1/namespaces", [this](const httplib::Request&, httplib::Response& res) {
+    rapidjson::StringBuffer buffer;
+    JsonWriter w(buffer);
+    w.StartObject();
+    w.Key("namespaces");
+    w.StartArray();
+    for (const NamespaceSummary& n : control_.namespaces()) write_namespace(w, n);
+    w.EndArray();
+    w.EndObject();
+    send_json(res, buffer);
+  });
+  server.Get("/v1/entries", [this](const httplib::Request& req, httplib::Response& res) {
+    EntryFilter filter;
+    std::string error;
+    if (!parse_entry_filter(req, filter, error)) return json_error(res, 400, error);
+    uint64_t total = 0;
+    const std::vector<EntrySummary> page = control_.entries(filter, total);
+    rapidjson::StringBuffer buffer;
+    JsonWriter w(buffer);
+    w.StartObject();
+    w.Key("total");
+    w.Uint64(total);
+    w.Key("offset");
+    w.Uint64(filter.offset);
+    w.Key("limit");
+    w.Uint64(filter.limit);
+    w.Key("entries");
+    w.StartArray();
+    for (const EntrySummary& e : page) write_entry(w, e);
+    w.EndArray();
+    w.EndObject();
+    send_json(res, buffer);
+  });
+  const auto refuse = [](const httplib::Request& req, httplib::Response& res) {
+    res.set_header("Allow", "GET, HEAD");
+    json_error(res, 405, "method " + req.method + " not allowed; this API is read-only");
+  };
+  server.Post(".*", refuse);
+  server.Put(".*", refuse);
+  server.Patch(".*", refuse);
+  server.Delete(".*", refuse);
+  server.Options(".*", refuse);
+  server.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;  // a route already wrote its error
+    json_error(res, res.status,
+               res.status == 404 ? "no such path: " + req.path : std::string("bad request"));
+  });
+
+  int bound = port;
+  if (port == 0) {
+    bound = server.bind_to_any_port(host);
+    if (bound <= 0) {
+      ret_error = "cannot bind " + host + ":0";
+      return false;
+    }
+  } else if (!server.bind_to_port(host, port)) {
+    ret_error = "cannot bind " + host + ":" + std::to_string(port) + ": " + strerror(errno);
+    return false;
+  }
+  port_ = static_cast<uint16_t>(bound);
+  impl->thread = std::thread([&server] { server.listen_after_bind(); });
+  // stop() before the thread marks the server running would be lost; wait for it.
+  for (int i = 0; i < 2000 && !server.is_running(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  impl_ = std::move(impl);
+  return true;
+}
+
+void HttpAdapter::stop() {
+  if (!impl_) return;
+  impl_->server.stop();
+  if (impl_->thread.joinable()) impl_->thread.join();
+  impl_.reset();
+}
+
+}  // namespace kvpark::daemon

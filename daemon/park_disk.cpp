@@ -1,0 +1,260 @@
+// Park's disk policy: write-through, low-water demotion, promotion on lookup,
+// capacity eviction, flushes and recovery (see park.h for the policy).
+#include <cassert>
+#include <cstring>
+
+#include "daemon/disk_tier.h"
+#include "daemon/log.h"
+#include "daemon/park.h"
+#include "proto/limits.h"
+
+namespace kvpark::daemon {
+
+bool Park::worth_keeping(const Entry& e) const {
+  // Spill what was reused, is shared, or someone asked to keep; not every turn.
+  return e.entry_class == EntryClass::Shared || e.hits > 0 ||
+         e.evidence != Evidence::DefaultAutomatic;
+}
+
+bool Park::start_spill(EntrySlot slot, uint64_t flush_job) {
+  DiskTier* disk = options_.disk;
+  const Entry& e = table_.entry(slot);
+  if (disk == nullptr || !table_.host_readable(e) || e.on_disk || e.io_pins > 0 || e.dead) {
+    return false;
+  }
+  // A flush is the operator's explicit request; only background spills obey the budget.
+  if (flush_job == 0 && !disk->budget_allows(e.extent_bytes)) {
+    ++counters_.budget_refusals;
+    return false;
+  }
+  // Pair check with the header this daemon wrote at reserve before trusting its sizes.
+  shm::EntryHeader h;
+  std::memcpy(&h, options_.arena_data + e.extent_offset, sizeof h);
+  if (h.magic != shm::entry_magic || h.key_hash != e.key_hash ||
+      uint64_t{h.payload_offset} + h.payload_bytes > e.extent_bytes) {
+    ++counters_.spill_failures;
+    log_warning_limited("kvparkd: not spilling entry %llx: its arena header is damaged",
+                        static_cast<unsigned long long>(table_.entry_id(slot)));
+    return false;
+  }
+  disk->charge(e.extent_bytes);
+  table_.pin_io(slot);
+  const uint64_t job = disk->spill(e, table_.namespace_info(e.ns), h.payload_bytes,
+                                   options_.arena_data + e.extent_offset);
+  jobs_[job] = DiskJob{.spill = true, .slot = slot, .entry_id = table_.entry_id(slot),
+                       .flush_job = flush_job};
+  ++spills_in_flight_;
+  return true;
+}
+
+bool Park::start_promotion(EntrySlot slot) {
+  DiskTier* disk = options_.disk;
+  const Entry& e = table_.entry(slot);
+  if (disk == nullptr || !e.on_disk || e.on_host || e.io_pins > 0) return false;
+  if (table_.begin_promotion(slot) != Status::Ok) return false;
+  table_.pin_io(slot);
+  const uint64_t job = disk->restore(e, table_.namespace_info(e.ns),
+                                     options_.arena_data + e.extent_offset);
+  jobs_[job] = DiskJob{.spill = false, .slot = slot, .entry_id = table_.entry_id(slot)};
+  return true;
+}
+
+void Park::remove_from_disk(EntrySlot slot) {
+  const Entry& e = table_.entry(slot);
+  assert(e.on_disk && options_.disk != nullptr);
+  options_.disk->remove(e, table_.namespace_info(e.ns));
+  (void)table_.detach_disk_record(slot);  // erases an entry left on no tier
+}
+
+void Park::enforce_disk_capacity() {
+  DiskTier* disk = options_.disk;
+  if (disk == nullptr || disk->capacity_bytes() == 0) return;
+  while (table_.disk_bytes() > disk->capacity_bytes()) {
+    const EntrySlot slot = table_.disk_lru_tail();
+    if (slot == no_slot) break;
+    remove_from_disk(slot);
+    table_.count_disk_eviction();
+  }
+}
+
+void Park::on_disk_completions() {
+  DiskTier* disk = options_.disk;
+  if (disk == nullptr) return;
+  std::vector<disk::DiskCompletion> done;
+  disk->store().take_completions(done);
+  bool promotions_finished = false;
+  for (const disk::DiskCompletion& d : done) {
+    auto it = jobs_.find(d.job_id);
+    if (it == jobs_.end()) continue;  // a removal's cancelled spill, already forgotten
+    const DiskJob job = it->second;
+    jobs_.erase(it);
+    assert(table_.entry_id(job.slot) == job.entry_id && "pinned entries keep their slot");
+    table_.unpin_io(job.slot);
+    if (job.spill) {
+      --spills_in_flight_;
+      if (d.status == Status::Ok) {
+        table_.attach_disk_record(job.slot, d.bytes);
+        ++counters_.spills;
+        counters_.spill_bytes += d.bytes;
+      } else {
+        ++counters_.spill_failures;
+        log_warning_limited("kvparkd: spill of entry %llx failed: %s (%s); it stays in memory",
+                            static_cast<unsigned long long>(job.entry_id),
+                            std::string(status_name(d.status)).c_str(), strerror(d.err));
+      }
+      if (job.flush_job != 0 && job.flush_job == flush_.job_id) {
+        ++flush_.entries_done;
+        flush_.bytes_done += table_.entry(job.slot).extent_bytes;
+        if (d.status != Status::Ok) flush_.status = d.status;
+      }
+      // Demotion under pressure: once the copy is safe, the host copy can go.
+      const Entry& e = table_.entry(job.slot);
+      if (d.status == Status::Ok && table_.bytes_free() < low_water_bytes_ && e.on_lru) {
+        table_.evict_host(job.slot);
+      }
+      enforce_disk_capacity();
+      continue;
+    }
+    promotions_finished = true;
+    const Entry& e = table_.entry(job.slot);
+    bool good = d.status == Status::Ok;
+    if (good) {
+      // The image carries the header of the incarnation that wrote it: check it names
+      // this entry, then stamp it with ours.
+      shm::EntryHeader h;
+      std::memcpy(&h, options_.arena_data + e.extent_offset, sizeof h);
+      const uint32_t tokens = e.kind == EntryKind::Block
+                                  ? table_.namespace_info(e.ns).geometry.block_tokens
+                                  : static_cast<uint32_t>(e.tail_tokens.size());
+      good = h.magic == shm::entry_magic && h.format_version == shm::entry_format_version &&
+             h.kind == static_cast<uint8_t>(e.kind) &&
+             h.namespace_id == table_.namespace_info(e.ns).id && h.key_hash == e.key_hash &&
+             h.token_count == tokens && h.position == e.position &&
+             shm::extent_bytes_for(tokens, h.payload_bytes) == e.extent_bytes;
+      if (good) {
+        const shm::EntryHeader fresh = make_entry_header(e, tokens, h.payload_bytes);
+        std::memcpy(options_.arena_data + e.extent_offset, &fresh, sizeof fresh);
+      }
+    }
+    table_.finish_promotion(job.slot, good);
+    if (good) {
+      ++counters_.promotions;
+      counters_.promotion_bytes += e.extent_bytes;
+    } else if (d.status == Status::Corrupt || d.status == Status::Ok) {
+      // Never served: the record goes, and the entry with it.
+      ++counters_.checksum_failures;
+      log_warning_limited("kvparkd: disk record of entry %llx failed verification; dropped",
+                          static_cast<unsigned long long>(job.entry_id));
+      disk->remove(e, table_.namespace_info(e.ns));
+      table_.kill(job.slot);
+    } else {
+      ++counters_.promotion_failures;
+      log_warning_limited("kvparkd: restoring entry %llx from disk failed: %s (%s)",
+                          static_cast<unsigned long long>(job.entry_id),
+                          std::string(status_name(d.status)).c_str(), strerror(d.err));
+    }
+  }
+  if (promotions_finished) answer_waiters(false);
+  advance_flush();
+}
+
+void Park::keep_low_water() {
+  if (low_water_bytes_ == 0) return;
+  DiskTier* disk = options_.disk;
+  EntrySlot slot = table_.host_lru_tail();
+  while (slot != no_slot && table_.bytes_free() < low_water_bytes_) {
+    const EntrySlot older_than_next = table_.host_lru_prev(slot);
+    const Entry& e = table_.entry(slot);
+    if (disk != nullptr && !e.on_disk && worth_keeping(e)) {
+      // Worth a disk write: demote (the host copy goes when the spill completes).
+      if (spills_in_flight_ < spills_in_flight_max) (void)start_spill(slot, 0);
+    } else {
+      table_.evict_host(slot);
+    }
+    slot = older_than_next;
+  }
+}
+
+Status Park::start_flush(bool everything, uint64_t& ret_job_id) {
+  if (options_.disk == nullptr) return Status::BadState;
+  if (!flush_.done) {
+    ret_job_id = flush_.job_id;
+    return Status::Ok;
+  }
+  flush_ = FlushState{.job_id = next_flush_id_++, .done = false};
+  flush_queue_.clear();
+  for (EntrySlot slot = 0; slot < table_.slot_count(); ++slot) {
+    const Entry& e = table_.entry(slot);
+    if (!e.in_use || e.dead || !table_.host_readable(e) || e.on_disk) continue;
+    if (!everything && !worth_keeping(e)) continue;
+    flush_queue_.push_back(slot);
+    ++flush_.entries_total;
+    flush_.bytes_total += e.extent_bytes;
+  }
+  ret_job_id = flush_.job_id;
+  advance_flush();
+  return Status::Ok;
+}
+
+void Park::advance_flush() {
+  if (flush_.done) return;
+  while (!flush_queue_.empty() && spills_in_flight_ < spills_in_flight_max) {
+    const EntrySlot slot = flush_queue_.back();
+    flush_queue_.pop_back();
+    const Entry& e = table_.entry(slot);
+    // Evicted or written meanwhile: nothing left to do for it.
+    if (!e.in_use || !start_spill(slot, flush_.job_id)) {
+      ++flush_.entries_done;
+      flush_.bytes_done += e.extent_bytes;
+    }
+  }
+  bool flush_spills = false;
+  for (const auto& [id, job] : jobs_) flush_spills = flush_spills || job.flush_job == flush_.job_id;
+  if (flush_queue_.empty() && !flush_spills) flush_.done = true;
+}
+
+uint64_t Park::recover(const disk::RecoveryReport& report) {
+  DiskTier* disk = options_.disk;
+  assert(disk != nullptr);
+  uint64_t skipped = 0;
+  for (const disk::RecordInfo& record : report.records) {
+    const disk::RecordHeader& h = record.header;
+    const Geometry geometry{.block_tokens = h.block_tokens,
+                            .block_payload_bytes = h.block_payload_bytes,
+                            .snapshot_required = h.snapshot_required != 0};
+    NamespaceIndex ns = 0;
+    std::vector<int32_t> tail;
+    const bool snapshot = h.kind == static_cast<uint8_t>(EntryKind::Snapshot);
+    bool usable =
+        table_.register_namespace(h.namespace_id, geometry, 0, ns) == Status::Ok &&
+        table_.namespace_info(ns).chain_tokens == h.chain_tokens &&
+        (h.kind == static_cast<uint8_t>(EntryKind::Block) || snapshot) &&
+        h.image_bytes == shm::extent_bytes_for(h.token_count, h.payload_bytes) &&
+        h.entry_class <= entry_class_max && h.evidence <= evidence_max &&
+        (!snapshot || disk->read_tail_tokens(record, tail));
+    if (usable) {
+      usable = snapshot ? table_.find_snapshot(ns, h.key_hash, tail) == no_slot
+                        : table_.find_block(ns, h.key_hash) == no_slot;
+    }
+    if (!usable) {
+      ++skipped;
+      continue;
+    }
+    NewEntry n{.ns = ns,
+               .kind = static_cast<EntryKind>(h.kind),
+               .key_hash = h.key_hash,
+               .tail_tokens = tail,
+               .extent_bytes = h.image_bytes,
+               .position = h.position,
+               .anchor_chunks = h.anchor_chunks,
+               .creator_session = h.creator_session,
+               .entry_class = static_cast<EntryClass>(h.entry_class),
+               .evidence = static_cast<Evidence>(h.evidence)};
+    EntrySlot slot = no_slot;
+    (void)table_.insert_on_disk(n, record.file_bytes, slot);
+  }
+  enforce_disk_capacity();
+  return skipped;
+}
+
+}  // namespace kvpark::daemon

@@ -1,0 +1,198 @@
+// EntryTable: dedup by key, LRU eviction order, leases and pins keep entries,
+// and a request that can never fit costs no parked state.
+#include "daemon/entry_table.h"
+
+#include <gtest/gtest.h>
+
+#include "proto/limits.h"
+
+namespace kvpark::daemon {
+namespace {
+
+constexpr uint64_t granule = limits::extent_align_bytes;
+
+class EntryTableTest : public ::testing::Test {
+ protected:
+  explicit EntryTableTest(uint64_t granules = 8) : table_(granules * granule, granule) {
+    EXPECT_EQ(table_.register_namespace({1, 1}, {.block_tokens = 16, .block_payload_bytes = 1024},
+                                        0, ns_),
+              Status::Ok);
+  }
+  EntrySlot insert(uint64_t key, uint64_t granules = 1, Status expected = Status::Ok) {
+    EntrySlot slot = no_slot;
+    NewEntry n{.ns = ns_, .kind = EntryKind::Block, .key_hash = {key, 0},
+               .extent_bytes = granules * granule};
+    EXPECT_EQ(table_.insert_reserved(n, slot), expected) << "key " << key;
+    return slot;
+  }
+  EntrySlot insert_sealed(uint64_t key, uint64_t granules = 1) {
+    EntrySlot slot = insert(key, granules);
+    if (slot != no_slot) table_.seal(slot);
+    return slot;
+  }
+  bool present(uint64_t key) const { return table_.find_block(ns_, {key, 0}) != no_slot; }
+
+  EntryTable table_;
+  NamespaceIndex ns_ = 0;
+};
+
+TEST_F(EntryTableTest, FindsReservedAndSealedBlocksByKey) {
+  EXPECT_EQ(table_.find_block(ns_, {1, 0}), no_slot);
+  const EntrySlot slot = insert(1);
+  EXPECT_EQ(table_.find_block(ns_, {1, 0}), slot);
+  EXPECT_FALSE(table_.entry(slot).sealed);
+  EXPECT_EQ(table_.blocks(), 0u) << "reserved entries are not counted as parked";
+  table_.seal(slot);
+  EXPECT_TRUE(table_.entry(slot).sealed);
+  EXPECT_EQ(table_.blocks(), 1u);
+  EXPECT_EQ(table_.evictable_bytes(), granule);
+}
+
+TEST_F(EntryTableTest, KeysAreScopedByNamespace) {
+  NamespaceIndex other = 0;
+  ASSERT_EQ(table_.register_namespace({2, 2}, {.block_tokens = 16, .block_payload_bytes = 1024}, 0,
+                                      other),
+            Status::Ok);
+  ASSERT_NE(other, ns_);
+  insert_sealed(5);
+  EXPECT_NE(table_.find_block(ns_, {5, 0}), no_slot);
+  EXPECT_EQ(table_.find_block(other, {5, 0}), no_slot);
+}
+
+TEST_F(EntryTableTest, RegisteringKnownNamespaceChecksGeometry) {
+  NamespaceIndex again = 99;
+  EXPECT_EQ(table_.register_namespace({1, 1}, {.block_tokens = 16, .block_payload_bytes = 1024}, 0,
+                                      again),
+            Status::Ok);
+  EXPECT_EQ(again, ns_);
+  EXPECT_EQ(table_.register_namespace({1, 1}, {.block_tokens = 32, .block_payload_bytes = 1024}, 0,
+                                      again),
+            Status::GeometryMismatch);
+  EXPECT_EQ(table_.namespace_count(), 1u);
+}
+
+TEST_F(EntryTableTest, RejectsInvalidGeometry) {
+  NamespaceIndex ns = 0;
+  EXPECT_EQ(table_.register_namespace({9, 0}, {.block_tokens = limits::block_tokens_max + 1,
+                                               .block_payload_bytes = 1},
+                                      0, ns),
+            Status::InvalidArgument);
+  EXPECT_EQ(table_.register_namespace({9, 1}, {.block_tokens = 16, .block_payload_bytes = 0}, 0, ns),
+            Status::InvalidArgument);
+  EXPECT_EQ(table_.register_namespace({9, 2}, {.block_tokens = 0, .block_payload_bytes = 0,
+                                               .snapshot_required = false},
+                                      0, ns),
+            Status::InvalidArgument)
+      << "snapshot-only namespaces must require snapshots";
+  EXPECT_EQ(table_.register_namespace({9, 3}, {.block_tokens = 0, .block_payload_bytes = 0,
+                                               .snapshot_required = true},
+                                      0, ns),
+            Status::Ok);
+  EXPECT_EQ(table_.namespace_info(ns).chain_tokens, limits::snapshot_chain_tokens);
+}
+
+TEST_F(EntryTableTest, EvictsLeastRecentlyUsedFirst) {
+  for (uint64_t k = 1; k <= 8; ++k) insert_sealed(k);
+  table_.touch(table_.find_block(ns_, {1, 0}));  // 1 becomes the most recent
+  insert_sealed(100);
+  EXPECT_TRUE(present(1));
+  EXPECT_FALSE(present(2)) << "2 is now the oldest";
+  insert_sealed(101);
+  EXPECT_FALSE(present(3));
+  EXPECT_TRUE(present(4));
+  EXPECT_EQ(table_.evictions(), 2u);
+}
+
+TEST_F(EntryTableTest, LeasedEntriesAreNeverEvicted) {
+  for (uint64_t k = 1; k <= 8; ++k) insert_sealed(k);
+  const EntrySlot oldest = table_.find_block(ns_, {1, 0});
+  table_.acquire_lease(oldest);
+  EXPECT_EQ(table_.evictable_bytes(), 7 * granule);
+  insert_sealed(100);
+  EXPECT_TRUE(present(1));
+  EXPECT_FALSE(present(2));
+  table_.release_lease(oldest);
+  EXPECT_EQ(table_.evictable_bytes(), 8 * granule);
+  insert_sealed(101);
+  EXPECT_TRUE(present(1)) << "a released lease makes the entry most recent";
+  EXPECT_FALSE(present(3));
+}
+
+TEST_F(EntryTableTest, ReservedEntriesAreNeverEvicted) {
+  for (uint64_t k = 1; k <= 8; ++k) insert(k);  // reserved, not sealed
+  EXPECT_EQ(table_.evictable_bytes(), 0u);
+  insert(100, 1, Status::ArenaFull);
+  for (uint64_t k = 1; k <= 8; ++k) EXPECT_TRUE(present(k));
+}
+
+TEST_F(EntryTableTest, ArenaFullWhenEverythingIsLeased) {
+  for (uint64_t k = 1; k <= 8; ++k) table_.acquire_lease(insert_sealed(k));
+  insert(100, 1, Status::ArenaFull);
+  EXPECT_EQ(table_.evictions(), 0u);
+  for (uint64_t k = 1; k <= 8; ++k) EXPECT_TRUE(present(k));
+}
+
+TEST_F(EntryTableTest, RequestThatCanNeverFitEvictsNothing) {
+  for (uint64_t k = 1; k <= 4; ++k) insert_sealed(k);
+  table_.acquire_lease(table_.find_block(ns_, {1, 0}));
+  // 4 free + 3 evictable granules: a 8-granule request can never fit.
+  EXPECT_EQ(insert(100, 8, Status::ArenaFull), no_slot);
+  EXPECT_EQ(table_.evictions(), 0u);
+  for (uint64_t k = 1; k <= 4; ++k) EXPECT_TRUE(present(k));
+  EXPECT_EQ(table_.bytes_free(), 4 * granule);
+  // 7 granules can: it takes the free space plus the evictable entries.
+  EXPECT_NE(insert(101, 7), no_slot);
+  EXPECT_EQ(table_.evictions(), 3u);
+  EXPECT_TRUE(present(1));
+}
+
+TEST_F(EntryTableTest, EvictsUntilAContiguousRunFits) {
+  for (uint64_t k = 1; k <= 8; ++k) insert_sealed(k);
+  // Free every other granule: 4 granules free but no two adjacent.
+  for (uint64_t k = 2; k <= 8; k += 2) table_.erase(table_.find_block(ns_, {k, 0}));
+  EXPECT_EQ(table_.bytes_free(), 4 * granule);
+  EXPECT_EQ(table_.largest_free_bytes(), granule);
+  EXPECT_NE(insert(100, 2), no_slot);
+  EXPECT_FALSE(present(1)) << "the oldest entry was evicted to join two holes";
+  EXPECT_TRUE(present(3));
+  EXPECT_EQ(table_.evictions(), 1u);
+}
+
+TEST_F(EntryTableTest, EraseReturnsBytesAndSlots) {
+  const EntrySlot a = insert(1, 3);
+  const EntrySlot b = insert_sealed(2, 2);
+  EXPECT_EQ(table_.bytes_free(), 3 * granule);
+  EXPECT_EQ(table_.slots_in_use(), 2u);
+  table_.erase(a);
+  table_.erase(b);
+  EXPECT_EQ(table_.bytes_free(), 8 * granule);
+  EXPECT_EQ(table_.slots_in_use(), 0u);
+  EXPECT_EQ(table_.blocks(), 0u);
+  EXPECT_EQ(table_.evictable_bytes(), 0u);
+  EXPECT_EQ(table_.namespace_info(ns_).bytes, 0u);
+  EXPECT_FALSE(present(1));
+  EXPECT_FALSE(present(2));
+}
+
+TEST_F(EntryTableTest, SnapshotsAreKeyedByAnchorAndExactTail) {
+  const std::vector<int32_t> tail_a = {1, 2, 3}, tail_b = {1, 2, 4};
+  NewEntry n{.ns = ns_, .kind = EntryKind::Snapshot, .key_hash = {7, 7}, .tail_tokens = tail_a,
+             .extent_bytes = granule, .position = 19, .anchor_chunks = 1};
+  EntrySlot a = no_slot, b = no_slot;
+  ASSERT_EQ(table_.insert_reserved(n, a), Status::Ok);
+  n.tail_tokens = tail_b;
+  ASSERT_EQ(table_.insert_reserved(n, b), Status::Ok);
+  EXPECT_EQ(table_.find_snapshot(ns_, {7, 7}, tail_a), a);
+  EXPECT_EQ(table_.find_snapshot(ns_, {7, 7}, tail_b), b);
+  EXPECT_EQ(table_.find_snapshot(ns_, {7, 7}, std::vector<int32_t>{1, 2}), no_slot);
+  EXPECT_EQ(table_.find_snapshot(ns_, {7, 8}, tail_a), no_slot);
+  EXPECT_EQ(table_.snapshots_at(ns_, {7, 7}).size(), 2u);
+  table_.seal(a);
+  EXPECT_EQ(table_.snapshots(), 1u);
+  table_.erase(a);
+  table_.erase(b);
+  EXPECT_TRUE(table_.snapshots_at(ns_, {7, 7}).empty());
+}
+
+}  // namespace
+}  // namespace kvpark::daemon
