@@ -296,7 +296,20 @@ void EntryTable::kill(EntrySlot slot) {
 
 bool EntryTable::evict_lru() {
   if (lru_tail_ == no_slot) return false;
-  evict_host(lru_tail_);
+  EntrySlot victim = lru_tail_;
+  if (value_) {
+    double lowest = value_(slots_[victim]);
+    EntrySlot slot = slots_[victim].lru_prev;
+    for (size_t seen = 1; seen < eviction_sample_entries && slot != no_slot; ++seen) {
+      const double value = value_(slots_[slot]);
+      if (value < lowest) {
+        lowest = value;
+        victim = slot;
+      }
+      slot = slots_[slot].lru_prev;
+    }
+  }
+  evict_host(victim);
   return true;
 }
 

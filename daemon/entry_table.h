@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <ctime>
+#include <functional>
 #include <span>
 #include <unordered_map>
 #include <vector>
@@ -33,6 +34,10 @@ namespace kvpark::daemon {
 using EntrySlot = uint32_t;
 inline constexpr EntrySlot no_slot = UINT32_MAX;
 using NamespaceIndex = uint32_t;
+// Eviction looks this far up from the cold end of the LRU list for the least valuable
+// entry: value-aware without a priority queue, and still mostly LRU (roots of a chain
+// are the most recent of it, so a chain is still eaten from its end).
+inline constexpr size_t eviction_sample_entries = 8;
 
 struct NamespaceInfo {
   NamespaceId id;
@@ -138,7 +143,11 @@ class EntryTable {
   void pin_io(EntrySlot slot);
   void unpin_io(EntrySlot slot);
   void touch(EntrySlot slot);  // a hit: count it and make it most recent
-  bool evict_lru();            // host-evicts the least recently used entry; false if none
+  // Host-evicts one entry: of the eviction_sample_entries least recently used, the one
+  // the value function rates lowest (the oldest if none is set); false if none.
+  bool evict_lru();
+  // Value density of an entry (higher: keep longer); see Park::value_density.
+  void set_value_function(std::function<double(const Entry&)> value) { value_ = std::move(value); }
   void evict_host(EntrySlot slot);  // host-evicts this evictable entry
   EntrySlot host_lru_tail() const { return lru_tail_; }
   EntrySlot host_lru_prev(EntrySlot slot) const { return slots_.at(slot).lru_prev; }
@@ -202,6 +211,7 @@ class EntryTable {
   void remove_from_index(EntrySlot slot);
   void free_slot(EntrySlot slot);
 
+  std::function<double(const Entry&)> value_;
   shm::ExtentAllocator allocator_;
   std::vector<NamespaceInfo> namespaces_;
   std::unordered_map<NamespaceId, NamespaceIndex, Hash128Hasher> namespace_by_id_;

@@ -23,6 +23,7 @@ uint64_t monotonic_usec() {
 
 Park::Park(const ParkOptions& options, EntryTable& table) : options_(options), table_(table) {
   assert(options.arena_data != nullptr && options.reservation_bytes_max > 0);
+  table_.set_value_function([this](const Entry& e) { return value_density(e); });
 }
 
 Status Park::open(ConnectionId id, uint32_t peer_pid) {
@@ -101,7 +102,13 @@ Status Park::lookup(ConnectionId id, const wire::LookupRequest& req, wire::Looku
   auto usable = [&](EntrySlot slot) {
     if (slot == no_slot || !table_.entry(slot).sealed) return false;
     const Entry& e = table_.entry(slot);
-    return e.on_host || start_promotion(slot);  // on disk only: bring it in
+    if (e.on_host) return true;
+    // On disk only: bring it in, if reading it is faster than recomputing it.
+    if (!load_beats_recompute(e)) {
+      ++counters_.recompute_instead;
+      return false;
+    }
+    return start_promotion(slot);
   };
   // Longest run of sealed blocks, leaving at least one token to prefill.
   if (block_tokens > 0) {

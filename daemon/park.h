@@ -50,6 +50,15 @@ inline constexpr size_t waits_max = 1024;  // pending WAITs, all connections
 // Recurrence detection: chunk hashes remembered from lookups past their restorable
 // prefix, and how far past it two sessions must agree before a capture hint.
 inline constexpr size_t recurrence_chunks_max = 65536;
+// Value model. Prefill rate assumed for namespaces that did not declare one: 16,484
+// tokens in 2.36 s (DESIGN.md §1).
+inline constexpr uint32_t prefill_tokens_per_second_default = 7000;
+// Reuse likelihood halves every half-life since last use: a private continuation is
+// likely to return within minutes or not at all; a shared head stays useful for hours.
+inline constexpr uint64_t private_half_life_usec = 10ull * 60 * 1'000'000;
+inline constexpr uint64_t shared_half_life_usec = 6ull * 3600 * 1'000'000;
+// A private continuation younger than this is worth a disk write (a returning session).
+inline constexpr uint64_t private_keep_usec = private_half_life_usec;
 inline constexpr uint32_t recurrence_tokens_min = 1024;
 
 struct Counters {
@@ -67,6 +76,7 @@ struct Counters {
   uint64_t promotion_failures = 0;
   uint64_t checksum_failures = 0;
   uint64_t budget_refusals = 0;  // spills skipped: daily write budget spent
+  uint64_t recompute_instead = 0;  // disk entries not promoted: recomputing is faster
 };
 
 // Progress of a flush (operator command or planned shutdown).
@@ -192,6 +202,10 @@ class Park {
 
   // Disk (park_disk.cpp).
   bool worth_keeping(const Entry& e) const;
+  // Expected saved prefill seconds per arena byte (the value model; see park_disk.cpp).
+  double value_density(const Entry& e) const;
+  // Whether reading a disk-only entry beats recomputing it at the engine's rate.
+  bool load_beats_recompute(const Entry& e) const;
   bool start_spill(EntrySlot slot, uint64_t flush_job);
   bool start_promotion(EntrySlot slot);  // false: could not place it on the host
   void remove_from_disk(EntrySlot slot);
@@ -209,6 +223,11 @@ class Park {
   ReplySink reply_sink_;
   std::unordered_map<uint64_t, DiskJob> jobs_;  // by disk job id
   size_t spills_in_flight_ = 0;
+  // Disk read bandwidth seen by promotions: bytes over the time any were in flight.
+  double disk_read_bytes_per_second_ = 0;  // EWMA over busy periods; 0: not measured
+  size_t promotions_in_flight_ = 0;
+  uint64_t promotion_busy_since_usec_ = 0;
+  uint64_t promotion_busy_bytes_ = 0;
   std::vector<EntrySlot> flush_queue_;  // slots still to spill for the flush
   FlushState flush_;
   uint64_t next_lease_id_ = 1;

@@ -1,7 +1,10 @@
 // Park's disk policy: write-through, low-water demotion, promotion on lookup,
 // capacity eviction, flushes and recovery (see park.h for the policy).
+#include <algorithm>
 #include <cassert>
+#include <cmath>
 #include <cstring>
+#include <ctime>
 
 #include "daemon/disk_tier.h"
 #include "daemon/log.h"
@@ -10,10 +13,69 @@
 
 namespace kvpark::daemon {
 
+namespace {
+
+uint64_t monotonic_usec() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1'000'000 + uint64_t(ts.tv_nsec) / 1000;
+}
+
+// Below this many bytes a busy period says more about latency than bandwidth.
+constexpr uint64_t bandwidth_sample_bytes_min = 1ull << 20;
+
+uint64_t coarse_monotonic_usec() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return uint64_t(ts.tv_sec) * 1'000'000 + uint64_t(ts.tv_nsec) / 1000;
+}
+
+// How much more a kind of evidence says "this will be asked for again".
+double evidence_weight(Evidence evidence) {
+  switch (evidence) {
+    case Evidence::ExplicitBreakpoint: return 4.0;
+    case Evidence::ObservedRecurrence: return 3.0;  // counts as shared, seen twice
+    case Evidence::RequestedAutomatic: return 2.0;
+    case Evidence::EngineStructural: return 2.0;
+    case Evidence::DefaultAutomatic: return 1.0;
+  }
+  return 1.0;
+}
+
+}  // namespace
+
 bool Park::worth_keeping(const Entry& e) const {
-  // Spill what was reused, is shared, or someone asked to keep; not every turn.
+  // Spill what was reused, is shared, was asked for, or is a conversation's fresh
+  // turn (its session is likely to return); not every old one-off.
+  const uint64_t age = coarse_monotonic_usec() - std::min(e.last_use_usec, coarse_monotonic_usec());
   return e.entry_class == EntryClass::Shared || e.hits > 0 ||
-         e.evidence != Evidence::DefaultAutomatic;
+         e.evidence != Evidence::DefaultAutomatic || age < private_keep_usec;
+}
+
+double Park::value_density(const Entry& e) const {
+  const NamespaceInfo& ns = table_.namespace_info(e.ns);
+  const double rate = ns.prefill_tokens_per_second != 0 ? ns.prefill_tokens_per_second
+                                                        : prefill_tokens_per_second_default;
+  // A block saves its own tokens; a snapshot makes everything up to its position
+  // restorable (for snapshot-required engines nothing restores without one).
+  const double tokens = e.kind == EntryKind::Block ? ns.geometry.block_tokens : e.position;
+  const bool shared = e.entry_class == EntryClass::Shared ||
+                      e.evidence == Evidence::ObservedRecurrence;
+  const uint64_t now = coarse_monotonic_usec();
+  const double age = static_cast<double>(now - std::min(e.last_use_usec, now));
+  const double half_life = shared ? shared_half_life_usec : private_half_life_usec;
+  const double likelihood = (1.0 + static_cast<double>(e.hits)) * std::exp2(-age / half_life);
+  const double weight = evidence_weight(e.evidence) * (shared ? 2.0 : 1.0);
+  return tokens / rate * weight * likelihood / static_cast<double>(e.extent_bytes);
+}
+
+bool Park::load_beats_recompute(const Entry& e) const {
+  if (disk_read_bytes_per_second_ <= 0) return true;  // not measured yet: try the disk
+  const NamespaceInfo& ns = table_.namespace_info(e.ns);
+  const double rate = ns.prefill_tokens_per_second != 0 ? ns.prefill_tokens_per_second
+                                                        : prefill_tokens_per_second_default;
+  const double tokens = e.kind == EntryKind::Block ? ns.geometry.block_tokens : e.position;
+  return static_cast<double>(e.extent_bytes) / disk_read_bytes_per_second_ < tokens / rate;
 }
 
 bool Park::start_spill(EntrySlot slot, uint64_t flush_job) {
@@ -56,6 +118,10 @@ bool Park::start_promotion(EntrySlot slot) {
   const uint64_t job = disk->restore(e, table_.namespace_info(e.ns),
                                      options_.arena_data + e.extent_offset);
   jobs_[job] = DiskJob{.spill = false, .slot = slot, .entry_id = table_.entry_id(slot)};
+  if (promotions_in_flight_++ == 0) {
+    promotion_busy_since_usec_ = monotonic_usec();
+    promotion_busy_bytes_ = 0;
+  }
   return true;
 }
 
@@ -116,6 +182,16 @@ void Park::on_disk_completions() {
       continue;
     }
     promotions_finished = true;
+    if (--promotions_in_flight_ == 0 && promotion_busy_bytes_ + table_.entry(job.slot).extent_bytes >=
+                                            bandwidth_sample_bytes_min) {
+      // A busy period ended: its bytes over its duration is what the device delivered.
+      const uint64_t bytes = promotion_busy_bytes_ + table_.entry(job.slot).extent_bytes;
+      const uint64_t took = std::max<uint64_t>(monotonic_usec() - promotion_busy_since_usec_, 1);
+      const double sample = static_cast<double>(bytes) * 1e6 / static_cast<double>(took);
+      disk_read_bytes_per_second_ = disk_read_bytes_per_second_ <= 0
+                                        ? sample
+                                        : 0.7 * disk_read_bytes_per_second_ + 0.3 * sample;
+    }
     const Entry& e = table_.entry(job.slot);
     bool good = d.status == Status::Ok;
     if (good) {
@@ -140,6 +216,7 @@ void Park::on_disk_completions() {
     if (good) {
       ++counters_.promotions;
       counters_.promotion_bytes += e.extent_bytes;
+      promotion_busy_bytes_ += e.extent_bytes;
     } else if (d.status == Status::Corrupt || d.status == Status::Ok) {
       // Never served: the record goes, and the entry with it.
       ++counters_.checksum_failures;

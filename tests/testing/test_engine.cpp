@@ -9,9 +9,12 @@
 #include <getopt.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "client/kvpark.h"
@@ -33,7 +36,10 @@ struct Options {
   uint64_t snapshot_bytes = 0;  // publish a snapshot at the prompt's end too
   int iterations = 1;
   int shared = 0;
-  uint32_t wait_msec = 0;  // verify: wait this long for disk promotions (0: use what is ready)
+  uint32_t wait_msec = 0;  // verify: wait this long for promotions or another engine's prefill
+  uint32_t prefill_msec = 0;    // publish: modeled prefill between reserve and write
+  uint32_t prefill_rate = 0;    // tokens/s declared at HELLO (0: unknown)
+  int connections = 1;          // verify: this many connections at once, one thread each
 };
 
 [[noreturn]] void fail(const char* what, kvpark_status s) {
@@ -83,6 +89,11 @@ int publish(kvpark_client* c, const Options& o, const std::vector<int32_t>& toke
     kvpark_status s = kvpark_reserve_blocks(c, &options, tokens.data(), tokens.size(), 0, blocks, &r);
     if (s != KVPARK_OK) fail("reserve blocks", s);
     if (stop_at == "reserve") wait_forever();
+    if (o.prefill_msec > 0) {
+      printf("reserved\n");  // a leader: followers may now find its prefix in flight
+      fflush(stdout);
+      std::this_thread::sleep_for(std::chrono::milliseconds(o.prefill_msec));
+    }
     for (size_t i = 0; i < blocks; ++i) {
       void* p = kvpark_reservation_block(r, i);
       if (p == nullptr) continue;
@@ -116,6 +127,14 @@ int verify(kvpark_client* c, const Options& o, const std::vector<int32_t>& token
   kvpark_plan* plan = nullptr;
   kvpark_status s = kvpark_lookup(c, o.session, tokens.data(), tokens.size(), &plan);
   if (s != KVPARK_OK) fail("lookup", s);
+  if (o.wait_msec > 0 && kvpark_plan_inflight_tokens(plan) > 0) {
+    // Single flight: another engine is prefilling this prefix; wait for it.
+    printf("following %u\n", kvpark_plan_inflight_tokens(plan));
+    fflush(stdout);
+    s = kvpark_plan_wait(plan, o.wait_msec);
+    if (s != KVPARK_OK && s != KVPARK_TIMEOUT) fail("wait", s);
+    printf("followed %s\n", s == KVPARK_OK ? "ok" : "timeout");
+  }
   if (o.wait_msec > 0 && kvpark_plan_pending_tokens(plan) > kvpark_plan_restorable_tokens(plan)) {
     printf("waiting\n");  // tests kill the daemon here
     fflush(stdout);
@@ -132,6 +151,7 @@ int verify(kvpark_client* c, const Options& o, const std::vector<int32_t>& token
   if (const void* snap = kvpark_plan_snapshot(plan, &snapshot_bytes, &position)) {
     good = good && payload_matches(snapshot_key(o, tokens, position), snap, snapshot_bytes);
   }
+  if (kvpark_plan_capture_hint(plan) > 0) printf("hint %u\n", kvpark_plan_capture_hint(plan));
   printf("restored %u %d\n", kvpark_plan_restorable_tokens(plan), kvpark_plan_reuse_kind(plan));
   fflush(stdout);
   if (hold) wait_forever();
@@ -156,6 +176,9 @@ int main(int argc, char** argv) {
       {"iterations", required_argument, nullptr, 'i'},
       {"shared", no_argument, nullptr, 'c'},
       {"wait-msec", required_argument, nullptr, 'w'},
+      {"prefill-msec", required_argument, nullptr, 'P'},
+      {"prefill-rate", required_argument, nullptr, 'R'},
+      {"connections", required_argument, nullptr, 'C'},
       {nullptr, 0, nullptr, 0}};
   int ch;
   while ((ch = getopt_long(argc, argv, "", long_options, nullptr)) != -1) {
@@ -173,6 +196,9 @@ int main(int argc, char** argv) {
       case 'i': o.iterations = atoi(optarg); break;
       case 'c': o.shared = 1; break;
       case 'w': o.wait_msec = static_cast<uint32_t>(strtoul(optarg, nullptr, 0)); break;
+      case 'P': o.prefill_msec = static_cast<uint32_t>(strtoul(optarg, nullptr, 0)); break;
+      case 'R': o.prefill_rate = static_cast<uint32_t>(strtoul(optarg, nullptr, 0)); break;
+      case 'C': o.connections = atoi(optarg); break;
       default: return 2;
     }
   }
@@ -188,6 +214,26 @@ int main(int argc, char** argv) {
   ns.block_payload_bytes = o.block_tokens > 0 ? o.block_bytes : 0;
   ns.snapshot_required = o.block_tokens == 0;
   ns.client_name = "kvpark-test-engine";
+  ns.prefill_tokens_per_second = o.prefill_rate;
+  if (o.mode == "verify" && o.connections > 1) {
+    // Several followers in one process, each on its own connection.
+    const std::vector<int32_t> tokens = prompt(o, o.body_seed);
+    std::atomic<int> failures{0};
+    std::vector<std::thread> threads;
+    for (int i = 0; i < o.connections; ++i) {
+      threads.emplace_back([&] {
+        kvpark_client* own = nullptr;
+        if (kvpark_connect(o.socket.c_str(), &ns, &own) != KVPARK_OK) {
+          ++failures;
+          return;
+        }
+        if (verify(own, o, tokens, false) != 0) ++failures;
+        kvpark_disconnect(own);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    return failures == 0 ? 0 : 3;
+  }
   kvpark_client* c = nullptr;
   kvpark_status s = kvpark_connect(o.socket.c_str(), &ns, &c);
   if (s != KVPARK_OK) fail("connect", s);
