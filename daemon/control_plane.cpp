@@ -1,4 +1,5 @@
 // Operator queries and commands over Park and EntryTable (see control_plane.h).
+#include "daemon/clock.h"
 #include "daemon/control_plane.h"
 
 #include <algorithm>
@@ -9,12 +10,6 @@
 
 namespace kvpark::daemon {
 namespace {
-
-uint64_t monotonic_usec(clockid_t clock) {
-  timespec ts{};
-  clock_gettime(clock, &ts);
-  return uint64_t(ts.tv_sec) * 1'000'000 + uint64_t(ts.tv_nsec) / 1000;
-}
 
 bool tier_matches(Tier wanted, Tier actual) {
   return (static_cast<uint8_t>(wanted) & static_cast<uint8_t>(actual)) != 0;
@@ -30,7 +25,7 @@ StatusInfo ControlPlane::status_in_loop() const {
   StatusInfo s;
   s.version = options_.version;
   s.incarnation = options_.incarnation;
-  s.uptime_usec = monotonic_usec(CLOCK_MONOTONIC) - options_.start_usec;
+  s.uptime_usec = monotonic_usec() - options_.start_usec;
   s.socket_path = options_.socket_path;
   s.arena_data_bytes = table_.data_bytes();
   s.arena_free_bytes = table_.bytes_free();
@@ -139,7 +134,7 @@ std::vector<EntrySummary> ControlPlane::entries(const EntryFilter& filter, uint6
     });
     Page p;
     p.total = matching.size();
-    const uint64_t now = monotonic_usec(CLOCK_MONOTONIC_COARSE);
+    const uint64_t now = coarse_monotonic_usec();
     for (uint64_t i = filter.offset; i < matching.size() && i - filter.offset < filter.limit; ++i) {
       p.entries.push_back(summarize(matching[i], now));
     }
@@ -153,7 +148,7 @@ Status ControlPlane::entry(uint64_t id, EntrySummary& ret_entry) {
   auto found = loop_.call<std::optional<EntrySummary>>([this, id]() -> std::optional<EntrySummary> {
     const EntrySlot slot = table_.slot_for_id(id);
     if (slot == no_slot || !table_.entry(slot).sealed) return std::nullopt;
-    return summarize(slot, monotonic_usec(CLOCK_MONOTONIC_COARSE));
+    return summarize(slot, coarse_monotonic_usec());
   });
   if (!found) return Status::Unavailable;
   if (!*found) return Status::NotFound;

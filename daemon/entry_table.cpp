@@ -1,4 +1,5 @@
 // Index, placement and LRU eviction of parked entries (see entry_table.h).
+#include "daemon/clock.h"
 #include "daemon/entry_table.h"
 
 #include <algorithm>
@@ -8,16 +9,6 @@
 #include "shm/arena_format.h"
 
 namespace kvpark::daemon {
-namespace {
-
-uint64_t coarse_now_usec() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-  return uint64_t(ts.tv_sec) * 1'000'000 + uint64_t(ts.tv_nsec) / 1000;
-}
-
-}  // namespace
-
 EntryTable::EntryTable(uint64_t data_bytes, uint64_t extent_align_bytes)
     : allocator_(data_bytes, extent_align_bytes) {}
 
@@ -101,7 +92,7 @@ EntrySlot EntryTable::new_slot(const NewEntry& n) {
   e.extent_bytes = n.extent_bytes;
   e.creator_session = n.creator_session;
   e.last_use_tick = ++tick_;
-  e.last_use_usec = coarse_now_usec();
+  e.last_use_usec = coarse_monotonic_usec();
   e.ns = n.ns;
   e.position = n.position;
   e.anchor_chunks = n.anchor_chunks;
@@ -372,7 +363,7 @@ void EntryTable::touch(EntrySlot slot) {
   assert(e.in_use && e.sealed);
   ++e.hits;
   e.last_use_tick = ++tick_;
-  e.last_use_usec = coarse_now_usec();
+  e.last_use_usec = coarse_monotonic_usec();
   sync_lists(slot, true);
 }
 

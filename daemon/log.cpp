@@ -1,4 +1,5 @@
 // stderr logging with <N> priority prefixes and a simple rate limit (see log.h).
+#include "daemon/clock.h"
 #include "daemon/log.h"
 
 #include <time.h>
@@ -7,12 +8,6 @@
 
 namespace kvpark::daemon {
 namespace {
-
-uint64_t monotonic_usec() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return uint64_t(ts.tv_sec) * 1'000'000 + uint64_t(ts.tv_nsec) / 1000;
-}
 
 void emit(int priority, const char* format, va_list args) {
   char line[1024];

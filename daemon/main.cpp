@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "daemon/clock.h"
 #include "daemon/config.h"
 #include "daemon/control_plane.h"
 #include "daemon/dbus_adapter.h"
@@ -28,6 +29,7 @@
 #include "shm/arena.h"
 
 using namespace kvpark;
+using daemon::monotonic_usec;
 
 namespace {
 
@@ -35,12 +37,6 @@ constexpr int tick_msec = 50;  // WAIT deadlines are honoured to this resolution
 constexpr uint64_t shutdown_flush_timeout_usec = 120'000'000;
 constexpr uint64_t arena_low_water_divisor_with_disk = 8;  // default low water: 1/8 of the arena
 constexpr const char* version = "0.1.0";
-
-uint64_t monotonic_usec() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return uint64_t(ts.tv_sec) * 1'000'000 + uint64_t(ts.tv_nsec) / 1000;
-}
 
 uint64_t random_incarnation() {
   uint64_t value = 0;

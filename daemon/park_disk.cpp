@@ -6,6 +6,7 @@
 #include <cstring>
 #include <ctime>
 
+#include "daemon/clock.h"
 #include "daemon/disk_tier.h"
 #include "daemon/log.h"
 #include "daemon/park.h"
@@ -15,20 +16,8 @@ namespace kvpark::daemon {
 
 namespace {
 
-uint64_t monotonic_usec() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return uint64_t(ts.tv_sec) * 1'000'000 + uint64_t(ts.tv_nsec) / 1000;
-}
-
 // Below this many bytes a busy period says more about latency than bandwidth.
 constexpr uint64_t bandwidth_sample_bytes_min = 1ull << 20;
-
-uint64_t coarse_monotonic_usec() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-  return uint64_t(ts.tv_sec) * 1'000'000 + uint64_t(ts.tv_nsec) / 1000;
-}
 
 // How much more a kind of evidence says "this will be asked for again".
 double evidence_weight(Evidence evidence) {
