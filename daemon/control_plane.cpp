@@ -239,15 +239,9 @@ Status ControlPlane::start_flush(uint64_t& ret_job_id) {
 
 Status ControlPlane::flush_progress(uint64_t job_id, FlushProgress& ret_progress) {
   auto r = loop_.call<std::optional<FlushProgress>>([this, job_id]() -> std::optional<FlushProgress> {
-    const FlushState& f = park_.flush_state();
+    const FlushProgress& f = park_.flush_state();
     if (f.job_id != job_id || job_id == 0) return std::nullopt;
-    return FlushProgress{.job_id = f.job_id,
-                         .done = f.done,
-                         .status = f.status,
-                         .entries_total = f.entries_total,
-                         .entries_done = f.entries_done,
-                         .bytes_total = f.bytes_total,
-                         .bytes_done = f.bytes_done};
+    return f;
   });
   if (!r) return Status::Unavailable;
   if (!*r) return Status::NotFound;

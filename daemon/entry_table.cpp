@@ -279,10 +279,7 @@ void EntryTable::kill(EntrySlot slot) {
   }
   remove_from_index(slot);
   e.dead = true;
-  if (e.leases == 0 && e.io_pins == 0) {
-    if (e.on_host) drop_host_copy(slot);
-    free_slot(slot);
-  }
+  (void)free_if_dead_and_unused(slot);
 }
 
 bool EntryTable::evict_lru() {
@@ -327,14 +324,17 @@ void EntryTable::release_lease(EntrySlot slot) {
   Entry& e = slots_.at(slot);
   assert(e.in_use && e.sealed && e.leases > 0);
   --e.leases;
-  if (e.dead) {
-    if (e.leases == 0 && e.io_pins == 0) {
-      if (e.on_host) drop_host_copy(slot);
-      free_slot(slot);
-    }
-    return;
+  if (!free_if_dead_and_unused(slot)) sync_lists(slot, true);
+}
+
+bool EntryTable::free_if_dead_and_unused(EntrySlot slot) {
+  Entry& e = slots_[slot];
+  if (!e.dead) return false;
+  if (e.leases == 0 && e.io_pins == 0) {
+    if (e.on_host) drop_host_copy(slot);
+    free_slot(slot);
   }
-  sync_lists(slot, true);
+  return true;
 }
 
 void EntryTable::pin_io(EntrySlot slot) {
@@ -348,14 +348,7 @@ void EntryTable::unpin_io(EntrySlot slot) {
   Entry& e = slots_.at(slot);
   assert(e.io_pins > 0);
   --e.io_pins;
-  if (e.dead) {
-    if (e.leases == 0 && e.io_pins == 0) {
-      if (e.on_host) drop_host_copy(slot);
-      free_slot(slot);
-    }
-    return;
-  }
-  sync_lists(slot, false);
+  if (!free_if_dead_and_unused(slot)) sync_lists(slot, false);
 }
 
 void EntryTable::touch(EntrySlot slot) {

@@ -210,6 +210,8 @@ class EntryTable {
   void index(EntrySlot slot);
   void remove_from_index(EntrySlot slot);
   void free_slot(EntrySlot slot);
+  // A dead entry's slot goes with its last lease and I/O pin; true if it is dead.
+  bool free_if_dead_and_unused(EntrySlot slot);
 
   std::function<double(const Entry&)> value_;
   shm::ExtentAllocator allocator_;

@@ -289,6 +289,7 @@ Status Park::seal(ConnectionId id, const wire::ReservationRequest& req) {
         (void)start_spill(slot, 0);
       }
     }
+    keep_low_water();  // demote now rather than at the next tick: bursts outrun ticks
   } else {
     ++counters_.seal_corrupt;
     drop_reservation(r);

@@ -21,6 +21,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "daemon/control.h"
 #include "daemon/entry_table.h"
 #include "proto/wire.h"
 #include "shm/arena_format.h"
@@ -79,16 +80,8 @@ struct Counters {
   uint64_t recompute_instead = 0;  // disk entries not promoted: recomputing is faster
 };
 
-// Progress of a flush (operator command or planned shutdown).
-struct FlushState {
-  uint64_t job_id = 0;
-  bool done = true;
-  Status status = Status::Ok;
-  uint64_t entries_total = 0;
-  uint64_t entries_done = 0;
-  uint64_t bytes_total = 0;
-  uint64_t bytes_done = 0;
-};
+// Progress of a flush (operator command or planned shutdown): control.h's view of it.
+using FlushState = FlushProgress;
 
 class Park {
  public:
@@ -229,7 +222,7 @@ class Park {
   uint64_t promotion_busy_since_usec_ = 0;
   uint64_t promotion_busy_bytes_ = 0;
   std::vector<EntrySlot> flush_queue_;  // slots still to spill for the flush
-  FlushState flush_;
+  FlushState flush_{.done = true};
   uint64_t next_lease_id_ = 1;
   uint64_t next_reservation_id_ = 1;
   uint64_t next_flush_id_ = 1;

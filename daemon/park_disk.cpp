@@ -16,6 +16,9 @@ namespace kvpark::daemon {
 
 namespace {
 
+// What an entry with a disk copy is worth keeping on the host, relative to one without.
+constexpr double disk_copy_value_share = 0.1;
+
 // Below this many bytes a busy period says more about latency than bandwidth.
 constexpr uint64_t bandwidth_sample_bytes_min = 1ull << 20;
 
@@ -55,7 +58,9 @@ double Park::value_density(const Entry& e) const {
   const double half_life = shared ? shared_half_life_usec : private_half_life_usec;
   const double likelihood = (1.0 + static_cast<double>(e.hits)) * std::exp2(-age / half_life);
   const double weight = evidence_weight(e.evidence) * (shared ? 2.0 : 1.0);
-  return tokens / rate * weight * likelihood / static_cast<double>(e.extent_bytes);
+  // Dropping the host copy of an entry that is safe on disk loses only a promotion.
+  const double tier = e.on_disk ? disk_copy_value_share : 1.0;
+  return tokens / rate * weight * likelihood * tier / static_cast<double>(e.extent_bytes);
 }
 
 bool Park::load_beats_recompute(const Entry& e) const {

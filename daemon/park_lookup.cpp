@@ -39,17 +39,20 @@ Status Park::lookup(ConnectionId id, const wire::LookupRequest& req, wire::Looku
     }
     return start_promotion(slot);
   };
-  // Longest run of sealed blocks, leaving at least one token to prefill.
+  const bool snapshot_required = info.geometry.snapshot_required;
+  // Longest run of sealed blocks, leaving at least one token to prefill. Where a
+  // snapshot decides what is restorable, disk-only blocks are promoted only once
+  // it is known how many of them the chosen snapshot needs.
   if (block_tokens > 0) {
     const size_t blocks_max = (req.prompt_tokens - 1) / block_tokens;
     for (size_t i = 0; i < std::min(chunks, blocks_max); ++i) {
       const EntrySlot slot = table_.find_block(c->ns, req.chunk_hashes[i]);
-      if (!usable(slot)) break;
+      const bool present = slot != no_slot && table_.entry(slot).sealed;
+      if (snapshot_required ? !present : !usable(slot)) break;
       table_.acquire_lease(slot);
       lease.blocks.push_back(slot);
     }
   }
-  const bool snapshot_required = info.geometry.snapshot_required;
   const uint32_t block_restorable =
       snapshot_required ? 0 : static_cast<uint32_t>(lease.blocks.size() * block_tokens);
   // Single flight: blocks right after the prefix that another engine is writing now.
@@ -107,16 +110,28 @@ Status Park::lookup(ConnectionId id, const wire::LookupRequest& req, wire::Looku
     for (EntrySlot slot : lease.snapshots) {
       needed = std::max<size_t>(needed, table_.entry(slot).anchor_chunks);
     }
+    // Now bring in the disk-only blocks the snapshots need; where that fails, the
+    // chain (and every snapshot anchored past it) ends.
+    for (size_t i = 0; i < needed && i < lease.blocks.size(); ++i) {
+      if (!table_.entry(lease.blocks[i]).on_host && !usable(lease.blocks[i])) needed = i;
+    }
     while (lease.blocks.size() > needed) {
       table_.release_lease(lease.blocks.back());
       lease.blocks.pop_back();
     }
+    std::erase_if(lease.snapshots, [&](EntrySlot slot) {
+      if (table_.entry(slot).anchor_chunks <= needed) return false;
+      table_.release_lease(slot);
+      return true;
+    });
   }
 
   ++counters_.lookups;
   for (auto it = lease.snapshots.rbegin(); it != lease.snapshots.rend(); ++it) table_.touch(*it);
   for (auto it = lease.blocks.rbegin(); it != lease.blocks.rend(); ++it) table_.touch(*it);
-  lease.capture_hint_tokens = observe_recurrence(c->ns, req, block_restorable, chain);
+  uint32_t restorable = block_restorable;
+  for (EntrySlot slot : lease.snapshots) restorable = std::max(restorable, table_.entry(slot).position);
+  lease.capture_hint_tokens = observe_recurrence(c->ns, req, restorable, chain);
   uint64_t lease_id = 0;
   if (!lease.blocks.empty() || !lease.snapshots.empty() || !lease.inflight.empty()) {
     lease_id = next_lease_id_++;
@@ -260,7 +275,6 @@ void Park::answer_waiters(bool expire_only) {
 
 uint32_t Park::observe_recurrence(NamespaceIndex ns, const wire::LookupRequest& req,
                                   uint32_t restorable_tokens, uint32_t chain_tokens) {
-  (void)ns;  // chunk hashes are seeded by the namespace: no two namespaces share one
   uint32_t hint = 0;
   const size_t first = restorable_tokens / chain_tokens;
   for (size_t j = first; j < req.chunk_hashes.size(); ++j) {
@@ -279,7 +293,10 @@ uint32_t Park::observe_recurrence(NamespaceIndex ns, const wire::LookupRequest& 
     }
     if (it->second.session_id != req.session_id) it->second.recurring = true;
     const uint32_t position = static_cast<uint32_t>((j + 1) * chain_tokens);
-    if (it->second.recurring && position >= restorable_tokens + recurrence_tokens_min) {
+    // A snapshot parked or being written within this chunk already captures the head
+    // (an engine's own frontier need not fall on a chunk boundary): no second one.
+    if (it->second.recurring && position >= restorable_tokens + recurrence_tokens_min &&
+        table_.snapshots_at(ns, h).empty()) {
       hint = position;  // the deepest chunk two sessions share
     }
   }

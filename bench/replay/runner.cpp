@@ -1,0 +1,406 @@
+// The coordinator (see runner.h). Single-threaded, so forking engines at any time
+// is safe; it holds a libkvpark connection only while reading stats.
+#include "bench/replay/runner.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <unordered_set>
+
+#include "bench/replay/content.h"
+
+namespace kvpark::replay {
+namespace {
+
+constexpr double daemon_start_timeout_ms = 30'000;
+constexpr double daemon_stop_timeout_ms = 10'000;
+constexpr double spill_settle_timeout_ms = 20'000;
+constexpr double spill_stable_ms = 1'000;  // disk_entries unchanged this long: spills settled
+constexpr double drain_timeout_ms = 120'000;
+
+double now_ms() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return double(ts.tv_sec) * 1e3 + double(ts.tv_nsec) / 1e6;
+}
+
+uint64_t now_nsec() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1'000'000'000 + uint64_t(ts.tv_nsec);
+}
+
+bool socket_accepts(const std::string& path) {
+  const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof addr.sun_path - 1);
+  const bool ok = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+  close(fd);
+  return ok;
+}
+
+std::string file_tail(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string s = text.str();
+  return s.size() > 2000 ? s.substr(s.size() - 2000) : s;
+}
+
+class Daemon {
+ public:
+  Daemon(const RunOptions& o, const std::string& dir)
+      : options_(o), socket_(dir + "/kvparkd.sock"), log_(dir + "/kvparkd.log"),
+        disk_(dir + "/disk"),
+        arena_("/kvpark-replay-" + std::to_string(getpid()) + "-" + std::to_string(counter_++)) {}
+  ~Daemon() {
+    if (pid_ > 0) stop();
+    shm_unlink(arena_.c_str());
+  }
+
+  const std::string& socket_path() const { return socket_; }
+  const std::string& log_path() const { return log_; }
+
+  bool start(std::string& ret_error) {
+    std::vector<std::string> argv = {options_.kvparkd, "--socket", socket_, "--arena-name", arena_,
+                                     "--arena-size", std::to_string(options_.arena_bytes),
+                                     "--http-listen", "off", "--dbus", "off"};
+    if (options_.disk) {
+      std::filesystem::create_directories(disk_);
+      argv.insert(argv.end(), {"--disk-dir", disk_, "--spill-on-shutdown=false"});
+    } else {
+      argv.insert(argv.end(), {"--disk-dir", "off"});
+    }
+    std::vector<char*> args;
+    for (std::string& a : argv) args.push_back(a.data());
+    args.push_back(nullptr);
+    const int log_fd = open(log_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    const pid_t parent = getpid();
+    pid_ = fork();
+    if (pid_ == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(127);
+      if (log_fd >= 0) {
+        dup2(log_fd, STDOUT_FILENO);
+        dup2(log_fd, STDERR_FILENO);
+      }
+      execv(args[0], args.data());
+      _exit(127);
+    }
+    if (log_fd >= 0) close(log_fd);
+    if (pid_ < 0) return ret_error = std::string("fork: ") + strerror(errno), false;
+    const double deadline = now_ms() + daemon_start_timeout_ms;
+    while (now_ms() < deadline) {
+      if (socket_accepts(socket_)) return true;
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        ret_error = "kvparkd exited at start:\n" + file_tail(log_);
+        return false;
+      }
+      usleep(2000);
+    }
+    ret_error = "kvparkd did not accept connections in time:\n" + file_tail(log_);
+    return false;
+  }
+
+  void kill_hard() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+
+  void stop() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGTERM);
+    const double deadline = now_ms() + daemon_stop_timeout_ms;
+    while (now_ms() < deadline) {
+      if (waitpid(pid_, nullptr, WNOHANG) == pid_) {
+        pid_ = -1;
+        return;
+      }
+      usleep(2000);
+    }
+    kill_hard();
+  }
+
+  bool stats(kvpark_stats& ret) const {
+    kvpark_namespace ns{};
+    ns.id = {options_.engine.namespace_low ^ 0x5354415453ull, 1};  // its own: not the engines'
+    ns.block_tokens = 64;
+    ns.block_payload_bytes = 4096;
+    ns.client_name = "kvpark-replay-stats";
+    kvpark_client* c = nullptr;
+    if (kvpark_connect(socket_.c_str(), &ns, &c) != KVPARK_OK) return false;
+    const bool ok = kvpark_get_stats(c, &ret) == KVPARK_OK;
+    kvpark_disconnect(c);
+    return ok;
+  }
+
+ private:
+  static inline int counter_ = 0;
+  const RunOptions& options_;
+  std::string socket_, log_, disk_, arena_;
+  pid_t pid_ = -1;
+};
+
+struct EngineProc {
+  pid_t pid = -1;
+  int job_fd = -1;
+  int result_fd = -1;
+  int outstanding = 0;
+};
+
+class Coordinator {
+ public:
+  Coordinator(const std::vector<Event>& events, const RunOptions& o, Daemon& d, RunOutcome& out)
+      : events_(events), options_(o), daemon_(d), out_(out) {
+    engine_config_ = o.engine;
+    engine_config_.socket_path = d.socket_path();
+  }
+
+  ~Coordinator() {
+    for (EngineProc& e : engines_) stop_engine(e);
+  }
+
+  bool run(std::string& ret_error) {
+    uint32_t engines = 0;
+    for (const Event& e : events_) engines = std::max(engines, e.engine + 1);
+    engines_.resize(engines);
+    for (uint32_t i = 0; i < engines; ++i) start_engine(i);
+    request_of_event_.assign(events_.size(), SIZE_MAX);
+    bool daemon_restarted = false;
+    std::vector<bool> engine_was_restarted(engines, false);
+    const double start = now_ms();
+    for (size_t i = 0; i < events_.size(); ++i) {
+      const Event& ev = events_[i];
+      const double due = start + ev.t_ms * options_.engine.time_scale;
+      while (now_ms() < due) {
+        if (!pump(due - now_ms(), ret_error)) return false;
+      }
+      if (ev.kind == EventKind::RestartEngine) {
+        if (!drain([&] { return engines_[ev.engine].outstanding == 0; }, ret_error)) return false;
+        stop_engine(engines_[ev.engine], true);
+        start_engine(ev.engine);
+        engine_was_restarted[ev.engine] = true;
+        continue;
+      }
+      if (ev.kind == EventKind::RestartDaemon) {
+        if (!drain([&] { return all_idle(); }, ret_error)) return false;
+        settle_spills();
+        daemon_.kill_hard();
+        // Only what reached the disk tier survives a SIGKILL.
+        for (auto it = parked_.begin(); it != parked_.end();) {
+          it = it->second ? std::next(it) : parked_.erase(it);
+        }
+        if (!daemon_.start(ret_error)) return false;
+        kvpark_stats s{};
+        if (daemon_.stats(s)) out_.disk_entries_after_restart = s.disk_entries;
+        daemon_restarted = true;
+        continue;
+      }
+      RequestRecord rec;
+      rec.event = i;
+      std::string error;
+      if (!render_request(ev.body, engine_config_.automatic_system_candidate, rec.reference, error)) {
+        ret_error = "event " + std::to_string(i) + ": " + error;
+        return false;
+      }
+      rec.expected_cached = deepest_parked(rec.reference.tokens);
+      rec.after_engine_restart = engine_was_restarted[ev.engine];
+      rec.after_daemon_restart = daemon_restarted;
+      if (ev.stats) {
+        if (!drain([&] { return all_idle(); }, ret_error)) return false;
+        rec.has_stats = daemon_.stats(rec.stats_before);
+      }
+      request_of_event_[i] = out_.requests.size();
+      out_.requests.push_back(std::move(rec));
+      const Job job{.request = static_cast<uint32_t>(i), .dispatched_nsec = now_nsec()};
+      EngineProc& engine = engines_[ev.engine];
+      if (write(engine.job_fd, &job, sizeof job) != static_cast<ssize_t>(sizeof job)) {
+        ret_error = "engine " + std::to_string(ev.engine) + " is gone";
+        return false;
+      }
+      ++engine.outstanding;
+      if (ev.stats) {
+        if (!drain([&] { return all_idle(); }, ret_error)) return false;
+        RequestRecord& r = out_.requests[request_of_event_[i]];
+        r.has_stats = daemon_.stats(r.stats_after) && r.has_stats;
+      }
+    }
+    if (!drain([&] { return all_idle(); }, ret_error)) return false;
+    out_.wall_real_ms = now_ms() - start;
+    daemon_.stats(out_.final_stats);
+    return true;
+  }
+
+ private:
+  bool all_idle() const {
+    return std::all_of(engines_.begin(), engines_.end(), [](const EngineProc& e) { return e.outstanding == 0; });
+  }
+
+  template <typename Done>
+  bool drain(Done done, std::string& ret_error) {
+    const double deadline = now_ms() + drain_timeout_ms;
+    while (!done()) {
+      if (now_ms() > deadline) return ret_error = "engines did not finish in time", false;
+      if (!pump(100, ret_error)) return false;
+    }
+    return true;
+  }
+
+  // Waits up to timeout_ms for results and records them.
+  bool pump(double timeout_ms, std::string& ret_error) {
+    std::vector<pollfd> fds;
+    for (const EngineProc& e : engines_) fds.push_back({.fd = e.result_fd, .events = POLLIN, .revents = 0});
+    const int n = poll(fds.data(), fds.size(), std::max(0, static_cast<int>(timeout_ms)));
+    if (n <= 0) return true;
+    for (size_t i = 0; i < fds.size(); ++i) {
+      if ((fds[i].revents & (POLLIN | POLLHUP)) == 0) continue;
+      Result r;
+      const ssize_t got = read(fds[i].fd, &r, sizeof r);
+      if (got != static_cast<ssize_t>(sizeof r)) {
+        ret_error = "engine " + std::to_string(i) + " died";
+        return false;
+      }
+      --engines_[i].outstanding;
+      RequestRecord& rec = out_.requests[request_of_event_[r.request]];
+      rec.result = r;
+      rec.done = true;
+      note_parked(rec);
+    }
+    return true;
+  }
+
+  // What the engine reports parked, by prefix key; `true` when shared (written
+  // through to disk at SEAL, so it survives a daemon SIGKILL once spilled).
+  void note_parked(const RequestRecord& rec) {
+    const std::vector<uint64_t> keys = prefix_keys(options_.engine.namespace_low, rec.reference.tokens);
+    for (uint32_t i = 0; i < rec.result.published_count; ++i) {
+      const uint32_t p = rec.result.published_position[i];
+      if (p >= keys.size()) continue;
+      const bool shared = rec.result.published_shared[i] != 0;
+      bool& slot = parked_[keys[p]];
+      slot = slot || shared;
+      if (shared) {
+        durable_.insert(keys[p]);
+        for (uint32_t b = 1; b * options_.engine.block_tokens <= p; ++b) {
+          durable_.insert(keys[b * options_.engine.block_tokens] ^ 0xb10c);
+        }
+      }
+    }
+  }
+
+  uint32_t deepest_parked(const std::vector<int32_t>& tokens) const {
+    const std::vector<uint64_t> keys = prefix_keys(options_.engine.namespace_low, tokens);
+    for (size_t p = tokens.size() - 1; p > 0; --p) {
+      if (parked_.count(keys[p]) != 0) return static_cast<uint32_t>(p);
+    }
+    return 0;
+  }
+
+  // Polls the daemon until its disk entries cover what was written through, or stop changing.
+  void settle_spills() {
+    out_.durable_entries_expected = durable_.size();
+    const double deadline = now_ms() + spill_settle_timeout_ms;
+    uint64_t last = UINT64_MAX;
+    double stable_since = now_ms();
+    kvpark_stats s{};
+    while (now_ms() < deadline) {
+      if (daemon_.stats(s)) {
+        if (s.disk_entries != last) {
+          last = s.disk_entries;
+          stable_since = now_ms();
+        }
+        if (s.disk_entries >= durable_.size() && now_ms() - stable_since > 200) break;
+        if (now_ms() - stable_since > spill_stable_ms) break;
+      }
+      usleep(50'000);
+    }
+    out_.disk_entries_before_kill = s.disk_entries;
+  }
+
+  void start_engine(uint32_t index) {
+    int jobs[2], results[2];
+    if (pipe2(jobs, O_CLOEXEC) != 0 || pipe2(results, O_CLOEXEC) != 0) abort();
+    EngineProc& e = engines_[index];
+    e.pid = fork();
+    if (e.pid == 0) {
+      for (const EngineProc& other : engines_) {
+        if (other.job_fd >= 0) close(other.job_fd);
+        if (other.result_fd >= 0) close(other.result_fd);
+      }
+      close(jobs[1]);
+      close(results[0]);
+      engine_main(engine_config_, events_, index, jobs[0], results[1]);
+    }
+    close(jobs[0]);
+    close(results[1]);
+    e.job_fd = jobs[1];
+    e.result_fd = results[0];
+    e.outstanding = 0;
+  }
+
+  // Ends an engine: closing its job pipe lets it exit; `hard` kills it at once.
+  void stop_engine(EngineProc& e, bool hard = false) {
+    if (e.pid <= 0) return;
+    if (hard) kill(e.pid, SIGKILL);
+    close(e.job_fd);
+    waitpid(e.pid, nullptr, 0);
+    close(e.result_fd);
+    e = EngineProc{};
+  }
+
+  const std::vector<Event>& events_;
+  const RunOptions& options_;
+  EngineConfig engine_config_;
+  Daemon& daemon_;
+  RunOutcome& out_;
+  std::vector<EngineProc> engines_;
+  std::vector<size_t> request_of_event_;
+  std::unordered_map<uint64_t, bool> parked_;
+  std::unordered_set<uint64_t> durable_;
+};
+
+}  // namespace
+
+RunOutcome run_trace(const std::vector<Event>& events, const RunOptions& options) {
+  RunOutcome out;
+  char templ[] = "/var/tmp/kvpark-replay-XXXXXX";  // a real file system: O_DIRECT for the disk tier
+  if (mkdtemp(templ) == nullptr) {
+    out.error = std::string("mkdtemp: ") + strerror(errno);
+    return out;
+  }
+  const std::string dir = templ;
+  {
+    Daemon daemon(options, dir);
+    if (daemon.start(out.error)) {
+      Coordinator coordinator(events, options, daemon, out);
+      out.ok = coordinator.run(out.error);
+    }
+    if (!out.ok) out.error += "\nkvparkd log tail:\n" + file_tail(daemon.log_path());
+  }
+  if (!options.keep_work_dir) {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+  return out;
+}
+
+}  // namespace kvpark::replay
