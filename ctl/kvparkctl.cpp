@@ -403,6 +403,7 @@ int verb_flush(Park& park, const Options& o) {
   std::string last_text;
   Dict p;
   for (;;) {
+    p.clear();  // sdbus-c++ inserts into a map: stale keys would never update
     park.call("GetFlushProgress", std::tie(p), job);
     const uint64_t total = u64(p, "bytes_total"), done = u64(p, "bytes_done");
     const unsigned percent = total == 0 ? (flag(p, "done") ? 100 : 0)

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <vector>
@@ -18,6 +19,22 @@
 namespace kvpark::daemon {
 
 enum class Tier : uint8_t { Host = 1, Disk = 2, Both = 3 };
+
+// A latency distribution in Prometheus' cumulative-bucket shape.
+struct LatencyHistogram {
+  static constexpr double bounds_seconds[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+                                              0.1,    0.25,  0.5,    1.0,   2.5,  5.0,  10.0};
+  static constexpr size_t bucket_count = std::size(bounds_seconds);
+  uint64_t buckets[bucket_count] = {};  // observations <= bounds_seconds[i] (cumulative)
+  uint64_t count = 0;
+  double sum_seconds = 0;
+
+  void observe(double seconds) {
+    for (size_t i = 0; i < bucket_count; ++i) buckets[i] += seconds <= bounds_seconds[i] ? 1 : 0;
+    ++count;
+    sum_seconds += seconds;
+  }
+};
 
 struct StatusInfo {
   std::string version;
@@ -63,6 +80,8 @@ struct StatusInfo {
   uint64_t restore_bytes = 0;
   uint64_t checksum_failures = 0;
   uint64_t disk_io_errors = 0;
+  LatencyHistogram spill_seconds;    // one entry, host -> disk, until durable
+  LatencyHistogram restore_seconds;  // one entry, disk -> host, verified
 };
 
 struct NamespaceSummary {

@@ -56,6 +56,8 @@ StatusInfo ControlPlane::status_in_loop() const {
   s.restores = c.promotions;
   s.restore_bytes = c.promotion_bytes;
   s.checksum_failures = c.checksum_failures;
+  s.spill_seconds = c.spill_seconds;
+  s.restore_seconds = c.promotion_seconds;
   if (DiskTier* disk = park_.disk()) {
     const disk::DiskStats d = disk->store().stats();
     s.disk_enabled = true;

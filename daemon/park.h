@@ -78,6 +78,8 @@ struct Counters {
   uint64_t checksum_failures = 0;
   uint64_t budget_refusals = 0;  // spills skipped: daily write budget spent
   uint64_t recompute_instead = 0;  // disk entries not promoted: recomputing is faster
+  LatencyHistogram spill_seconds;
+  LatencyHistogram promotion_seconds;
 };
 
 // Progress of a flush (operator command or planned shutdown): control.h's view of it.
@@ -172,6 +174,7 @@ class Park {
   };
   struct DiskJob {
     bool spill = true;
+    uint64_t start_usec = 0;  // CLOCK_MONOTONIC
     EntrySlot slot = no_slot;
     uint64_t entry_id = 0;  // slot + generation, to notice a reused slot (a bug)
     uint64_t flush_job = 0;

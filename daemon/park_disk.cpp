@@ -97,8 +97,8 @@ bool Park::start_spill(EntrySlot slot, uint64_t flush_job) {
   table_.pin_io(slot);
   const uint64_t job = disk->spill(e, table_.namespace_info(e.ns), h.payload_bytes,
                                    options_.arena_data + e.extent_offset);
-  jobs_[job] = DiskJob{.spill = true, .slot = slot, .entry_id = table_.entry_id(slot),
-                       .flush_job = flush_job};
+  jobs_[job] = DiskJob{.spill = true, .start_usec = monotonic_usec(), .slot = slot,
+                       .entry_id = table_.entry_id(slot), .flush_job = flush_job};
   ++spills_in_flight_;
   return true;
 }
@@ -111,7 +111,8 @@ bool Park::start_promotion(EntrySlot slot) {
   table_.pin_io(slot);
   const uint64_t job = disk->restore(e, table_.namespace_info(e.ns),
                                      options_.arena_data + e.extent_offset);
-  jobs_[job] = DiskJob{.spill = false, .slot = slot, .entry_id = table_.entry_id(slot)};
+  jobs_[job] = DiskJob{.spill = false, .start_usec = monotonic_usec(), .slot = slot,
+                       .entry_id = table_.entry_id(slot)};
   if (promotions_in_flight_++ == 0) {
     promotion_busy_since_usec_ = monotonic_usec();
     promotion_busy_bytes_ = 0;
@@ -154,6 +155,7 @@ void Park::on_disk_completions() {
       --spills_in_flight_;
       if (d.status == Status::Ok) {
         table_.attach_disk_record(job.slot, d.bytes);
+        counters_.spill_seconds.observe(static_cast<double>(monotonic_usec() - job.start_usec) / 1e6);
         ++counters_.spills;
         counters_.spill_bytes += d.bytes;
       } else {
@@ -208,6 +210,8 @@ void Park::on_disk_completions() {
     }
     table_.finish_promotion(job.slot, good);
     if (good) {
+      counters_.promotion_seconds.observe(static_cast<double>(monotonic_usec() - job.start_usec) /
+                                          1e6);
       ++counters_.promotions;
       counters_.promotion_bytes += e.extent_bytes;
       promotion_busy_bytes_ += e.extent_bytes;

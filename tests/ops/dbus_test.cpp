@@ -6,6 +6,8 @@
 // 1 failure, 2 usage, 3 not found, 4 permission denied, 5 unavailable.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
 #include <atomic>
 #include <cstdlib>
 #include <regex>
@@ -208,11 +210,35 @@ TEST_F(DbusControl, SetLimitArenaLowWaterEvictsDownToTheMark) {
 }
 
 TEST_F(DbusControl, FlushWithoutDiskTierFailsClearly) {
-  // TODO(disk tier): once start_flush works, check the progress lines and the
-  // final 100% here.
   Result r = ctl({"flush"});
   EXPECT_EQ(r.code, 1);
   EXPECT_EQ(r.out, "") << "no progress is shown for a flush that never started";
+}
+
+TEST_F(DbusControl, FlushWritesEveryHostEntryToDiskAndShowsProgress) {
+  char templ[] = "/var/tmp/kvpark-flush-test-XXXXXX";
+  const std::string disk = mkdtemp(templ);
+  daemon_.reset();
+  daemon_ = std::make_unique<DaemonProcess>(DaemonConfig{
+      .arena_bytes = 64ull << 20, .extra_args = {"--dbus", "session", "--disk-dir", disk}});
+  ASSERT_TRUE(daemon_->start());
+  for (int i = 0; i < 500 && ctl({"status"}).code != 0; ++i) usleep(10'000);
+  publish(7, 20);  // private one-offs: not written through
+  EXPECT_EQ(json_number(ctl({"--json", "status"}).out, "spills"), 0);
+
+  Result r = ctl({"flush"});
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("100%"), std::string::npos) << "no final progress line: " << r.out;
+  EXPECT_EQ(json_number(ctl({"--json", "status"}).out, "spills"), 20);
+  size_t records = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(disk)) {
+    records += e.is_regular_file() && e.path().extension() != ".tmp";
+  }
+  EXPECT_EQ(records, 20u);
+  Result json = ctl({"--json", "flush"});  // nothing left: done at once
+  EXPECT_EQ(json.code, 0);
+  EXPECT_EQ(json_number(json.out, "entries_total"), 0) << json.out;
+  std::filesystem::remove_all(disk);
 }
 
 TEST_F(DbusControl, StatsJsonAgreesWithLibkvparkStats) {

@@ -1,0 +1,111 @@
+// kvpark_llama: parks llama.cpp sequence state in kvparkd and restores it.
+//
+// llama.cpp exposes whole-sequence state only, so this is a snapshot-only
+// namespace (DESIGN.md §2: block_tokens 0, snapshot_required 1). A snapshot holds
+// the state after tokens [0, position) behind a small header carrying an XXH3-64 of
+// the state bytes; restore() verifies it on a private copy before llama.cpp sees a
+// byte, and falls back to prefill (position 0) on any mismatch.
+//
+// The namespace fingerprint covers the weights (XXH3-128 of the model file, cached
+// by device, inode, size and mtime), llama.cpp's state format and every context
+// parameter that changes what the state bytes mean (see namespace_id()).
+//
+// Threads: a Parker is used by one thread at a time.
+#pragma once
+
+#include <llama.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "client/kvpark.h"
+#include "client/kvpark_planner.h"
+
+namespace kvpark::llama {
+
+enum class Status {
+  ok,
+  not_found,         // no such model file
+  unavailable,       // no daemon, or the connection was lost
+  arena_full,        // the daemon could not hold the snapshot
+  corrupt,           // a parked snapshot failed its checks: refused, prefill instead
+  engine_error,      // llama.cpp refused a state or a decode
+  invalid_argument,  // e.g. park() at a position the sequence is not at
+  io_error,
+};
+const char* status_string(Status status);
+
+// Default digest cache: $KVPARK_LLAMA_CACHE, else $HOME/.cache/kvpark/llama.
+std::string default_cache_dir();
+
+// XXH3-128 of the model file. With a cache_dir, the digest is kept there keyed by
+// (device, inode, size, mtime), so an unchanged file is read only once.
+Status digest_weights(const std::string& model_path, const std::string& cache_dir,
+                      kvpark_hash128* ret_digest);
+
+// The namespace: weights digest, llama.cpp's sequence-state format, KV cache types,
+// flash attention (V layout), sequences and their streams, SWA sizing and RoPE/YaRN
+// parameters (K is stored after RoPE). Not included, since they change neither the
+// layout nor the meaning of the bytes: n_ctx (a state that does not fit is refused by
+// llama.cpp), n_batch, n_ubatch, threads, offload.
+kvpark_hash128 namespace_id(kvpark_hash128 weights_digest, const llama_context_params& params);
+
+struct ConnectOptions {
+  const char* socket_path = nullptr;  // NULL: $KVPARK_SOCKET or the default
+  std::string model_path;
+  std::string cache_dir;  // digest cache; empty: no cache
+  llama_context_params context_params{};
+  uint32_t prefill_tokens_per_second = 0;  // 0: unknown
+  const char* client_name = "kvpark-llama";
+};
+
+struct RestoreResult {
+  uint32_t position = 0;  // tokens restored; 0: prefill everything
+  kvpark_reuse_kind reuse_kind = KVPARK_REUSE_ROOT;
+  Status refused = Status::ok;  // why a snapshot was found but not applied
+};
+
+class Parker {
+ public:
+  static Status connect(const ConnectOptions& options, std::unique_ptr<Parker>* ret_parker);
+  ~Parker();
+  Parker(const Parker&) = delete;
+  Parker& operator=(const Parker&) = delete;
+
+  // Parks the state of seq_id, which must hold exactly tokens [0, n_tokens).
+  // Already parked (or being parked by another engine) is ok.
+  Status park(llama_context* ctx, llama_seq_id seq_id, const llama_token* tokens, size_t n_tokens,
+              const kvpark_publish_options& options);
+
+  // Clears seq_id and restores the longest parked prefix of tokens[0, n_tokens)
+  // into it (always short of n_tokens). Status is ok whenever the caller can go on
+  // prefilling from ret_result->position, a refused snapshot included.
+  Status restore(llama_context* ctx, llama_seq_id seq_id, const llama_token* tokens,
+                 size_t n_tokens, uint64_t session_id, RestoreResult* ret_result);
+
+  // Decodes tokens [position, n_tokens) into seq_id, parking at each candidate
+  // position in (position, n_tokens] on the way (write-candidate planner output);
+  // logits are computed for the last token only. Parking failures do not stop
+  // the prefill; the first one is returned in *ret_park_status when given.
+  Status prefill(llama_context* ctx, llama_seq_id seq_id, const llama_token* tokens,
+                 size_t n_tokens, uint32_t position, const kvpark_write_candidate* candidates,
+                 size_t n_candidates, uint64_t session_id, Status* ret_park_status = nullptr);
+
+  kvpark_hash128 namespace_id() const { return namespace_id_; }
+  kvpark_client* client() { return client_; }
+
+ private:
+  Parker(kvpark_client* client, kvpark_hash128 id) : client_(client), namespace_id_(id) {}
+  kvpark_client* client_;
+  kvpark_hash128 namespace_id_;
+  std::vector<uint8_t> state_;  // restore's private copy of a snapshot
+};
+
+// Decodes tokens [begin, end) of seq_id in llama_n_batch() chunks; logits for the
+// last token only. Positions are the token indices.
+Status decode_tokens(llama_context* ctx, llama_seq_id seq_id, const llama_token* tokens,
+                     size_t begin, size_t end);
+
+}  // namespace kvpark::llama

@@ -1,0 +1,175 @@
+// Park and restore of llama.cpp sequence state through libkvpark.
+#include <xxhash.h>
+
+#include <cassert>
+#include <cstring>
+
+#include "integrations/llama/kvpark_llama.h"
+#include "integrations/llama/snapshot_format.h"
+
+namespace kvpark::llama {
+namespace {
+
+constexpr llama_state_seq_flags state_flags = LLAMA_STATE_SEQ_FLAGS_NONE;  // host bytes
+constexpr uint32_t promotion_wait_msec_max = 2'000;  // for a disk-tier snapshot to land
+
+Status from_kvpark(kvpark_status s) {
+  switch (s) {
+    case KVPARK_OK:
+    case KVPARK_ALREADY_PRESENT:
+    case KVPARK_IN_FLIGHT:
+      return Status::ok;
+    case KVPARK_ARENA_FULL:
+    case KVPARK_LIMIT_EXCEEDED:
+      return Status::arena_full;
+    case KVPARK_UNAVAILABLE:
+      return Status::unavailable;
+    case KVPARK_CORRUPT:
+      return Status::corrupt;
+    case KVPARK_IO_ERROR:
+      return Status::io_error;
+    default:
+      return Status::invalid_argument;
+  }
+}
+
+// Positions in seq_id are exactly [0, n_tokens).
+bool sequence_holds(llama_context* ctx, llama_seq_id seq_id, size_t n_tokens) {
+  llama_memory_t mem = llama_get_memory(ctx);
+  return llama_memory_seq_pos_min(mem, seq_id) == (n_tokens == 0 ? -1 : 0) &&
+         llama_memory_seq_pos_max(mem, seq_id) == llama_pos(n_tokens) - 1;
+}
+
+}  // namespace
+
+Status decode_tokens(llama_context* ctx, llama_seq_id seq_id, const llama_token* tokens,
+                     size_t begin, size_t end) {
+  assert(begin <= end);
+  const size_t batch_max = llama_n_batch(ctx);
+  llama_batch batch = llama_batch_init(int32_t(batch_max), 0, 1);
+  Status status = Status::ok;
+  for (size_t at = begin; at < end && status == Status::ok;) {
+    const size_t n = std::min(end - at, batch_max);
+    for (size_t i = 0; i < n; ++i) {
+      batch.token[i] = tokens[at + i];
+      batch.pos[i] = llama_pos(at + i);
+      batch.n_seq_id[i] = 1;
+      batch.seq_id[i][0] = seq_id;
+      batch.logits[i] = at + i == end - 1;
+    }
+    batch.n_tokens = int32_t(n);
+    if (llama_decode(ctx, batch) != 0) status = Status::engine_error;
+    at += n;
+  }
+  llama_batch_free(batch);
+  return status;
+}
+
+Status Parker::connect(const ConnectOptions& options, std::unique_ptr<Parker>* ret_parker) {
+  kvpark_hash128 weights;
+  if (Status s = digest_weights(options.model_path, options.cache_dir, &weights); s != Status::ok)
+    return s;
+  const kvpark_hash128 id = kvpark::llama::namespace_id(weights, options.context_params);
+  const kvpark_namespace ns{.id = id,
+                            .block_tokens = 0,
+                            .block_payload_bytes = 0,
+                            .snapshot_required = 1,
+                            .prefill_tokens_per_second = options.prefill_tokens_per_second,
+                            .client_name = options.client_name};
+  kvpark_client* client = nullptr;
+  if (kvpark_status s = kvpark_connect(options.socket_path, &ns, &client); s != KVPARK_OK)
+    return from_kvpark(s);
+  ret_parker->reset(new Parker(client, id));
+  return Status::ok;
+}
+
+Parker::~Parker() {
+  kvpark_disconnect(client_);
+}
+
+Status Parker::park(llama_context* ctx, llama_seq_id seq_id, const llama_token* tokens,
+                    size_t n_tokens, const kvpark_publish_options& options) {
+  if (n_tokens == 0 || n_tokens > UINT32_MAX || !sequence_holds(ctx, seq_id, n_tokens))
+    return Status::invalid_argument;
+  const size_t state_bytes = llama_state_seq_get_size_ext(ctx, seq_id, state_flags);
+  if (state_bytes == 0) return Status::engine_error;
+  kvpark_reservation* reservation = nullptr;
+  const kvpark_status s = kvpark_reserve_snapshot(
+      client_, &options, tokens, n_tokens, sizeof(SnapshotHeader) + state_bytes, &reservation);
+  if (s != KVPARK_OK) return from_kvpark(s);  // ALREADY_PRESENT / IN_FLIGHT: nothing to write
+  auto* payload = static_cast<uint8_t*>(kvpark_reservation_snapshot(reservation));
+  assert(payload != nullptr);
+  const size_t written = llama_state_seq_get_data_ext(ctx, payload + sizeof(SnapshotHeader),
+                                                      state_bytes, seq_id, state_flags);
+  if (written != state_bytes) {
+    kvpark_abort(reservation);
+    return Status::engine_error;
+  }
+  snapshot_seal_header(payload, uint32_t(n_tokens), state_bytes);
+  // Pair assertion (STYLE.md §4): what is sealed passes the check restore() runs.
+  assert(snapshot_check(payload, sizeof(SnapshotHeader) + state_bytes, uint32_t(n_tokens)) ==
+         SnapshotCheck::ok);
+  return from_kvpark(kvpark_seal(reservation));
+}
+
+Status Parker::restore(llama_context* ctx, llama_seq_id seq_id, const llama_token* tokens,
+                       size_t n_tokens, uint64_t session_id, RestoreResult* ret_result) {
+  llama_memory_t mem = llama_get_memory(ctx);
+  llama_memory_seq_rm(mem, seq_id, -1, -1);
+  RestoreResult result;
+  kvpark_plan* plan = nullptr;
+  if (kvpark_status s = kvpark_lookup(client_, session_id, tokens, n_tokens, &plan); s != KVPARK_OK)
+    return from_kvpark(s);
+  if (kvpark_plan_pending_tokens(plan) > kvpark_plan_restorable_tokens(plan))
+    kvpark_plan_wait(plan, promotion_wait_msec_max);  // what is ready stays usable on timeout
+  uint64_t payload_bytes = 0;
+  uint32_t position = 0;
+  const void* payload = kvpark_plan_snapshot(plan, &payload_bytes, &position);
+  if (payload != nullptr && position > 0 && position < n_tokens) {
+    // Checked on a private copy: the arena is shared memory, and llama.cpp must
+    // get exactly the bytes that passed the checksum.
+    state_.resize(payload_bytes);
+    std::memcpy(state_.data(), payload, payload_bytes);
+    if (snapshot_check(state_.data(), payload_bytes, position) != SnapshotCheck::ok) {
+      result.refused = Status::corrupt;
+    } else {
+      const uint8_t* state = state_.data() + sizeof(SnapshotHeader);
+      const size_t state_bytes = payload_bytes - sizeof(SnapshotHeader);
+      if (llama_state_seq_set_data_ext(ctx, state, state_bytes, seq_id, state_flags) !=
+              state_bytes ||
+          !sequence_holds(ctx, seq_id, position)) {
+        llama_memory_seq_rm(mem, seq_id, -1, -1);
+        result.refused = Status::engine_error;
+      } else {
+        result.position = position;
+        result.reuse_kind = kvpark_plan_reuse_kind(plan);
+      }
+    }
+  }
+  kvpark_plan_release(plan);
+  *ret_result = result;
+  return Status::ok;
+}
+
+Status Parker::prefill(llama_context* ctx, llama_seq_id seq_id, const llama_token* tokens,
+                       size_t n_tokens, uint32_t position, const kvpark_write_candidate* candidates,
+                       size_t n_candidates, uint64_t session_id, Status* ret_park_status) {
+  Status park_status = Status::ok;
+  size_t at = position;
+  for (size_t c = 0; c < n_candidates; ++c) {
+    const size_t stop = candidates[c].position_tokens;
+    if (stop <= at || stop > n_tokens) continue;
+    if (Status s = decode_tokens(ctx, seq_id, tokens, at, stop); s != Status::ok) return s;
+    at = stop;
+    const kvpark_publish_options options{.session_id = session_id,
+                                         .entry_class = candidates[c].entry_class,
+                                         .evidence = candidates[c].evidence};
+    const Status s = park(ctx, seq_id, tokens, stop, options);
+    if (s != Status::ok && park_status == Status::ok) park_status = s;
+  }
+  if (Status s = decode_tokens(ctx, seq_id, tokens, at, n_tokens); s != Status::ok) return s;
+  if (ret_park_status != nullptr) *ret_park_status = park_status;
+  return Status::ok;
+}
+
+}  // namespace kvpark::llama

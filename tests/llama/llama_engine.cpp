@@ -1,0 +1,181 @@
+// kvpark-llama-engine: one llama.cpp engine process for tests/llama. Builds a
+// prompt of seeded random token ids (a head, then a tail of another seed),
+// restores what kvparkd has parked, prefills the rest (parking at --park-at
+// positions), and reports on stdout:
+//   restored P KIND REFUSED   the restore (REFUSED: ok, corrupt, engine error)
+//   parked                    after every park
+//   logits HEX                XXH3-64 of the last token's logits (all of them)
+//   ready                     with --hold: then waits to be killed
+//   ttft_ms T                 restore + prefill, until the last logits
+// --plan parks where the write-candidate planner says for a prompt of a system
+// message (the head) and a user message (the tail): the system frontier and the
+// last content. --no-kvpark prefills everything without a daemon; --private parks as the
+// session's own (private) state instead of shared. Exit 0, or 1 on failure.
+#include <ggml-backend.h>
+#include <llama.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "integrations/llama/kvpark_llama.h"
+
+namespace {
+
+struct Args {
+  std::string model, socket, cache_dir, type_k = "f16", backends;
+  uint64_t head_seed = 1, tail_seed = 2, session = 1;
+  size_t head = 1000, total = 1100;
+  std::vector<uint32_t> park_at;
+  uint32_t n_ctx = 4096;
+  bool kvpark = true, hold = false, private_class = false, plan = false;
+};
+
+void quiet_log(ggml_log_level level, const char* text, void*) {
+  if (level >= GGML_LOG_LEVEL_ERROR) std::fputs(text, stderr);
+}
+bool no_progress(float, void*) {
+  return true;
+}
+
+std::vector<llama_token> prompt(const Args& a, uint32_t vocab) {
+  std::vector<llama_token> t;
+  uint64_t s = a.head_seed;
+  for (size_t i = 0; i < a.total; ++i) {
+    if (i == a.head) s = a.tail_seed * 0x9e3779b97f4a7c15ull;
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    t.push_back(llama_token(3 + (s >> 33) % (vocab - 3)));  // past <unk> <s> </s>
+  }
+  return t;
+}
+
+int fail(const char* what, kvpark::llama::Status s) {
+  std::fprintf(stderr, "kvpark-llama-engine: %s: %s\n", what, kvpark::llama::status_string(s));
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  a.backends = std::getenv("KVPARK_LLAMA_BACKENDS") ? std::getenv("KVPARK_LLAMA_BACKENDS") : "";
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    const char* v = i + 1 < argc ? argv[i + 1] : "";
+    if (k == "--no-kvpark")
+      a.kvpark = false;
+    else if (k == "--hold")
+      a.hold = true;
+    else if (k == "--private")
+      a.private_class = true;
+    else if (k == "--model")
+      a.model = v, ++i;
+    else if (k == "--socket")
+      a.socket = v, ++i;
+    else if (k == "--cache-dir")
+      a.cache_dir = v, ++i;
+    else if (k == "--type-k")
+      a.type_k = v, ++i;
+    else if (k == "--head-seed")
+      a.head_seed = std::strtoull(v, nullptr, 10), ++i;
+    else if (k == "--tail-seed")
+      a.tail_seed = std::strtoull(v, nullptr, 10), ++i;
+    else if (k == "--session")
+      a.session = std::strtoull(v, nullptr, 10), ++i;
+    else if (k == "--head")
+      a.head = std::strtoull(v, nullptr, 10), ++i;
+    else if (k == "--total")
+      a.total = std::strtoull(v, nullptr, 10), ++i;
+    else if (k == "--park-at")
+      a.park_at.push_back(uint32_t(std::strtoul(v, nullptr, 10))), ++i;
+    else {
+      std::fprintf(stderr, "kvpark-llama-engine: unknown argument %s\n", k.c_str());
+      return 2;
+    }
+  }
+  llama_log_set(quiet_log, nullptr);
+  if (!a.backends.empty()) ggml_backend_load_all_from_path(a.backends.c_str());
+  llama_backend_init();
+  llama_model_params mp = llama_model_default_params();
+  mp.progress_callback = no_progress;
+  llama_model* model = llama_model_load_from_file(a.model.c_str(), mp);
+  if (model == nullptr) return fail("load model", kvpark::llama::Status::engine_error);
+  llama_context_params cp = llama_context_default_params();
+  cp.n_ctx = a.n_ctx;
+  cp.n_batch = 2048;
+  cp.n_ubatch = 512;
+  cp.n_threads = cp.n_threads_batch = 2;
+  cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+  cp.type_k = a.type_k == "q8_0" ? GGML_TYPE_Q8_0 : GGML_TYPE_F16;
+  llama_context* ctx = llama_init_from_model(model, cp);
+  if (ctx == nullptr) return fail("create context", kvpark::llama::Status::engine_error);
+  const auto tokens = prompt(a, uint32_t(llama_vocab_n_tokens(llama_model_get_vocab(model))));
+
+  const auto started = std::chrono::steady_clock::now();
+  std::unique_ptr<kvpark::llama::Parker> parker;
+  uint32_t position = 0;
+  if (a.kvpark) {
+    kvpark::llama::ConnectOptions co{.socket_path = a.socket.empty() ? nullptr : a.socket.c_str(),
+                                     .model_path = a.model,
+                                     .cache_dir = a.cache_dir,
+                                     .context_params = cp};
+    if (auto s = kvpark::llama::Parker::connect(co, &parker); s != kvpark::llama::Status::ok)
+      return fail("connect", s);
+    kvpark::llama::RestoreResult r;
+    if (auto s = parker->restore(ctx, 0, tokens.data(), tokens.size(), a.session, &r);
+        s != kvpark::llama::Status::ok)
+      return fail("restore", s);
+    position = r.position;
+    std::printf("restored %u %d %s\n", r.position, int(r.reuse_kind),
+                kvpark::llama::status_string(r.refused));
+    std::vector<kvpark_write_candidate> candidates;
+    if (a.plan) {
+      const kvpark_segment segments[] = {
+          {.kind = KVPARK_SEGMENT_SYSTEM, .end_token = uint32_t(a.head), .explicit_breakpoint = 0},
+          {.kind = KVPARK_SEGMENT_USER, .end_token = uint32_t(a.total), .explicit_breakpoint = 0}};
+      const kvpark_write_plan_options options{.total_tokens = uint32_t(a.total)};
+      candidates.resize(KVPARK_WRITE_CANDIDATES_MAX);
+      size_t count = 0;
+      if (kvpark_plan_write_candidates(segments, 2, &options, candidates.data(), &count) !=
+          KVPARK_OK)
+        return fail("plan writes", kvpark::llama::Status::invalid_argument);
+      candidates.resize(count);
+    }
+    for (uint32_t p : a.park_at)
+      candidates.push_back(
+          {.position_tokens = p,
+           .evidence = KVPARK_EVIDENCE_DEFAULT_AUTOMATIC,
+           .entry_class = a.private_class ? KVPARK_CLASS_PRIVATE : KVPARK_CLASS_SHARED,
+           .reason = KVPARK_CANDIDATE_SYSTEM_FRONTIER});
+    kvpark::llama::Status park_status;
+    if (auto s = parker->prefill(ctx, 0, tokens.data(), tokens.size(), position, candidates.data(),
+                                 candidates.size(), a.session, &park_status);
+        s != kvpark::llama::Status::ok)
+      return fail("prefill", s);
+    if (park_status != kvpark::llama::Status::ok) return fail("park", park_status);
+    if (!candidates.empty()) std::printf("parked\n");
+  } else if (auto s = kvpark::llama::decode_tokens(ctx, 0, tokens.data(), 0, tokens.size());
+             s != kvpark::llama::Status::ok) {
+    return fail("prefill", s);
+  }
+  const float* logits = llama_get_logits_ith(ctx, -1);
+  const auto elapsed = std::chrono::steady_clock::now() - started;
+  std::printf("ttft_ms %.1f\n", std::chrono::duration<double, std::milli>(elapsed).count());
+  const size_t n_vocab = size_t(llama_vocab_n_tokens(llama_model_get_vocab(model)));
+  std::printf("logits %016llx\n", (unsigned long long)XXH3_64bits(logits, n_vocab * sizeof(float)));
+  std::fflush(stdout);
+  if (a.hold) {
+    std::printf("ready\n");
+    std::fflush(stdout);
+    for (;;) pause();
+  }
+  parker.reset();
+  llama_free(ctx);
+  llama_model_free(model);
+  return 0;
+}

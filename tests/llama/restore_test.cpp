@@ -1,0 +1,173 @@
+// The llama.cpp integration end to end: a real kvparkd, real llama.cpp, and the
+// project's own random-weight test model. Engines are separate processes
+// (kvpark-llama-engine); "logits" is an XXH3-64 of the last token's full logits, so
+// equal lines mean bit-identical logits.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "integrations/llama/snapshot_format.h"
+#include "tests/testing/daemon_process.h"
+
+namespace kvpark::testing {
+namespace {
+
+constexpr int engine_timeout_msec = 60'000;
+constexpr size_t head_tokens = 1000;
+constexpr size_t total_tokens = 1100;
+
+class LlamaRestore : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    directory_ = new std::string("/tmp/kvpark-llama-test." + std::to_string(getpid()));
+    mkdir(directory_->c_str(), 0755);
+    for (int seed : {1, 2}) {
+      std::string out;
+      const int rc = run_process(
+          {built_binary("KVPARK_MAKE_TEST_MODEL"), model(seed), "--seed", std::to_string(seed)},
+          engine_timeout_msec, &out);
+      ASSERT_EQ(rc, 0) << out;
+    }
+  }
+  static void TearDownTestSuite() {
+    std::system(("rm -rf " + *directory_).c_str());
+    delete directory_;
+  }
+  static std::string model(int seed) {
+    return *directory_ + "/model-" + std::to_string(seed) + ".gguf";
+  }
+
+  void SetUp() override {
+    if (std::getenv("KVPARK_LLAMA_ENGINE") == nullptr) GTEST_SKIP() << "built without llama.cpp";
+    ASSERT_TRUE(daemon_.start());
+  }
+
+  std::vector<std::string> engine(std::vector<std::string> args, int model_seed = 1) {
+    std::vector<std::string> argv{built_binary("KVPARK_LLAMA_ENGINE"),
+                                  "--model",
+                                  model(model_seed),
+                                  "--socket",
+                                  daemon_.socket_path(),
+                                  "--cache-dir",
+                                  *directory_ + "/cache",
+                                  "--head",
+                                  std::to_string(head_tokens),
+                                  "--total",
+                                  std::to_string(total_tokens)};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return argv;
+  }
+  std::string run(std::vector<std::string> args, int model_seed = 1) {
+    std::string out;
+    EXPECT_EQ(run_process(engine(std::move(args), model_seed), engine_timeout_msec, &out), 0)
+        << out;
+    return out;
+  }
+  static std::string line(const std::string& out, const std::string& key) {
+    const size_t at = out.find(key + " ");
+    return at == std::string::npos ? "" : out.substr(at, out.find('\n', at) - at);
+  }
+  // A publisher: prefills head + tail seed 1, parking where the write-candidate
+  // planner says: the head (system frontier) and the whole prompt (last content).
+  void publish_head() {
+    const std::string out = run({"--tail-seed", "1", "--plan"});
+    ASSERT_EQ(line(out, "restored"), "restored 0 0 ok") << out;
+    ASSERT_NE(out.find("parked"), std::string::npos) << out;
+  }
+  // Flips one state byte (or shrinks the recorded size) of the parked snapshot, in
+  // the daemon's shared-memory arena.
+  void damage_snapshot(bool truncate) {
+    const int fd = shm_open(daemon_.arena_name().c_str(), O_RDWR, 0);
+    ASSERT_GE(fd, 0);
+    struct stat st;
+    ASSERT_EQ(fstat(fd, &st), 0);
+    auto* base = static_cast<uint8_t*>(
+        mmap(nullptr, size_t(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+    close(fd);
+    ASSERT_NE(base, MAP_FAILED);
+    const uint64_t magic = llama::SnapshotHeader::magic_value;
+    int found = 0;
+    for (size_t at = 0; at + sizeof(llama::SnapshotHeader) <= size_t(st.st_size); at += 8) {
+      if (std::memcmp(base + at, &magic, sizeof magic) != 0) continue;
+      auto* header = reinterpret_cast<llama::SnapshotHeader*>(base + at);
+      if (truncate)
+        header->state_bytes -= 4096;
+      else
+        base[at + sizeof *header + header->state_bytes / 2] ^= 0x10;
+      ++found;
+    }
+    munmap(base, size_t(st.st_size));
+    ASSERT_EQ(found, 1);
+  }
+
+  static std::string* directory_;
+  DaemonProcess daemon_;
+};
+std::string* LlamaRestore::directory_ = nullptr;
+
+TEST_F(LlamaRestore, SiblingRestoresAnotherProcessesHeadBitIdentical) {
+  publish_head();
+  const std::string sibling = run({"--tail-seed", "2"});
+  EXPECT_EQ(line(sibling, "restored"), "restored " + std::to_string(head_tokens) + " 1 ok")
+      << sibling;
+  const std::string fresh = run({"--tail-seed", "2", "--no-kvpark"});
+  EXPECT_EQ(line(sibling, "logits"), line(fresh, "logits"));
+  EXPECT_NE(line(sibling, "logits"), "");
+}
+
+TEST_F(LlamaRestore, RestartedEngineRestoresAfterThePublisherWasKilled) {
+  ChildProcess publisher =
+      spawn_process(engine({"--session", "7", "--tail-seed", "1", "--park-at",
+                            std::to_string(total_tokens), "--private", "--hold"}));
+  ASSERT_TRUE(publisher.wait_for_line("ready", engine_timeout_msec));
+  publisher.kill_hard();
+  // The restarted engine continues the same conversation: same prompt, 60 more tokens.
+  std::string out;
+  auto argv = engine({"--session", "7", "--tail-seed", "1"});
+  argv.push_back("--total");
+  argv.push_back(std::to_string(total_tokens + 60));
+  ASSERT_EQ(run_process(argv, engine_timeout_msec, &out), 0) << out;
+  EXPECT_EQ(line(out, "restored"), "restored " + std::to_string(total_tokens) + " 2 ok") << out;
+  argv.push_back("--no-kvpark");
+  std::string fresh;
+  ASSERT_EQ(run_process(argv, engine_timeout_msec, &fresh), 0) << fresh;
+  EXPECT_EQ(line(out, "logits"), line(fresh, "logits"));
+}
+
+TEST_F(LlamaRestore, AnotherModelFileNeverRestores) {
+  publish_head();
+  const std::string other = run({"--tail-seed", "2"}, /*model_seed=*/2);
+  EXPECT_EQ(line(other, "restored"), "restored 0 0 ok") << other;
+}
+
+TEST_F(LlamaRestore, AnotherKvCacheTypeNeverRestores) {
+  publish_head();
+  const std::string other = run({"--tail-seed", "2", "--type-k", "q8_0"});
+  EXPECT_EQ(line(other, "restored"), "restored 0 0 ok") << other;
+}
+
+TEST_F(LlamaRestore, CorruptedStateIsRefusedAndPrefilled) {
+  publish_head();
+  damage_snapshot(/*truncate=*/false);
+  const std::string out = run({"--tail-seed", "2"});
+  EXPECT_EQ(line(out, "restored"), "restored 0 0 corrupt") << out;
+  EXPECT_EQ(line(out, "logits"), line(run({"--tail-seed", "2", "--no-kvpark"}), "logits"));
+}
+
+TEST_F(LlamaRestore, TruncatedStateIsRefusedAndPrefilled) {
+  publish_head();
+  damage_snapshot(/*truncate=*/true);
+  const std::string out = run({"--tail-seed", "2"});
+  EXPECT_EQ(line(out, "restored"), "restored 0 0 corrupt") << out;
+  EXPECT_EQ(line(out, "logits"), line(run({"--tail-seed", "2", "--no-kvpark"}), "logits"));
+}
+
+}  // namespace
+}  // namespace kvpark::testing
