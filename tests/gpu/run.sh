@@ -11,13 +11,14 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 build=${KVPARK_GPU_BUILD:-$repo/build-gpu}
 jobs=$(nproc 2>/dev/null || echo 4)
-apt_packages=(meson ninja-build pkg-config liburing-dev libxxhash-dev libgtest-dev libgmock-dev)
+mapfile -t apt_packages < <(sed -e 's/#.*//' "$repo/scripts/debian-packages" | tr ' ' '\n' | grep -v '^$')
 
 say() { printf '== %s\n' "$*"; }
 
 missing_deps() {
-  command -v meson >/dev/null && command -v ninja >/dev/null && command -v pkg-config >/dev/null &&
-    pkg-config --exists liburing libxxhash gtest gtest_main gmock
+  for p in "${apt_packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || return 1
+  done
 }
 
 if ! missing_deps; then
@@ -51,7 +52,8 @@ else
   meson setup "$build" -Dcuda=enabled -Dbuildtype=release -Db_ndebug=false >/dev/null
 fi
 
-targets=(tests/kernels/kernels_gather_scatter_cuda_test)
+targets=(tests/kernels/kernels_gather_scatter_cuda_test tests/device/device_cuda_test daemon/kvparkd
+         tests/kvpark-test-engine)
 bench=bench/kernels/kvpark-kernels-bench
 if ninja -C "$build" -t targets all | grep -q "^$bench:"; then
   targets+=("$bench")
