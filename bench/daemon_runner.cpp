@@ -29,25 +29,6 @@ constexpr uint64_t stop_timeout_nsec = 10'000'000'000;
 
 std::atomic<int> instance_counter{0};
 
-bool socket_accepts(const std::string& path) {
-  int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  if (fd < 0) return false;
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::strncpy(addr.sun_path, path.c_str(), sizeof addr.sun_path - 1);
-  const bool ok = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
-  close(fd);
-  return ok;
-}
-
-std::string log_tail(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  std::string s = text.str();
-  return s.size() > 2000 ? s.substr(s.size() - 2000) : s;
-}
-
 bool executable(const std::filesystem::path& p) {
   std::error_code ec;
   return std::filesystem::is_regular_file(p, ec) && access(p.c_str(), X_OK) == 0;
@@ -140,13 +121,41 @@ bool BenchDaemon::start(const DaemonSpec& spec, std::string& ret_error) {
   }
   const std::vector<std::string> isolation = isolation_flags(spec.kvparkd);
   argv.insert(argv.end(), isolation.begin(), isolation.end());
+  return spawn_daemon(argv, log_path_, /*append=*/false, socket_path_, start_timeout_nsec, pid_,
+                      ret_error);
+}
+
+
+bool socket_accepts(const std::string& path) {
+  int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof addr.sun_path - 1);
+  const bool ok = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+  close(fd);
+  return ok;
+}
+
+std::string log_tail(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  std::string s = text.str();
+  return s.size() > 2000 ? s.substr(s.size() - 2000) : s;
+}
+
+bool spawn_daemon(std::vector<std::string> argv, const std::string& log_path, bool append,
+                  const std::string& socket_path, uint64_t timeout_nsec, pid_t& ret_pid,
+                  std::string& ret_error) {
   std::vector<char*> args;
   for (std::string& a : argv) args.push_back(a.data());
   args.push_back(nullptr);
-  const int log_fd = open(log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int log_fd = open(log_path.c_str(),
+                          O_WRONLY | O_CREAT | O_CLOEXEC | (append ? O_APPEND : O_TRUNC), 0644);
   const pid_t parent = getpid();
-  pid_ = fork();
-  if (pid_ == 0) {
+  const pid_t pid = fork();
+  if (pid == 0) {
     // Only async-signal-safe calls between fork and exec.
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(127);
@@ -158,22 +167,23 @@ bool BenchDaemon::start(const DaemonSpec& spec, std::string& ret_error) {
     _exit(127);
   }
   if (log_fd >= 0) close(log_fd);
-  if (pid_ < 0) {
+  ret_pid = pid;
+  if (pid < 0) {
     ret_error = std::string("fork: ") + strerror(errno);
     return false;
   }
-  const uint64_t deadline = now_nsec() + start_timeout_nsec;
+  const uint64_t deadline = now_nsec() + timeout_nsec;
   while (now_nsec() < deadline) {
-    if (socket_accepts(socket_path_)) return true;
+    if (socket_accepts(socket_path)) return true;
     int status = 0;
-    if (waitpid(pid_, &status, WNOHANG) == pid_) {
-      pid_ = -1;
-      ret_error = "kvparkd (" + spec.kvparkd + ") exited at start:\n" + log_tail(log_path_);
+    if (waitpid(pid, &status, WNOHANG) == pid) {
+      ret_pid = -1;
+      ret_error = "kvparkd (" + argv[0] + ") exited at start:\n" + log_tail(log_path);
       return false;
     }
     usleep(2000);
   }
-  ret_error = "kvparkd did not accept connections in time:\n" + log_tail(log_path_);
+  ret_error = "kvparkd did not accept connections in time:\n" + log_tail(log_path);
   return false;
 }
 

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace kvpark::bench {
 
@@ -42,6 +43,14 @@ class BenchDaemon {
 // The kvparkd to run: --kvparkd, else $KVPARKD, else beside this executable (build
 // tree or install layout), else the path meson compiled in. Empty when none exists.
 std::string find_kvparkd(const std::string& flag_value);
+
+// Starts a kvparkd command line with its output in log_path (appended or truncated),
+// killed if this process dies, and waits until socket_path accepts connections.
+bool spawn_daemon(std::vector<std::string> argv, const std::string& log_path, bool append,
+                  const std::string& socket_path, uint64_t timeout_nsec, pid_t& ret_pid,
+                  std::string& ret_error);
+bool socket_accepts(const std::string& path);
+std::string log_tail(const std::string& path);  // the last 2000 bytes
 
 // "RssAnon:" of /proc/<pid>/status in KiB (private anonymous memory; the arena is
 // shared memory and counts as RssShmem instead); 0 when unreadable.

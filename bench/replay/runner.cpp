@@ -2,6 +2,8 @@
 // is safe; it holds a libkvpark connection only while reading stats.
 #include "bench/replay/runner.h"
 
+#include "bench/daemon_runner.h"
+
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -43,25 +45,6 @@ uint64_t now_nsec() {
   return uint64_t(ts.tv_sec) * 1'000'000'000 + uint64_t(ts.tv_nsec);
 }
 
-bool socket_accepts(const std::string& path) {
-  const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  if (fd < 0) return false;
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::strncpy(addr.sun_path, path.c_str(), sizeof addr.sun_path - 1);
-  const bool ok = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
-  close(fd);
-  return ok;
-}
-
-std::string file_tail(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  const std::string s = text.str();
-  return s.size() > 2000 ? s.substr(s.size() - 2000) : s;
-}
-
 class Daemon {
  public:
   Daemon(const RunOptions& o, const std::string& dir)
@@ -86,37 +69,9 @@ class Daemon {
     } else {
       argv.insert(argv.end(), {"--disk-dir", "off"});
     }
-    std::vector<char*> args;
-    for (std::string& a : argv) args.push_back(a.data());
-    args.push_back(nullptr);
-    const int log_fd = open(log_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    const pid_t parent = getpid();
-    pid_ = fork();
-    if (pid_ == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != parent) _exit(127);
-      if (log_fd >= 0) {
-        dup2(log_fd, STDOUT_FILENO);
-        dup2(log_fd, STDERR_FILENO);
-      }
-      execv(args[0], args.data());
-      _exit(127);
-    }
-    if (log_fd >= 0) close(log_fd);
-    if (pid_ < 0) return ret_error = std::string("fork: ") + strerror(errno), false;
-    const double deadline = now_ms() + daemon_start_timeout_ms;
-    while (now_ms() < deadline) {
-      if (socket_accepts(socket_)) return true;
-      int status = 0;
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        ret_error = "kvparkd exited at start:\n" + file_tail(log_);
-        return false;
-      }
-      usleep(2000);
-    }
-    ret_error = "kvparkd did not accept connections in time:\n" + file_tail(log_);
-    return false;
+    return bench::spawn_daemon(argv, log_, /*append=*/true, socket_,
+                               static_cast<uint64_t>(daemon_start_timeout_ms * 1e6), pid_,
+                               ret_error);
   }
 
   void kill_hard() {
@@ -394,7 +349,7 @@ RunOutcome run_trace(const std::vector<Event>& events, const RunOptions& options
       Coordinator coordinator(events, options, daemon, out);
       out.ok = coordinator.run(out.error);
     }
-    if (!out.ok) out.error += "\nkvparkd log tail:\n" + file_tail(daemon.log_path());
+    if (!out.ok) out.error += "\nkvparkd log tail:\n" + bench::log_tail(daemon.log_path());
   }
   if (!options.keep_work_dir) {
     std::error_code ec;
