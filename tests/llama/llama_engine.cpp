@@ -73,6 +73,10 @@ int main(int argc, char** argv) {
       a.hold = true;
     else if (k == "--private")
       a.private_class = true;
+    else if (k == "--plan")
+      a.plan = true;
+    else if (k == "--ctx")
+      a.n_ctx = uint32_t(std::strtoul(v, nullptr, 10)), ++i;
     else if (k == "--model")
       a.model = v, ++i;
     else if (k == "--socket")
