@@ -10,6 +10,8 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -170,6 +172,65 @@ TEST_F(LlamaRestore, TruncatedStateIsRefusedAndPrefilled) {
   const std::string out = run({"--tail-seed", "2"});
   EXPECT_EQ(line(out, "restored"), "restored 0 0 corrupt") << out;
   EXPECT_EQ(line(out, "logits"), line(run({"--tail-seed", "2", "--no-kvpark"}), "logits"));
+}
+
+// Parked state that reached disk survives a daemon crash bit-exact; the same record
+// with one byte flipped on disk is never handed to llama.cpp: the engine prefills.
+TEST_F(LlamaRestore, DiskCopySurvivesDaemonCrashAndACorruptOneIsRefused) {
+  const std::string disk = *directory_ + "/disk";
+  std::filesystem::create_directories(disk);
+  auto on = [&](const DaemonProcess& d, std::vector<std::string> args) {
+    std::vector<std::string> argv = engine(std::move(args));
+    for (size_t i = 0; i + 1 < argv.size(); ++i) {
+      if (argv[i] == "--socket") argv[i + 1] = d.socket_path();
+    }
+    std::string out;
+    EXPECT_EQ(run_process(argv, engine_timeout_msec, &out), 0) << out;
+    return out;
+  };
+  auto records = [&] {
+    std::vector<std::filesystem::path> found;
+    for (const auto& e : std::filesystem::recursive_directory_iterator(disk)) {
+      if (e.is_regular_file() && e.path().extension() != ".tmp") found.push_back(e.path());
+    }
+    return found;
+  };
+  daemon_.kill_hard();
+  const DaemonConfig config{.extra_args = {"--disk-dir", disk}};
+  std::string fresh;
+  {
+    DaemonProcess first(config);
+    ASSERT_TRUE(first.start());
+    const std::string published = on(first, {"--tail-seed", "1", "--plan"});
+    ASSERT_NE(published.find("parked"), std::string::npos) << published;
+    // The shared head is written through at seal; wait for its record.
+    for (int i = 0; i < 500 && records().empty(); ++i) usleep(10'000);
+    ASSERT_FALSE(records().empty()) << "the shared head never reached disk";
+    first.kill_hard();
+  }
+  {
+    DaemonProcess second(config);
+    ASSERT_TRUE(second.start());
+    const std::string out = on(second, {"--tail-seed", "2"});
+    EXPECT_EQ(line(out, "restored"), "restored " + std::to_string(head_tokens) + " 1 ok") << out;
+    fresh = on(second, {"--tail-seed", "2", "--no-kvpark"});
+    EXPECT_EQ(line(out, "logits"), line(fresh, "logits"));
+    second.kill_hard();
+  }
+  for (const auto& record : records()) {  // one flipped byte near the end of each record
+    std::fstream f(record, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-200, std::ios::end);
+    char c = 0;
+    f.read(&c, 1);
+    c ^= 0x01;
+    f.seekp(-200, std::ios::end);
+    f.write(&c, 1);
+  }
+  DaemonProcess third(config);
+  ASSERT_TRUE(third.start());
+  const std::string out = on(third, {"--tail-seed", "2"});
+  EXPECT_EQ(line(out, "restored").rfind("restored 0 ", 0), 0u) << out;
+  EXPECT_EQ(line(out, "logits"), line(fresh, "logits"));
 }
 
 }  // namespace
