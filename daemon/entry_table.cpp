@@ -351,13 +351,14 @@ void EntryTable::unpin_io(EntrySlot slot) {
   if (!free_if_dead_and_unused(slot)) sync_lists(slot, false);
 }
 
-void EntryTable::touch(EntrySlot slot) {
+void EntryTable::touch(EntrySlot slot, uint64_t now_usec) {
   Entry& e = slots_.at(slot);
   assert(e.in_use && e.sealed);
   ++e.hits;
   e.last_use_tick = ++tick_;
-  e.last_use_usec = coarse_monotonic_usec();
-  sync_lists(slot, true);
+  e.last_use_usec = now_usec != 0 ? now_usec : coarse_monotonic_usec();
+  // A leased entry is off the lists: its place is set when the lease ends.
+  if (e.leases == 0) sync_lists(slot, true);
 }
 
 EntrySlot EntryTable::slot_for_id(uint64_t id) const {

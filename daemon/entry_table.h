@@ -142,7 +142,9 @@ class EntryTable {
   void release_lease(EntrySlot slot);
   void pin_io(EntrySlot slot);
   void unpin_io(EntrySlot slot);
-  void touch(EntrySlot slot);  // a hit: count it and make it most recent
+  // A hit: count it and make it most recent. now_usec: coarse_monotonic_usec(), passed
+  // in by callers touching many entries at once (0: read the clock here).
+  void touch(EntrySlot slot, uint64_t now_usec = 0);
   // Host-evicts one entry: of the eviction_sample_entries least recently used, the one
   // the value function rates lowest (the oldest if none is set); false if none.
   bool evict_lru();

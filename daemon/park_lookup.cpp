@@ -127,8 +127,11 @@ Status Park::lookup(ConnectionId id, const wire::LookupRequest& req, wire::Looku
   }
 
   ++counters_.lookups;
-  for (auto it = lease.snapshots.rbegin(); it != lease.snapshots.rend(); ++it) table_.touch(*it);
-  for (auto it = lease.blocks.rbegin(); it != lease.blocks.rend(); ++it) table_.touch(*it);
+  const uint64_t now = coarse_monotonic_usec();
+  for (auto it = lease.snapshots.rbegin(); it != lease.snapshots.rend(); ++it) {
+    table_.touch(*it, now);
+  }
+  for (auto it = lease.blocks.rbegin(); it != lease.blocks.rend(); ++it) table_.touch(*it, now);
   uint32_t restorable = block_restorable;
   for (EntrySlot slot : lease.snapshots) restorable = std::max(restorable, table_.entry(slot).position);
   lease.capture_hint_tokens = observe_recurrence(c->ns, req, restorable, chain);
