@@ -263,6 +263,12 @@ bool Server::send_reply(ConnectionId id, std::vector<uint8_t>& frame, bool with_
   }
   ssize_t n = sendmsg(c.fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
   if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+    if (!c.outbox.empty()) {
+      // A second reply while one waits: only a peer that does not read its replies
+      // (and sent past a pending WAIT) gets here. One frame of memory is its budget.
+      close_connection(id);
+      return false;
+    }
     c.outbox = std::move(frame);
     c.send_fd_with_outbox = with_arena_fd;
     c.waiting_writable = true;
