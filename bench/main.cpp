@@ -110,7 +110,8 @@ void print_table(const Options& o, const Sizes& z, Report& r, const std::string&
   printf("   %5s %7s  %-34s %8.1f %8.1f %8.1f %8zu  %s\n", "-", "1",
          "reference: bare SEQPACKET ping-pong", r.socket_floor.p50_usec, r.socket_floor.p99_usec,
          r.socket_floor.max_usec, r.socket_floor.samples, "-");
-  printf("   (lookup+release is two round trips; the reference row is the kernel's floor for one)\n");
+  printf("   (full: one round trip plus a one-way RELEASE; socket only: LOOKUP and a replied\n"
+         "    RELEASE, two round trips; the reference row is the kernel's floor for one)\n");
   const CopyResult& c = r.copy;
   printf("\n2. Copy of a %.0f MiB entry between the arena and private memory, vs memcpy\n"
          "   median of %d; each interval covers the verbs too (reserve+copy+seal,\n"
