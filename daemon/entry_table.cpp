@@ -112,6 +112,7 @@ void EntryTable::index(EntrySlot slot) {
     assert(inserted && "caller checks find_block first");
   } else {
     snapshots_[{e.ns, e.key_hash}].push_back(slot);
+    ++namespaces_[e.ns].indexed_snapshots;
   }
 }
 
@@ -164,6 +165,7 @@ void EntryTable::remove_from_index(EntrySlot slot) {
     assert(it != snapshots_.end());
     std::erase(it->second, slot);
     if (it->second.empty()) snapshots_.erase(it);
+    --namespaces_[e.ns].indexed_snapshots;
   }
 }
 

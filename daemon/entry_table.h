@@ -49,6 +49,7 @@ struct NamespaceInfo {
   uint64_t snapshots = 0;             // sealed
   uint64_t bytes = 0;                 // sealed extents on the host
   uint64_t disk_bytes = 0;            // records on disk
+  uint64_t indexed_snapshots = 0;     // reserved or sealed: lookups skip the search at 0
 };
 
 struct Entry {

@@ -71,7 +71,9 @@ Status Park::lookup(ConnectionId id, const wire::LookupRequest& req, wire::Looku
   // Snapshots deeper than the block prefix, deepest anchor first. Tails past the
   // last whole chunk are checked here; earlier tails are confirmed by the client.
   const size_t anchor_max = block_tokens > 0 ? lease.blocks.size() : chunks;
-  for (size_t j = anchor_max + 1; j-- > 0;) {
+  // Most attention-only namespaces never park a snapshot: skip one probe per chunk.
+  const bool any_snapshots = info.indexed_snapshots > 0;
+  for (size_t j = anchor_max + 1; any_snapshots && j-- > 0;) {
     if (lease.snapshots.size() >= limits::lookup_snapshot_candidates_max) break;
     const Hash128& anchor = j == 0 ? info.id : req.chunk_hashes[j - 1];
     std::vector<EntrySlot> here;
