@@ -391,49 +391,53 @@ void EntryTable::sync_lists(EntrySlot slot, bool to_front) {
   if (disk && !e.on_disk_lru) disk_push_front(slot);
 }
 
+// The host and disk eviction lists are the same intrusive list over different links.
+void EntryTable::link_front(EntrySlot& head, EntrySlot& tail, EntrySlot Entry::*prev,
+                            EntrySlot Entry::*next, EntrySlot slot) {
+  Entry& e = slots_[slot];
+  assert(e.*prev == no_slot && e.*next == no_slot && head != slot);
+  e.*next = head;
+  if (head != no_slot) slots_[head].*prev = slot;
+  head = slot;
+  if (tail == no_slot) tail = slot;
+}
+
+void EntryTable::unlink(EntrySlot& head, EntrySlot& tail, EntrySlot Entry::*prev,
+                        EntrySlot Entry::*next, EntrySlot slot) {
+  Entry& e = slots_[slot];
+  if (e.*prev != no_slot) slots_[e.*prev].*next = e.*next;
+  else head = e.*next;
+  if (e.*next != no_slot) slots_[e.*next].*prev = e.*prev;
+  else tail = e.*prev;
+  e.*prev = e.*next = no_slot;
+}
+
 void EntryTable::lru_push_front(EntrySlot slot) {
   Entry& e = slots_[slot];
-  assert(!e.on_lru && e.lru_prev == no_slot && e.lru_next == no_slot);
-  e.lru_next = lru_head_;
-  if (lru_head_ != no_slot) slots_[lru_head_].lru_prev = slot;
-  lru_head_ = slot;
-  if (lru_tail_ == no_slot) lru_tail_ = slot;
+  assert(!e.on_lru);
+  link_front(lru_head_, lru_tail_, &Entry::lru_prev, &Entry::lru_next, slot);
   e.on_lru = true;
   evictable_bytes_ += e.extent_bytes;
 }
 
 void EntryTable::lru_unlink(EntrySlot slot) {
   Entry& e = slots_[slot];
-  assert(e.on_lru);
-  if (e.lru_prev != no_slot) slots_[e.lru_prev].lru_next = e.lru_next;
-  else lru_head_ = e.lru_next;
-  if (e.lru_next != no_slot) slots_[e.lru_next].lru_prev = e.lru_prev;
-  else lru_tail_ = e.lru_prev;
-  e.lru_prev = e.lru_next = no_slot;
+  assert(e.on_lru && evictable_bytes_ >= e.extent_bytes);
+  unlink(lru_head_, lru_tail_, &Entry::lru_prev, &Entry::lru_next, slot);
   e.on_lru = false;
-  assert(evictable_bytes_ >= e.extent_bytes);
   evictable_bytes_ -= e.extent_bytes;
 }
 
 void EntryTable::disk_push_front(EntrySlot slot) {
-  Entry& e = slots_[slot];
-  assert(!e.on_disk_lru);
-  e.disk_next = disk_head_;
-  if (disk_head_ != no_slot) slots_[disk_head_].disk_prev = slot;
-  disk_head_ = slot;
-  if (disk_tail_ == no_slot) disk_tail_ = slot;
-  e.on_disk_lru = true;
+  assert(!slots_[slot].on_disk_lru);
+  link_front(disk_head_, disk_tail_, &Entry::disk_prev, &Entry::disk_next, slot);
+  slots_[slot].on_disk_lru = true;
 }
 
 void EntryTable::disk_unlink(EntrySlot slot) {
-  Entry& e = slots_[slot];
-  assert(e.on_disk_lru);
-  if (e.disk_prev != no_slot) slots_[e.disk_prev].disk_next = e.disk_next;
-  else disk_head_ = e.disk_next;
-  if (e.disk_next != no_slot) slots_[e.disk_next].disk_prev = e.disk_prev;
-  else disk_tail_ = e.disk_prev;
-  e.disk_prev = e.disk_next = no_slot;
-  e.on_disk_lru = false;
+  assert(slots_[slot].on_disk_lru);
+  unlink(disk_head_, disk_tail_, &Entry::disk_prev, &Entry::disk_next, slot);
+  slots_[slot].on_disk_lru = false;
 }
 
 }  // namespace kvpark::daemon

@@ -202,6 +202,10 @@ class EntryTable {
   // Puts the entry on, or takes it off, each LRU list as its state now requires;
   // `to_front` makes a listed entry the most recent.
   void sync_lists(EntrySlot slot, bool to_front);
+  void link_front(EntrySlot& head, EntrySlot& tail, EntrySlot Entry::*prev,
+                  EntrySlot Entry::*next, EntrySlot slot);
+  void unlink(EntrySlot& head, EntrySlot& tail, EntrySlot Entry::*prev, EntrySlot Entry::*next,
+              EntrySlot slot);
   void lru_push_front(EntrySlot slot);
   void lru_unlink(EntrySlot slot);
   void disk_push_front(EntrySlot slot);
