@@ -1,59 +1,15 @@
-// Weights digest (with its cache) and the namespace fingerprint.
-//
-// Cache entries are one small file per model version under the cache dir, named by
-// (device, inode, size, mtime in ns) and holding the 128-bit digest as 32 hex
-// digits; written to a temporary file and renamed, so concurrent engines agree.
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
+// The namespace fingerprint (the weights digest is in weights_digest.cpp).
 #include <xxhash.h>
 
-#include <cassert>
-#include <cerrno>
-#include <cinttypes>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <vector>
 
 #include "integrations/llama/kvpark_llama.h"
+#include "integrations/llama/weights_digest.h"
 
 namespace kvpark::llama {
 namespace {
 
-constexpr size_t digest_read_bytes = 4u << 20;      // read chunk while hashing the model
 constexpr uint32_t fingerprint_format_version = 1;  // bump when the fields below change
-
-std::string cache_entry_path(const std::string& dir, const struct stat& st) {
-  char name[160];
-  std::snprintf(name, sizeof name, "/weights-%" PRIx64 "-%" PRIx64 "-%" PRIx64 "-%" PRId64 ".%09ld",
-                uint64_t(st.st_dev), uint64_t(st.st_ino), uint64_t(st.st_size),
-                int64_t(st.st_mtim.tv_sec), long(st.st_mtim.tv_nsec));
-  return dir + name;
-}
-
-bool read_cache_entry(const std::string& path, kvpark_hash128* ret_digest) {
-  FILE* f = std::fopen(path.c_str(), "re");
-  if (f == nullptr) return false;
-  unsigned long long high = 0, low = 0;
-  const bool parsed = std::fscanf(f, "%16llx%16llx", &high, &low) == 2;
-  std::fclose(f);
-  if (parsed) *ret_digest = kvpark_hash128{.low = low, .high = high};
-  return parsed;
-}
-
-void write_cache_entry(const std::string& dir, const std::string& path, kvpark_hash128 digest) {
-  // Best effort: a cache that cannot be written only costs a re-read next time.
-  for (size_t i = 1; i <= dir.size(); ++i)
-    if (i == dir.size() || dir[i] == '/') mkdir(dir.substr(0, i).c_str(), 0755);
-  const std::string temporary = path + ".tmp." + std::to_string(getpid());
-  FILE* f = std::fopen(temporary.c_str(), "we");
-  if (f == nullptr) return;
-  std::fprintf(f, "%016llx%016llx\n", (unsigned long long)digest.high,
-               (unsigned long long)digest.low);
-  if (std::fclose(f) != 0 || std::rename(temporary.c_str(), path.c_str()) != 0)
-    std::remove(temporary.c_str());
-}
 
 // Field-by-field serialization, so padding never reaches the hash.
 class Fields {
@@ -97,47 +53,17 @@ const char* status_string(Status status) {
   return "unknown";
 }
 
-std::string default_cache_dir() {
-  if (const char* dir = std::getenv("KVPARK_LLAMA_CACHE"); dir != nullptr && dir[0] != '\0')
-    return dir;
-  const char* home = std::getenv("HOME");
-  return std::string(home != nullptr ? home : "/tmp") + "/.cache/kvpark/llama";
-}
-
 Status digest_weights(const std::string& model_path, const std::string& cache_dir,
                       kvpark_hash128* ret_digest) {
-  const int fd = open(model_path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return errno == ENOENT ? Status::not_found : Status::io_error;
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    close(fd);
-    return Status::io_error;
+  switch (digest_model_file(model_path, cache_dir, ret_digest)) {
+    case DigestStatus::ok:
+      return Status::ok;
+    case DigestStatus::not_found:
+      return Status::not_found;
+    case DigestStatus::io_error:
+      return Status::io_error;
   }
-  const std::string entry = cache_dir.empty() ? std::string() : cache_entry_path(cache_dir, st);
-  if (!entry.empty() && read_cache_entry(entry, ret_digest)) {
-    close(fd);
-    return Status::ok;
-  }
-  XXH3_state_t* state = XXH3_createState();
-  assert(state != nullptr);
-  XXH3_128bits_reset(state);
-  std::vector<uint8_t> chunk(digest_read_bytes);
-  Status status = Status::ok;
-  for (;;) {
-    const ssize_t n = read(fd, chunk.data(), chunk.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) status = Status::io_error;
-    if (n <= 0) break;
-    XXH3_128bits_update(state, chunk.data(), size_t(n));
-  }
-  close(fd);
-  const XXH128_hash_t h = XXH3_128bits_digest(state);
-  XXH3_freeState(state);
-  if (status != Status::ok) return status;
-  const kvpark_hash128 digest{.low = h.low64, .high = h.high64};
-  if (!entry.empty()) write_cache_entry(cache_dir, entry, digest);
-  *ret_digest = digest;
-  return Status::ok;
+  return Status::io_error;
 }
 
 kvpark_hash128 namespace_id(kvpark_hash128 weights_digest, const llama_context_params& p) {

@@ -182,7 +182,8 @@ GgufStatus write_test_model(const std::string& path, const TestModelOptions& o) 
     out.f32(t < control_tokens + byte_tokens ? 0.0f : -float(t - control_tokens - byte_tokens));
   out.kv_array_header("tokenizer.ggml.token_type", type_int32, n_vocab);
   out.i32(token_unknown), out.i32(token_control), out.i32(token_control);
-  for (uint32_t b = 0; b < byte_tokens; ++b) out.i32(token_byte);
+  for (uint32_t b = 0; b < byte_tokens; ++b)
+    out.i32(o.text_only_output && b >= 0x80 ? token_normal : token_byte);
   for (size_t w = 0; w < std::size(word_pieces); ++w) out.i32(token_normal);
   out.kv_u32("tokenizer.ggml.unknown_token_id", 0);
   out.kv_u32("tokenizer.ggml.bos_token_id", 1);

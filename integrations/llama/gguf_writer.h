@@ -17,6 +17,11 @@ struct TestModelOptions {
   uint32_t head_count = 4;
   uint32_t head_count_kv = 2;       // < head_count: grouped-query attention
   uint32_t context_length = 32768;  // tokens
+  // Types the byte tokens 0x80-0xFF as normal tokens, so they print as their names
+  // ("<0x80>") and generated text is ASCII, always valid UTF-8 (llama-server's chat
+  // endpoint refuses anything else); random weights otherwise sample lone bytes of
+  // multi-byte sequences.
+  bool text_only_output = false;
 };
 
 enum class GgufStatus { ok, invalid_argument, io_error };

@@ -22,6 +22,7 @@
 
 #include "client/kvpark.h"
 #include "client/kvpark_planner.h"
+#include "integrations/llama/weights_digest.h"  // default_cache_dir()
 
 namespace kvpark::llama {
 
@@ -36,9 +37,6 @@ enum class Status {
   io_error,
 };
 const char* status_string(Status status);
-
-// Default digest cache: $KVPARK_LLAMA_CACHE, else $HOME/.cache/kvpark/llama.
-std::string default_cache_dir();
 
 // XXH3-128 of the model file. With a cache_dir, the digest is kept there keyed by
 // (device, inode, size, mtime), so an unchanged file is read only once.

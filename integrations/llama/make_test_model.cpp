@@ -1,5 +1,6 @@
 // kvpark-make-test-model: writes kvpark's tiny random-weight llama GGUF.
 //   kvpark-make-test-model OUTPUT.gguf [--seed N] [--layers N] [--embedding N]
+//                          [--text-only-output 1]
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -9,7 +10,9 @@
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s OUTPUT.gguf [--seed N] [--layers N] [--embedding N]\n",
+    std::fprintf(stderr,
+                 "usage: %s OUTPUT.gguf [--seed N] [--layers N] [--embedding N]"
+                 " [--text-only-output 1]\n",
                  argv[0]);
     return 2;
   }
@@ -22,6 +25,8 @@ int main(int argc, char** argv) {
       options.block_count = uint32_t(v);
     else if (std::strcmp(argv[i], "--embedding") == 0)
       options.embedding_length = uint32_t(v);
+    else if (std::strcmp(argv[i], "--text-only-output") == 0)
+      options.text_only_output = v != 0;
     else {
       std::fprintf(stderr, "%s: unknown option %s\n", argv[0], argv[i]);
       return 2;

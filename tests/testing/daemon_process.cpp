@@ -24,12 +24,6 @@ namespace {
 
 std::atomic<int> instance_counter{0};
 
-uint64_t now_msec() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return uint64_t(ts.tv_sec) * 1000 + uint64_t(ts.tv_nsec) / 1'000'000;
-}
-
 bool socket_accepts(const std::string& path) {
   int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
   sockaddr_un addr{};
@@ -38,6 +32,14 @@ bool socket_accepts(const std::string& path) {
   bool ok = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
   close(fd);
   return ok;
+}
+
+}  // namespace
+
+uint64_t now_msec() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1000 + uint64_t(ts.tv_nsec) / 1'000'000;
 }
 
 pid_t spawn(const std::vector<std::string>& argv, int stdout_fd, int stderr_fd) {
@@ -66,8 +68,6 @@ int wait_with_timeout(pid_t pid, int timeout_msec) {
     usleep(2000);
   }
 }
-
-}  // namespace
 
 std::string built_binary(const char* env_name) {
   const char* value = std::getenv(env_name);

@@ -51,6 +51,16 @@ class DaemonProcess {
 // (KVPARKD, KVPARK_TEST_ENGINE).
 std::string built_binary(const char* env_name);
 
+// CLOCK_MONOTONIC in milliseconds.
+uint64_t now_msec();
+
+// posix_spawn of argv[0] (a path) with stdout/stderr on the given descriptors
+// (-1: inherited); -1 when it cannot be started.
+pid_t spawn(const std::vector<std::string>& argv, int stdout_fd, int stderr_fd);
+
+// waitpid with a deadline: the status, or -1 if the child still runs at the deadline.
+int wait_with_timeout(pid_t pid, int timeout_msec);
+
 // Runs a child to completion; returns its exit code, or -1 if it did not exit
 // within timeout_msec (it is then killed). stdout goes to ret_output.
 int run_process(const std::vector<std::string>& argv, int timeout_msec, std::string* ret_output);

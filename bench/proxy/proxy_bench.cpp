@@ -1,0 +1,423 @@
+// kvpark-proxy-bench: time to first token and tokens prefilled through kvpark-proxy
+// versus straight to llama-server, on the project's random-weight test model (CPU).
+//
+//   kvpark-proxy-bench [--quick] [--head-tokens N] [--llama-server PATH] [--proxy PATH]
+//                      [--kvparkd PATH] [--model PATH | --make-test-model PATH]
+//                      [--slots N] [--threads N] [--fan-out N] [--keep]
+//
+// Cases, each run once direct and once through the proxy, each on a fresh
+// llama-server (new process, empty cache) and, for the proxy, a fresh kvparkd:
+//   sibling    request A (system head + user 1), then B (same head, user 2); B measured
+//   fan-out    N siblings at once; max and median TTFT, all prefill together
+//   restart    turn 1, llama-server restarted, turn 2 (turn 1 + reply + user 2) measured
+// TTFT is client side: request sent -> first streamed content chunk. Tokens
+// prefilled: llama-server's llamacpp:prompt_tokens_total over the measured requests,
+// with the sum of their timings.prompt_n beside it. Through the proxy, a measured
+// request starts once the proxy has parked what the previous one left (as a later
+// client would find it). Exit status: 0 when every request succeeded, 1 otherwise,
+// 2 on a bad flag.
+#include <getopt.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/testing/daemon_process.h"
+#include "tests/testing/llama_server_process.h"
+#include "tests/testing/openai_http.h"
+
+using namespace kvpark::testing;
+
+namespace {
+
+constexpr size_t head_tokens_default = 8192;
+constexpr size_t head_tokens_quick = 1024;
+constexpr int context_margin_tokens = 1024;  // per slot, past the head: users, replies
+constexpr int publish_wait_msec_max = 30'000;
+
+struct Options {
+  std::string llama_server = KVPARK_BENCH_LLAMA_SERVER;
+  std::string proxy = KVPARK_BENCH_PROXY;
+  std::string kvparkd = KVPARK_BENCH_KVPARKD;
+  std::string make_test_model = KVPARK_BENCH_MAKE_TEST_MODEL;
+  std::string model;  // "": made with make_test_model
+  size_t head_tokens = head_tokens_default;
+  int slots = 4;
+  int threads = 2;
+  int fan_out = 6;
+  bool keep = false;  // keep the work directory (logs)
+};
+
+struct Figures {
+  std::vector<double> ttft_msec;  // one per measured request
+  int64_t prefilled = 0;          // prompt_tokens_total delta
+  int64_t prompt_n = 0;           // sum of timings.prompt_n
+  std::string notes;              // proxy headers of the measured requests
+};
+
+struct Row {
+  std::string name;
+  Figures direct, proxy;
+};
+
+double ttft_of(const ChatResult& r) {
+  return r.first_content_msec >= 0 ? r.first_content_msec : r.first_chunk_msec;
+}
+
+std::string user_text(int n) {
+  return "Question " + std::to_string(n) + ":" + english_text(30, 5000 + uint64_t(n)) + "?";
+}
+
+class Bench {
+ public:
+  Bench(Options options, std::string work_dir)
+      : o_(std::move(options)), work_(std::move(work_dir)), slots_(work_ + "/slots") {}
+  ~Bench() {
+    if (proxy_ != nullptr) proxy_->stop();  // SIGTERM: it logs its last requests
+  }
+
+  bool setup() {
+    std::filesystem::create_directories(slots_);
+    if (o_.model.empty()) {
+      o_.model = work_ + "/model.gguf";
+      if (!make_test_model(o_.make_test_model, o_.model)) return fail("cannot make the model");
+    }
+    const int per_slot = int((o_.head_tokens + context_margin_tokens + 255) / 256 * 256);
+    server_ = std::make_unique<LlamaServerProcess>(
+        LlamaServerConfig{.binary = o_.llama_server,
+                          .model = o_.model,
+                          .slot_dir = slots_,
+                          .slots = o_.slots,
+                          .context_tokens = per_slot * o_.slots,
+                          .threads = o_.threads},
+        work_ + "/llama-server.log");
+    if (!server_->start()) return fail("llama-server did not start: " + server_->log_tail());
+    return calibrate_head();
+  }
+
+  // One case, direct then through the proxy, each from a fresh start.
+  template <typename Case>
+  bool run(const std::string& name, Case measure) {
+    Row row{.name = name};
+    if (!fresh(/*proxied=*/false) || !measure(server_->url(), &row.direct)) return false;
+    if (!fresh(/*proxied=*/true) || !measure(proxy_->url(), &row.proxy)) return false;
+    rows_.push_back(row);
+    return true;
+  }
+
+  bool sibling(const std::string& url, Figures* ret) {
+    const int64_t before = publishes(url);
+    ChatResult a;
+    if (!stream(url, {{"system", head_}, {"user", user_text(1)}}, &a)) return false;
+    settle(url, before);
+    return measure(url, {{{"system", head_}, {"user", user_text(2)}}}, ret);
+  }
+
+  // Sibling B reaches a llama-server process that never saw A (restarted, or
+  // another process of the same model): only parked state can serve its head.
+  bool sibling_after_restart(const std::string& url, Figures* ret) {
+    const int64_t before = publishes(url);
+    ChatResult a;
+    if (!stream(url, {{"system", head_}, {"user", user_text(3)}}, &a)) return false;
+    settle(url, before);
+    server_->stop();
+    if (!server_->start()) return fail("llama-server did not restart: " + server_->log_tail());
+    warm_up();
+    return measure(url, {{{"system", head_}, {"user", user_text(4)}}}, ret);
+  }
+
+  bool fan_out(const std::string& url, Figures* ret) {
+    std::vector<std::vector<ChatMessage>> requests;
+    for (int i = 0; i < o_.fan_out; ++i)
+      requests.push_back({{"system", head_}, {"user", user_text(10 + i)}});
+    return measure(url, requests, ret);
+  }
+
+  bool restart(const std::string& url, Figures* ret) {
+    std::vector<ChatMessage> messages = {{"system", head_}, {"user", user_text(20)}};
+    const int64_t before = publishes(url);
+    ChatResult turn1;
+    if (!stream(url, messages, &turn1)) return false;
+    settle(url, before);
+    server_->stop();
+    if (!server_->start()) return fail("llama-server did not restart: " + server_->log_tail());
+    warm_up();
+    messages.push_back({"assistant", turn1.content});
+    messages.push_back({"user", user_text(21)});
+    return measure(url, {messages}, ret);
+  }
+
+  void print() const {
+    std::printf("\nkvpark-proxy-bench: head %zu tokens (measured %lld), %d slots, %d threads\n\n",
+                o_.head_tokens, static_cast<long long>(head_measured_), o_.slots, o_.threads);
+    std::printf(
+        "| case | direct TTFT ms | proxy TTFT ms | direct tokens prefilled | "
+        "proxy tokens prefilled |\n|---|---:|---:|---:|---:|\n");
+    for (const Row& r : rows_) {
+      std::printf("| %s | %s | %s | %s | %s |\n", r.name.c_str(), ttft_cell(r.direct).c_str(),
+                  ttft_cell(r.proxy).c_str(), prefill_cell(r.direct).c_str(),
+                  prefill_cell(r.proxy).c_str());
+    }
+    std::printf(
+        "\nTTFT: client side, request sent to first content chunk (fan-out: max / "
+        "median). Prefilled: llama-server prompt_tokens_total delta (sum of "
+        "timings.prompt_n).\n\nProxy responses:\n");
+    for (const Row& r : rows_) std::printf("  %s:%s\n", r.name.c_str(), r.proxy.notes.c_str());
+  }
+
+ private:
+  bool fail(const std::string& why) {
+    std::fprintf(stderr, "kvpark-proxy-bench: %s\n", why.c_str());
+    return false;
+  }
+
+  // A head of about o_.head_tokens tokens, as llama-server tokenizes it.
+  bool calibrate_head() {
+    size_t words = o_.head_tokens / 4;  // about 4 tokens a word (few whole-word pieces)
+    for (int round = 0; round < 4; ++round) {
+      head_ = english_text(words, 7);
+      head_measured_ = count_tokens(server_->url(), head_);
+      if (head_measured_ <= 0) return fail("POST /tokenize failed");
+      if (head_measured_ <= int64_t(o_.head_tokens) &&
+          head_measured_ > int64_t(o_.head_tokens) * 98 / 100)
+        return true;
+      words = words * o_.head_tokens * 99 / 100 / size_t(head_measured_);
+    }
+    return true;
+  }
+
+  // A fresh llama-server; for the proxy also a fresh kvparkd, slot directory and proxy.
+  bool fresh(bool proxied) {
+    if (proxy_ != nullptr) proxy_->stop();  // SIGTERM: it logs its last requests
+    proxy_.reset();
+    server_->stop();
+    std::filesystem::remove_all(slots_);
+    std::filesystem::create_directories(slots_);
+    if (!server_->start()) return fail("llama-server did not start: " + server_->log_tail());
+    warm_up();
+    if (!proxied) return true;
+    daemon_ = std::make_unique<DaemonProcess>(DaemonConfig{.arena_bytes = 1ull << 30});
+    if (!daemon_->start()) return fail("kvparkd did not start: " + daemon_->log_path());
+    proxy_ = std::make_unique<ProxyProcess>(
+        ProxyConfig{.binary = o_.proxy,
+                    .upstreams = {{.name = "m", .url = server_->url()}},
+                    .slot_dir = slots_,
+                    .kvparkd_socket = daemon_->socket_path()},
+        work_ + "/proxy.log");
+    if (!proxy_->start()) return fail("kvpark-proxy did not start: " + proxy_->log_tail());
+    return true;
+  }
+
+  // A one-token request straight to llama-server: first-request costs out of the way.
+  void warm_up() {
+    ChatRequest r;
+    r.messages = {{"user", "hi"}};
+    r.max_tokens = 1;
+    post_chat(server_->url(), r);
+  }
+
+  // publishes so far (0 direct), for settle().
+  int64_t publishes(const std::string& url) {
+    if (proxy_ == nullptr || url != proxy_->url()) return 0;
+    return get_proxy_status(url).publishes;
+  }
+
+  // Through the proxy, waits until it has parked what the last response left: the
+  // publish count has grown past `before` and stays put for a few polls.
+  void settle(const std::string& url, int64_t before) {
+    if (proxy_ == nullptr || url != proxy_->url()) return;
+    int64_t last = -1;
+    int steady = 0;
+    for (int waited = 0; waited < publish_wait_msec_max && steady < 3; waited += 100) {
+      usleep(100'000);
+      const int64_t now = get_proxy_status(url).publishes;
+      steady = now > before && now == last ? steady + 1 : 0;
+      last = now;
+    }
+  }
+
+  bool stream(const std::string& url, std::vector<ChatMessage> messages, ChatResult* ret) {
+    ChatRequest r;
+    r.model = "m";
+    r.messages = std::move(messages);
+    r.stream = true;
+    *ret = post_chat(url, r);
+    if (ret->http.status == 200 && ret->parsed) return true;
+    return fail(url + ": status " + std::to_string(ret->http.status) + ": " +
+                ret->http.body.substr(0, 400));
+  }
+
+  // Sends `requests` at once and records their figures.
+  bool measure(const std::string& url, const std::vector<std::vector<ChatMessage>>& requests,
+               Figures* ret) {
+    const int64_t before = prompt_tokens_total(server_->url());
+    std::vector<ChatResult> results(requests.size());
+    std::vector<char> ok(requests.size(), 0);
+    std::vector<std::thread> clients;
+    for (size_t i = 0; i < requests.size(); ++i)
+      clients.emplace_back([&, i] { ok[i] = stream(url, requests[i], &results[i]); });
+    for (std::thread& t : clients) t.join();
+    ret->prefilled = prompt_tokens_total(server_->url()) - before;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      if (!ok[i]) return false;
+      ret->ttft_msec.push_back(ttft_of(results[i]));
+      ret->prompt_n += results[i].prompt_n;
+      ret->notes += " [" + results[i].http.header("x-kvpark-reuse") +
+                    " restored=" + results[i].http.header("x-kvpark-restored-tokens") + "]";
+    }
+    return true;
+  }
+
+  static std::string ttft_cell(const Figures& f) {
+    char cell[64];
+    if (f.ttft_msec.size() == 1)
+      std::snprintf(cell, sizeof cell, "%.1f", f.ttft_msec[0]);
+    else
+      std::snprintf(cell, sizeof cell, "%.1f / %.1f", max_of(f.ttft_msec), median_of(f.ttft_msec));
+    return cell;
+  }
+  static std::string prefill_cell(const Figures& f) {
+    return std::to_string(f.prefilled) + " (" + std::to_string(f.prompt_n) + ")";
+  }
+
+  Options o_;
+  std::string work_;
+  std::string slots_;
+  std::string head_;
+  int64_t head_measured_ = 0;
+  std::unique_ptr<LlamaServerProcess> server_;
+  std::unique_ptr<DaemonProcess> daemon_;
+  std::unique_ptr<ProxyProcess> proxy_;
+  std::vector<Row> rows_;
+};
+
+void usage(FILE* out) {
+  std::fprintf(out,
+               "Usage: kvpark-proxy-bench [--quick] [--head-tokens N] [--llama-server PATH]\n"
+               "         [--proxy PATH] [--kvparkd PATH] [--model PATH | --make-test-model PATH]\n"
+               "         [--slots N] [--threads N] [--fan-out N] [--keep]\n"
+               "TTFT and tokens prefilled through kvpark-proxy vs straight to llama-server.\n\n"
+               "  --quick             a %zu-token head (a smoke test)\n"
+               "  --head-tokens N     system head size in tokens (default %zu)\n"
+               "  --keep              keep the work directory and its logs\n"
+               "Binaries default to the ones this build knows of.\n",
+               head_tokens_quick, head_tokens_default);
+}
+
+bool parse(int argc, char** argv, Options* o, int* ret_exit) {
+  enum {
+    opt_server = 1,
+    opt_proxy,
+    opt_kvparkd,
+    opt_model,
+    opt_make,
+    opt_head,
+    opt_slots,
+    opt_threads,
+    opt_fan_out
+  };
+  static const option long_options[] = {{"quick", no_argument, nullptr, 'q'},
+                                        {"keep", no_argument, nullptr, 'k'},
+                                        {"help", no_argument, nullptr, 'h'},
+                                        {"llama-server", required_argument, nullptr, opt_server},
+                                        {"proxy", required_argument, nullptr, opt_proxy},
+                                        {"kvparkd", required_argument, nullptr, opt_kvparkd},
+                                        {"model", required_argument, nullptr, opt_model},
+                                        {"make-test-model", required_argument, nullptr, opt_make},
+                                        {"head-tokens", required_argument, nullptr, opt_head},
+                                        {"slots", required_argument, nullptr, opt_slots},
+                                        {"threads", required_argument, nullptr, opt_threads},
+                                        {"fan-out", required_argument, nullptr, opt_fan_out},
+                                        {nullptr, 0, nullptr, 0}};
+  int c;
+  while ((c = getopt_long(argc, argv, "h", long_options, nullptr)) != -1) {
+    switch (c) {
+      case 'q':
+        o->head_tokens = head_tokens_quick;
+        break;
+      case 'k':
+        o->keep = true;
+        break;
+      case opt_server:
+        o->llama_server = optarg;
+        break;
+      case opt_proxy:
+        o->proxy = optarg;
+        break;
+      case opt_kvparkd:
+        o->kvparkd = optarg;
+        break;
+      case opt_model:
+        o->model = optarg;
+        break;
+      case opt_make:
+        o->make_test_model = optarg;
+        break;
+      case opt_head:
+        o->head_tokens = std::strtoull(optarg, nullptr, 10);
+        break;
+      case opt_slots:
+        o->slots = std::atoi(optarg);
+        break;
+      case opt_threads:
+        o->threads = std::atoi(optarg);
+        break;
+      case opt_fan_out:
+        o->fan_out = std::atoi(optarg);
+        break;
+      case 'h':
+        usage(stdout);
+        *ret_exit = 0;
+        return false;
+      default:
+        usage(stderr);
+        *ret_exit = 2;
+        return false;
+    }
+  }
+  if (optind != argc || o->head_tokens < 512 || o->slots < 1 || o->threads < 1 || o->fan_out < 1) {
+    usage(stderr);
+    *ret_exit = 2;
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options options;
+  int exit_code = 0;
+  if (!parse(argc, argv, &options, &exit_code)) return exit_code;
+  setenv("KVPARKD", options.kvparkd.c_str(), 1);  // DaemonProcess starts this one
+  char templ[] = "/tmp/kvpark-proxy-bench-XXXXXX";
+  const std::string work = mkdtemp(templ);
+  const bool keep = options.keep;
+  const int fan_out = options.fan_out;
+  bool ok;
+  {
+    Bench bench(std::move(options), work);
+    ok = bench.setup() &&
+         bench.run("sibling B after A",
+                   [&](const std::string& url, Figures* f) { return bench.sibling(url, f); }) &&
+         bench.run("sibling B after a llama-server restart",
+                   [&](const std::string& url, Figures* f) {
+                     return bench.sibling_after_restart(url, f);
+                   }) &&
+         bench.run("fan-out of " + std::to_string(fan_out) + " siblings",
+                   [&](const std::string& url, Figures* f) { return bench.fan_out(url, f); }) &&
+         bench.run("turn 2 after llama-server restart",
+                   [&](const std::string& url, Figures* f) { return bench.restart(url, f); });
+    bench.print();
+  }
+  if (keep)
+    std::printf("\nlogs: %s\n", work.c_str());
+  else
+    std::filesystem::remove_all(work);
+  return ok ? 0 : 1;
+}

@@ -1,0 +1,505 @@
+// POST /v1/chat/completions: the request flow of kvpark-proxy (docs/proxy.md).
+//
+//   render + tokenize through the upstream -> plan the writes (system/tools head,
+//   turn closure) -> look up kvparkd -> head single flight (prefill the head alone,
+//   save, park as shared) -> take a slot, restore the parked state into it unless
+//   it holds as much -> forward pinned to the slot -> after the response: save the
+//   slot, park it as this conversation's turn -> give the slot back.
+//
+// Every kvparkd or slot-file failure degrades to a prefill; only the upstream's own
+// answer (or its absence: 502) reaches the client.
+#include <httplib.h>
+#include <rapidjson/document.h>
+#include <rapidjson/error/en.h>
+#include <rapidjson/stringbuffer.h>
+#include <rapidjson/writer.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <chrono>
+#include <cstdio>
+
+#include "client/kvpark_planner.h"
+#include "proxy/proxy.h"
+#include "proxy/relay.h"
+
+namespace kvpark::proxy {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr uint32_t head_wait_msec_max = 600'000;  // a follower gives up on its leader
+constexpr uint32_t promotion_wait_msec = 2'000;   // for parked state coming back from disk
+constexpr int head_attempts_max = 3;              // lead-or-follow rounds before prefilling
+// Stand-in contents that differ in their first character: where two renderings
+// with them part is where the message's content starts.
+constexpr const char* standin_a = "a";
+constexpr const char* standin_b = "b";
+
+std::string to_json(const rapidjson::Value& v) {
+  rapidjson::StringBuffer buffer;
+  rapidjson::Writer<rapidjson::StringBuffer> w(buffer);
+  v.Accept(w);
+  return std::string(buffer.GetString(), buffer.GetSize());
+}
+
+double msec_since(Clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
+
+// The request with its messages replaced by messages[0, keep) plus one stand-in
+// message of `role`, rendered for the template only (no streaming).
+std::string standin_body(const rapidjson::Document& request, size_t keep, const char* role,
+                         const char* content) {
+  rapidjson::Document doc;
+  doc.CopyFrom(request, doc.GetAllocator());
+  auto& a = doc.GetAllocator();
+  rapidjson::Value messages(rapidjson::kArrayType);
+  const auto& original = request["messages"];
+  for (size_t i = 0; i < keep; ++i)
+    messages.PushBack(rapidjson::Value(original[rapidjson::SizeType(i)], a), a);
+  rapidjson::Value standin(rapidjson::kObjectType);
+  standin.AddMember("role", rapidjson::Value(role, a), a);
+  standin.AddMember("content", rapidjson::Value(content, a), a);
+  messages.PushBack(standin, a);
+  doc["messages"] = messages;
+  doc.RemoveMember("stream");
+  return to_json(doc);
+}
+
+// The tokens before the content of a stand-in message that follows messages[0, keep):
+// what every conversation continuing those messages with a `role` message renders.
+std::vector<int32_t> tokens_before_content(Upstream& upstream, const rapidjson::Document& request,
+                                           size_t keep, const char* role) {
+  std::vector<int32_t> a, b;
+  Reply failure;
+  if (!upstream.chat_tokens(standin_body(request, keep, role, standin_a), &a, &failure) ||
+      !upstream.chat_tokens(standin_body(request, keep, role, standin_b), &b, &failure))
+    return {};
+  a.resize(common_prefix(a, b));
+  return a;
+}
+
+// How far `prefix` runs in `tokens`: its length if it is a prefix, else 0.
+uint32_t prefix_end(const std::vector<int32_t>& prefix, const std::vector<int32_t>& tokens) {
+  return !prefix.empty() && common_prefix(prefix, tokens) == prefix.size() ? uint32_t(prefix.size())
+                                                                           : 0;
+}
+
+// The conversation a request continues: the client's prompt_cache_key or "user" when
+// given, else the conversation up to its first user message (siblings of one head
+// differ there; later turns do not).
+uint64_t session_of(const rapidjson::Document& request) {
+  for (const char* key : {"prompt_cache_key", "user"})
+    if (request.HasMember(key) && request[key].IsString())
+      return XXH3_64bits_withSeed(request[key].GetString(), request[key].GetStringLength(), 1);
+  std::string opening;
+  for (const auto& m : request["messages"].GetArray()) {
+    opening += to_json(m);
+    if (m.IsObject() && m.HasMember("role") && m["role"].IsString() &&
+        std::string(m["role"].GetString()) == "user")
+      break;
+  }
+  return XXH3_64bits_withSeed(opening.data(), opening.size(), 2);
+}
+
+bool is_head_role(const rapidjson::Value& m) {
+  if (!m.IsObject() || !m.HasMember("role") || !m["role"].IsString()) return false;
+  const std::string role = m["role"].GetString();
+  return role == "system" || role == "developer";
+}
+
+const char* reuse_label(kvpark_reuse_kind kind) {
+  switch (kind) {
+    case KVPARK_REUSE_SHARED_STABLE_PREFIX: return "shared_stable_prefix";
+    case KVPARK_REUSE_PRIVATE_TURN_CLOSURE: return "private_turn_closure";
+    case KVPARK_REUSE_ROOT: break;
+  }
+  return "root";
+}
+
+// One request's state, shared with the work that runs after its response.
+struct Turn {
+  ProxyState* proxy = nullptr;
+  Route* route = nullptr;
+  rapidjson::Document request;
+  std::vector<int32_t> tokens;
+  uint64_t session_id = 0;
+  uint32_t slot = no_slot;
+  uint32_t head = 0;              // the head candidate's position (0: none)
+  kvpark_publish_options head_options{};
+  bool closure = false;           // park the turn after the response
+  kvpark_publish_options closure_options{};
+  uint32_t restored = 0;          // tokens restored from kvparkd into the slot
+  const char* reuse = "root";
+  Clock::time_point start;
+  double ttft_msec = -1;
+  uint32_t prompt_tokens = 0;     // as the upstream reported them
+  uint32_t prefilled = 0;         // timings.prompt_n
+  bool timings_seen = false;
+};
+
+// The plan's candidates: the head (system frontier, or a client mark on it) and
+// whether the turn is parked after the response.
+void plan_writes(Turn& turn, const kvpark_request* request) {
+  Route& route = *turn.route;
+  const auto& messages = turn.request["messages"];
+  size_t leading = 0;
+  while (leading < messages.Size() && is_head_role(messages[rapidjson::SizeType(leading)]))
+    ++leading;
+  const bool tools = kvpark_request_tools_present(request) != 0;
+  const uint32_t total = uint32_t(turn.tokens.size());
+
+  uint32_t frontier = 0;
+  if ((leading > 0 || tools) && leading < messages.Size()) {
+    const std::string head_body = standin_body(turn.request, leading, "user", standin_a);
+    const uint64_t key = XXH3_64bits(head_body.data(), head_body.size());
+    std::vector<int32_t> head = route.cached_frontier(key);
+    if (head.empty()) {
+      head = tokens_before_content(route.upstream(), turn.request, leading, "user");
+      if (!head.empty()) route.remember_frontier(key, head);
+    }
+    frontier = prefix_end(head, turn.tokens);
+  }
+
+  std::vector<kvpark_segment> segments;
+  if (frontier > 0 && frontier < total) {
+    int marked = 0;
+    for (size_t i = 0; i < leading; ++i) marked |= kvpark_request_message_breakpoint(request, i);
+    segments.push_back(kvpark_segment{
+        .kind = leading > 0 ? kvpark_request_message_kind(request, leading - 1)
+                            : KVPARK_SEGMENT_TOOLS,
+        .end_token = frontier,
+        .explicit_breakpoint = marked});
+  }
+  const size_t last = messages.Size() - 1;
+  segments.push_back(kvpark_segment{.kind = kvpark_request_message_kind(request, last),
+                                    .end_token = total,
+                                    .explicit_breakpoint =
+                                        kvpark_request_message_breakpoint(request, last)});
+  kvpark_write_plan_options options;
+  kvpark_request_write_plan_options(request, total, !turn.proxy->options.system_candidate,
+                                    &options);
+  kvpark_write_candidate candidates[KVPARK_WRITE_CANDIDATES_MAX];
+  size_t count = 0;
+  if (kvpark_plan_write_candidates(segments.data(), segments.size(), &options, candidates,
+                                   &count) == KVPARK_OK) {
+    for (size_t i = 0; i < count; ++i) {
+      const kvpark_write_candidate& c = candidates[i];
+      const kvpark_publish_options publish{.session_id = turn.session_id,
+                                           .entry_class = c.entry_class,
+                                           .evidence = c.evidence};
+      if (c.position_tokens == frontier && frontier > 0) {
+        turn.head = frontier;
+        turn.head_options = publish;
+      } else if (c.position_tokens == total) {
+        turn.closure = true;
+        turn.closure_options = publish;
+      }
+    }
+  }
+}
+
+// Restores `parked` into the turn's slot. false (slot contents unknown) on failure.
+bool restore_into_slot(Turn& turn, const Parked& parked) {
+  Route& route = *turn.route;
+  const std::string name = route.slot_file_name(turn.slot, "restore");
+  const std::string path = route.slot_file_path(name);
+  std::string why;
+  uint32_t n_restored = 0;
+  bool corrupt = false;
+  bool ok = parked.write_slot_file(path, &why, &corrupt);
+  if (corrupt) route.restore_refused();
+  if (ok) {
+    bool refused = false;
+    ok = route.upstream().restore_slot(turn.slot, name, &n_restored, &why, &refused);
+    if (ok) route.restore_succeeded();
+    if (refused) route.restore_refused();
+  }
+  unlink(path.c_str());
+  if (!ok) {
+    ++turn.proxy->counters.restore_failures;
+    std::fprintf(stderr,
+                 "kvpark-proxy: upstream %s slot %u: parked state at %u tokens not restored (%s); "
+                 "prefilling instead\n",
+                 route.name().c_str(), turn.slot, parked.position(), why.c_str());
+    return false;
+  }
+  ++turn.proxy->counters.restores;
+  turn.restored = parked.position();
+  turn.reuse = reuse_label(parked.reuse_kind());
+  return true;
+}
+
+// Saves the turn's slot and parks it as the state after tokens[0, position).
+void park_slot(Turn& turn, uint32_t position, const kvpark_publish_options& options) {
+  Route& route = *turn.route;
+  const std::string name = route.slot_file_name(turn.slot, "save");
+  const std::string path = route.slot_file_path(name);
+  std::string why;
+  uint32_t n_saved = 0;
+  bool ok = route.upstream().save_slot(turn.slot, name, &n_saved, &why);
+  if (ok && n_saved < position) {
+    ok = false;
+    why = "the slot holds " + std::to_string(n_saved) + " tokens, fewer than planned";
+  }
+  if (ok) ok = route.parking().park_file(turn.tokens, position, options, path, &why);
+  unlink(path.c_str());
+  if (ok)
+    ++turn.proxy->counters.publishes;
+  else
+    std::fprintf(stderr, "kvpark-proxy: upstream %s slot %u: not parked at %u tokens: %s\n",
+                 route.name().c_str(), turn.slot, position, why.c_str());
+}
+
+// Whether llama-server still has what the proxy believes the slot holds: it may have
+// restarted (the slot then ran no task) or someone else may have used the slot.
+bool slot_still_holds(Route& route, uint32_t slot, size_t tokens) {
+  std::vector<SlotReport> reports;
+  if (!route.upstream().slots(&reports)) return false;  // cannot tell: restore anyway
+  return slot < reports.size() && reports[slot].known && reports[slot].prompt_tokens >= tokens;
+}
+
+// The head single flight. Returns with the slot taken; the head is in it, or parked
+// (then restored), or could not be had (the request prefills it).
+void take_slot_with_head(Turn& turn) {
+  Route& route = *turn.route;
+  std::unique_ptr<Parked> parked =
+      route.parking().lookup(turn.tokens, turn.session_id, promotion_wait_msec);
+  bool leading = false;
+  const kvpark_hash128 space = route.namespace_id();
+  const uint64_t flight_key =
+      turn.head == 0 ? 0
+                     : XXH3_64bits_withSeed(turn.tokens.data(), turn.head * sizeof(int32_t),
+                                            space.low ^ space.high);
+  HeadFlights& flights = turn.proxy->flights;
+  for (int attempt = 0; turn.head > 0 && parked->position() < turn.head; ++attempt) {
+    if (attempt == head_attempts_max) break;
+    if (flights.lead_or_wait(flight_key, head_wait_msec_max)) {
+      leading = true;
+      break;
+    }
+    ++turn.proxy->counters.head_waits;
+    parked.reset();  // give the lease back before the next lookup
+    parked = route.parking().lookup(turn.tokens, turn.session_id, promotion_wait_msec);
+  }
+
+  size_t common = 0;
+  turn.slot = route.slots().acquire(turn.tokens, &common);
+  if (turn.slot == no_slot) {
+    if (leading) flights.finish(flight_key);
+    return;
+  }
+  if (common > 0 && !slot_still_holds(route, turn.slot, common)) common = 0;
+  if (common > 0) turn.reuse = "slot";
+  if (parked->position() > common && restore_into_slot(turn, *parked)) common = turn.restored;
+  parked.reset();
+  if (!leading) return;
+
+  // Lead: prefill the head alone, save it, park it as shared; then the request
+  // itself prefills only its delta, and the followers restore the head.
+  if (common < turn.head) {
+    uint32_t prefilled = 0;
+    std::string why;
+    if (route.upstream().prefill(turn.slot, turn.tokens, turn.head, &prefilled, &why)) {
+      ++turn.proxy->counters.head_prefills;
+      park_slot(turn, turn.head, turn.head_options);
+    } else {
+      std::fprintf(stderr, "kvpark-proxy: upstream %s slot %u: head prefill failed: %s\n",
+                   route.name().c_str(), turn.slot, why.c_str());
+    }
+  } else {
+    park_slot(turn, turn.head, turn.head_options);  // the slot already held it
+  }
+  flights.finish(flight_key);
+}
+
+// After the response: park the turn, give the slot back, log.
+void finish_turn(Turn& turn, int status, bool completed) {
+  Route& route = *turn.route;
+  if (turn.slot != no_slot) {
+    if (turn.closure && status == 200 && completed && route.parking().has_namespace()) {
+      // Where the next turn's prompt starts to differ from this one: at the reply's
+      // content (or, for a template that renders replies unlike its generation
+      // prompt, where the last message ends).
+      const size_t messages = turn.request["messages"].Size();
+      uint32_t end = prefix_end(
+          tokens_before_content(route.upstream(), turn.request, messages, "assistant"),
+          turn.tokens);
+      if (end == 0) {
+        std::vector<int32_t> next_user;
+        Reply failure;
+        if (route.upstream().chat_tokens(standin_body(turn.request, messages, "user", standin_a),
+                                         &next_user, &failure))
+          end = uint32_t(common_prefix(next_user, turn.tokens));
+      }
+      if (end > std::max(turn.restored, turn.head)) park_slot(turn, end, turn.closure_options);
+    }
+    route.slots().release(turn.slot, status == 200 ? std::move(turn.tokens)
+                                                   : std::vector<int32_t>());
+  }
+  const uint32_t cached = turn.prompt_tokens >= turn.prefilled ? turn.prompt_tokens - turn.prefilled : 0;
+  std::fprintf(stderr,
+               "kvpark-proxy: POST /v1/chat/completions upstream=%s slot=%d reuse=%s cached=%u/%u "
+               "prefilled=%u ttft_ms=%.1f status=%d\n",
+               route.name().c_str(), turn.slot == no_slot ? -1 : int(turn.slot), turn.reuse,
+               cached, turn.prompt_tokens, turn.prefilled, turn.ttft_msec, status);
+}
+
+// Rewrites usage.prompt_tokens_details.cached_tokens to what was not prefilled, and
+// notes the figures for the log. Returns false when `doc` carries no usage.
+bool fix_usage(rapidjson::Document& doc, Turn& turn) {
+  if (!doc.IsObject()) return false;
+  if (doc.HasMember("timings") && doc["timings"].IsObject()) {
+    const auto& t = doc["timings"];
+    if (t.HasMember("prompt_n") && t["prompt_n"].IsInt()) {
+      turn.prefilled = uint32_t(std::max(0, t["prompt_n"].GetInt()));
+      turn.timings_seen = true;
+    }
+  }
+  if (!doc.HasMember("usage") || !doc["usage"].IsObject()) return false;
+  auto& usage = doc["usage"];
+  if (usage.HasMember("prompt_tokens") && usage["prompt_tokens"].IsUint())
+    turn.prompt_tokens = usage["prompt_tokens"].GetUint();
+  if (!turn.timings_seen) return true;
+  const uint32_t cached = turn.prompt_tokens >= turn.prefilled ? turn.prompt_tokens - turn.prefilled : 0;
+  auto& a = doc.GetAllocator();
+  if (!usage.HasMember("prompt_tokens_details") || !usage["prompt_tokens_details"].IsObject())
+    usage.AddMember("prompt_tokens_details", rapidjson::Value(rapidjson::kObjectType), a);
+  auto& details = usage["prompt_tokens_details"];
+  if (details.HasMember("cached_tokens"))
+    details["cached_tokens"].SetUint(cached);
+  else
+    details.AddMember("cached_tokens", rapidjson::Value(cached), a);
+  return true;
+}
+
+void set_reuse_headers(httplib::Response& res, const Turn& turn) {
+  res.set_header("X-Kvpark-Reuse", turn.reuse);
+  res.set_header("X-Kvpark-Restored-Tokens", std::to_string(turn.restored));
+  if (turn.slot != no_slot) res.set_header("X-Kvpark-Slot", std::to_string(turn.slot));
+}
+
+void forward(std::shared_ptr<Turn> turn, const std::string& path, httplib::Response& res) {
+  rapidjson::Document& doc = turn->request;
+  rapidjson::Document body;
+  body.CopyFrom(doc, body.GetAllocator());
+  auto& a = body.GetAllocator();
+  if (turn->slot != no_slot) {
+    body.RemoveMember("id_slot");
+    body.AddMember("id_slot", rapidjson::Value(turn->slot), a);
+    body.RemoveMember("cache_prompt");
+    body.AddMember("cache_prompt", true, a);
+  }
+  const bool stream = doc.HasMember("stream") && doc["stream"].IsBool() && doc["stream"].GetBool();
+  const Clock::time_point sent = Clock::now();
+  auto relay = std::make_shared<Relay>(turn->route->upstream(), path, to_json(body));
+  std::string content_type;
+  const int status = relay->wait_status(&content_type);
+  if (status == 0) {
+    finish_turn(*turn, 502, false);
+    send_error(res, 502, "upstream_unavailable",
+               "upstream " + turn->route->name() + " is unreachable: " + relay->error());
+    return;
+  }
+  set_reuse_headers(res, *turn);
+  if (!stream || status != 200 || content_type.rfind("text/event-stream", 0) != 0) {
+    std::string text = relay->wait_body();
+    rapidjson::Document reply;
+    reply.Parse(text.c_str(), text.size());
+    if (status == 200 && !reply.HasParseError() && fix_usage(reply, *turn)) {
+      text = to_json(reply);
+      if (reply.HasMember("timings") && reply["timings"].IsObject() &&
+          reply["timings"].HasMember("prompt_ms") && reply["timings"]["prompt_ms"].IsNumber())
+        turn->ttft_msec = std::chrono::duration<double, std::milli>(sent - turn->start).count() +
+                          reply["timings"]["prompt_ms"].GetDouble();
+    }
+    send_then(res, status, std::move(text),
+              content_type.empty() ? "application/json" : content_type,
+              [turn, status] { finish_turn(*turn, status, true); });
+    return;
+  }
+  auto splitter = std::make_shared<EventSplitter>([turn](std::string event) {
+    if (turn->ttft_msec < 0) turn->ttft_msec = msec_since(turn->start);
+    if (event.rfind("data: {", 0) != 0 || (event.find("\"usage\"") == std::string::npos &&
+                                             event.find("\"timings\"") == std::string::npos))
+      return event;
+    rapidjson::Document chunk;
+    const size_t json_end = event.find_last_not_of('\n') + 1;
+    chunk.Parse(event.c_str() + 6, json_end - 6);
+    if (chunk.HasParseError() || !fix_usage(chunk, *turn)) return event;
+    return "data: " + to_json(chunk) + "\n\n";
+  });
+  stream_to_client(
+      relay, res, content_type,
+      [splitter](const std::string& chunk, bool last) {
+        return last ? splitter->flush() : splitter->feed(chunk);
+      },
+      [turn](bool completed) { finish_turn(*turn, 200, completed); });
+}
+
+}  // namespace
+
+void serve_chat(ProxyState& proxy, const httplib::Request& req, httplib::Response& res) {
+  auto turn = std::make_shared<Turn>();
+  turn->start = Clock::now();
+  turn->proxy = &proxy;
+  ++proxy.counters.requests;
+  rapidjson::Document& doc = turn->request;
+  doc.Parse(req.body.c_str(), req.body.size());
+  if (doc.HasParseError()) {
+    send_error(res, 400, "invalid_request_error",
+               std::string("request body is not valid JSON: ") +
+                   rapidjson::GetParseError_En(doc.GetParseError()) + " (at byte " +
+                   std::to_string(doc.GetErrorOffset()) + ")");
+    return;
+  }
+  if (!doc.IsObject() || !doc.HasMember("messages") || !doc["messages"].IsArray() ||
+      doc["messages"].Empty()) {
+    send_error(res, 400, "invalid_request_error",
+               "messages: expected a non-empty array of messages");
+    return;
+  }
+  kvpark_request* parsed = nullptr;
+  char parse_error[256] = {};
+  if (kvpark_request_parse(req.body.data(), req.body.size(), KVPARK_REQUEST_CHAT_COMPLETIONS,
+                           &parsed, parse_error, sizeof parse_error) != KVPARK_OK) {
+    send_error(res, 400, "invalid_request_error", parse_error);
+    return;
+  }
+  const std::unique_ptr<kvpark_request, void (*)(kvpark_request*)> request(parsed,
+                                                                           kvpark_request_free);
+  const std::string model =
+      doc.HasMember("model") && doc["model"].IsString() ? doc["model"].GetString() : "";
+  turn->route = route_for_model(proxy, model);
+  if (turn->route == nullptr) {
+    send_error(res, 404, "model_not_found", "model '" + model + "': no upstream serves it");
+    return;
+  }
+  Route& route = *turn->route;
+  route.refresh(false);  // the model behind the upstream may have changed
+  Reply failure;
+  if (!route.ready() || !route.upstream().chat_tokens(req.body, &turn->tokens, &failure)) {
+    if (failure.status != 0) {  // the upstream refused the request: its answer, as is
+      res.status = failure.status;
+      res.set_content(failure.body, failure.content_type.empty() ? "application/json"
+                                                                 : failure.content_type.c_str());
+      return;
+    }
+    ++proxy.counters.uncached_requests;
+    forward(turn, req.path, res);  // 502 when unreachable, else served plainly
+    return;
+  }
+  turn->session_id = session_of(doc);
+  plan_writes(*turn, request.get());
+  if (!route.parking().connected()) {
+    ++proxy.counters.uncached_requests;
+    std::fprintf(stderr, "kvpark-proxy: kvparkd unavailable; serving uncached\n");
+    turn->head = 0;
+    turn->closure = false;
+  }
+  take_slot_with_head(*turn);
+  forward(turn, req.path, res);
+}
+
+}  // namespace kvpark::proxy

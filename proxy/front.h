@@ -1,0 +1,17 @@
+// kvpark-proxy's HTTP front: installs the routes on an httplib server.
+#pragma once
+
+#include "proxy/proxy.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace kvpark::proxy {
+
+// POST /v1/chat/completions (and /chat/completions): parked and restored.
+// GET /health, GET /kvpark/status: the proxy's own. GET /v1/models: every upstream.
+// Anything else: passed through to an upstream.
+void install_routes(ProxyState& proxy, httplib::Server& server);
+
+}  // namespace kvpark::proxy

@@ -1,0 +1,232 @@
+#include "proxy/parking.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "proxy/slot_file.h"
+
+namespace kvpark::proxy {
+namespace {
+
+constexpr auto reconnect_interval = std::chrono::seconds(1);
+constexpr size_t copy_chunk_bytes = 4u << 20;  // staging buffer between arena and file
+
+// Copies the slot file out of a parked payload, checking its header and hashing the
+// very bytes written (the arena is shared memory: what is checked must be what
+// llama-server reads).
+bool write_checked_file(const uint8_t* payload, uint64_t payload_bytes, uint32_t position,
+                        const std::string& path, std::string* ret_refused, bool* ret_corrupt) {
+  SlotFileHeader header;
+  *ret_corrupt = true;
+  if (payload_bytes < sizeof header) {
+    *ret_refused = slot_file_check_string(SlotFileCheck::short_payload);
+    return false;
+  }
+  std::memcpy(&header, payload, sizeof header);
+  SlotFileCheck check = SlotFileCheck::ok;
+  if (header.magic != SlotFileHeader::magic_value) check = SlotFileCheck::bad_magic;
+  else if (header.version != SlotFileHeader::format_version) check = SlotFileCheck::bad_version;
+  else if (header.position_tokens != position) check = SlotFileCheck::wrong_position;
+  else if (header.file_bytes != payload_bytes - sizeof header) check = SlotFileCheck::wrong_size;
+  if (check != SlotFileCheck::ok) {
+    *ret_refused = slot_file_check_string(check);
+    return false;
+  }
+  *ret_corrupt = false;
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+  if (fd < 0) {
+    *ret_refused = path + ": " + std::strerror(errno);
+    return false;
+  }
+  XXH3_state_t* hash = XXH3_createState();
+  XXH3_64bits_reset(hash);
+  std::vector<uint8_t> staging(copy_chunk_bytes);
+  const uint8_t* file = payload + sizeof header;
+  bool ok = true;
+  for (uint64_t at = 0; ok && at < header.file_bytes;) {
+    const size_t n = size_t(std::min<uint64_t>(staging.size(), header.file_bytes - at));
+    std::memcpy(staging.data(), file + at, n);
+    XXH3_64bits_update(hash, staging.data(), n);
+    for (size_t done = 0; ok && done < n;) {
+      const ssize_t w = write(fd, staging.data() + done, n - done);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) {
+        *ret_refused = path + ": " + std::strerror(errno);
+        ok = false;
+      } else {
+        done += size_t(w);
+      }
+    }
+    at += n;
+  }
+  const bool checksum_ok = XXH3_64bits_digest(hash) == header.file_xxh3_64;
+  XXH3_freeState(hash);
+  if (close(fd) != 0 && ok) {
+    *ret_refused = path + ": " + std::strerror(errno);
+    ok = false;
+  }
+  if (ok && !checksum_ok) {
+    *ret_refused = slot_file_check_string(SlotFileCheck::bad_checksum);
+    *ret_corrupt = true;
+    ok = false;
+  }
+  if (!ok) unlink(path.c_str());
+  return ok;
+}
+
+}  // namespace
+
+Parking::Parking(std::string socket_path, std::string client_name)
+    : socket_path_(std::move(socket_path)), client_name_(std::move(client_name)) {}
+
+Parking::~Parking() {
+  kvpark_disconnect(client_);
+  for (kvpark_client* c : retired_) kvpark_disconnect(c);
+}
+
+void Parking::set_namespace(kvpark_hash128 id, uint32_t prefill_tokens_per_second) {
+  std::lock_guard lock(mutex_);
+  if (has_namespace_ && namespace_.id.low == id.low && namespace_.id.high == id.high) return;
+  // Other threads may still be in a call on the old client: retire it, do not free it.
+  if (client_ != nullptr) retired_.push_back(client_);
+  client_ = nullptr;
+  has_namespace_ = true;
+  namespace_ = kvpark_namespace{.id = id,
+                                .block_tokens = 0,  // llama-server: whole-slot state only
+                                .block_payload_bytes = 0,
+                                .snapshot_required = 1,
+                                .prefill_tokens_per_second = prefill_tokens_per_second,
+                                .client_name = client_name_.c_str()};
+  next_attempt_ = {};
+}
+
+bool Parking::has_namespace() const {
+  std::lock_guard lock(mutex_);
+  return has_namespace_;
+}
+
+kvpark_client* Parking::client_locked() {
+  if (client_ != nullptr || !has_namespace_) return client_;
+  const auto now = std::chrono::steady_clock::now();
+  if (now < next_attempt_) return nullptr;
+  next_attempt_ = now + reconnect_interval;
+  if (kvpark_connect(socket_path_.empty() ? nullptr : socket_path_.c_str(), &namespace_,
+                     &client_) != KVPARK_OK)
+    client_ = nullptr;
+  return client_;
+}
+
+bool Parking::connected() {
+  std::lock_guard lock(mutex_);
+  kvpark_client* client = client_locked();
+  if (client == nullptr) return false;
+  kvpark_stats stats;
+  // libkvpark reconnects by itself when the daemon is back.
+  return kvpark_get_stats(client, &stats) == KVPARK_OK;
+}
+
+Parked::Parked(kvpark_plan* plan) : plan_(plan) {
+  const void* payload = kvpark_plan_snapshot(plan, &payload_bytes_, &position_);
+  if (payload == nullptr) position_ = 0;
+  payload_ = payload;
+  reuse_kind_ = position_ > 0 ? kvpark_plan_reuse_kind(plan) : KVPARK_REUSE_ROOT;
+}
+
+Parked::~Parked() {
+  kvpark_plan_release(plan_);
+}
+
+bool Parked::write_slot_file(const std::string& path, std::string* ret_refused,
+                             bool* ret_corrupt) const {
+  *ret_corrupt = false;
+  if (position_ == 0) {
+    *ret_refused = "nothing parked";
+    return false;
+  }
+  return write_checked_file(static_cast<const uint8_t*>(payload_), payload_bytes_, position_, path,
+                            ret_refused, ret_corrupt);
+}
+
+std::unique_ptr<Parked> Parking::lookup(const std::vector<int32_t>& tokens, uint64_t session_id,
+                                        uint32_t wait_msec) {
+  kvpark_client* client = nullptr;
+  {
+    std::lock_guard lock(mutex_);
+    client = client_locked();
+  }
+  kvpark_plan* plan = nullptr;
+  if (client == nullptr ||
+      kvpark_lookup(client, session_id, tokens.data(), tokens.size(), &plan) != KVPARK_OK)
+    return std::make_unique<Parked>();
+  if (kvpark_plan_pending_tokens(plan) > kvpark_plan_restorable_tokens(plan) ||
+      kvpark_plan_inflight_tokens(plan) > 0)
+    kvpark_plan_wait(plan, wait_msec);  // on timeout, what is ready stays usable
+  return std::make_unique<Parked>(plan);
+}
+
+bool Parking::park_file(const std::vector<int32_t>& tokens, uint32_t position,
+                        const kvpark_publish_options& options, const std::string& file_path,
+                        std::string* ret_error) {
+  kvpark_client* client = nullptr;
+  {
+    std::lock_guard lock(mutex_);
+    client = client_locked();
+  }
+  if (client == nullptr) {
+    *ret_error = "kvparkd unavailable";
+    return false;
+  }
+  const int fd = open(file_path.c_str(), O_RDONLY | O_CLOEXEC);
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st) != 0) {
+    *ret_error = file_path + ": " + std::strerror(errno);
+    if (fd >= 0) close(fd);
+    return false;
+  }
+  const uint64_t file_bytes = uint64_t(st.st_size);
+  kvpark_reservation* reservation = nullptr;
+  const kvpark_status s = kvpark_reserve_snapshot(client, &options, tokens.data(), position,
+                                                  sizeof(SlotFileHeader) + file_bytes,
+                                                  &reservation);
+  if (s == KVPARK_ALREADY_PRESENT || s == KVPARK_IN_FLIGHT) {
+    close(fd);
+    return true;
+  }
+  if (s != KVPARK_OK) {
+    close(fd);
+    *ret_error = std::string("reserve: ") + kvpark_status_string(s);
+    return false;
+  }
+  auto* payload = static_cast<uint8_t*>(kvpark_reservation_snapshot(reservation));
+  uint8_t* file = payload + sizeof(SlotFileHeader);
+  bool ok = true;
+  for (uint64_t at = 0; at < file_bytes;) {
+    const ssize_t n = read(fd, file + at, size_t(file_bytes - at));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      *ret_error = file_path + (n == 0 ? ": shrank while read" : ": " + std::string(std::strerror(errno)));
+      ok = false;
+      break;
+    }
+    at += uint64_t(n);
+  }
+  close(fd);
+  if (!ok) {
+    kvpark_abort(reservation);
+    return false;
+  }
+  slot_file_seal(payload, position, file_bytes);
+  const kvpark_status sealed = kvpark_seal(reservation);
+  if (sealed != KVPARK_OK) {
+    *ret_error = std::string("seal: ") + kvpark_status_string(sealed);
+    return false;
+  }
+  return true;
+}
+
+}  // namespace kvpark::proxy

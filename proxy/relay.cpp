@@ -1,0 +1,133 @@
+#include "proxy/relay.h"
+
+#include <httplib.h>
+
+namespace kvpark::proxy {
+
+Relay::Relay(const Upstream& upstream, std::string path, std::string body) {
+  thread_ = std::thread([this, &upstream, path = std::move(path), body = std::move(body)] {
+    const Reply reply = upstream.post_streaming(
+        path, body,
+        [this](int status, const std::string& content_type) {
+          std::lock_guard lock(mutex_);
+          status_ = status;
+          content_type_ = content_type;
+          changed_.notify_all();
+          return !cancelled_;
+        },
+        [this](const char* data, size_t n) {
+          std::lock_guard lock(mutex_);
+          chunks_.emplace_back(data, n);
+          changed_.notify_all();
+          return !cancelled_;
+        });
+    std::lock_guard lock(mutex_);
+    if (status_ < 0) status_ = reply.status;
+    error_ = reply.error;
+    finished_ = true;
+    changed_.notify_all();
+  });
+}
+
+Relay::~Relay() {
+  cancel();
+  thread_.join();
+}
+
+int Relay::wait_status(std::string* ret_content_type) {
+  std::unique_lock lock(mutex_);
+  changed_.wait(lock, [&] { return status_ >= 0 || finished_; });
+  *ret_content_type = content_type_;
+  return status_ < 0 ? 0 : status_;
+}
+
+std::string Relay::wait_body() {
+  std::string body;
+  std::string chunk;
+  while (next_chunk(&chunk)) body += chunk;
+  return body;
+}
+
+bool Relay::next_chunk(std::string* ret_chunk) {
+  std::unique_lock lock(mutex_);
+  changed_.wait(lock, [&] { return !chunks_.empty() || finished_; });
+  if (chunks_.empty()) return false;
+  *ret_chunk = std::move(chunks_.front());
+  chunks_.pop_front();
+  return true;
+}
+
+void Relay::cancel() {
+  std::lock_guard lock(mutex_);
+  cancelled_ = true;
+}
+
+const std::string& Relay::error() {
+  std::unique_lock lock(mutex_);
+  changed_.wait(lock, [&] { return finished_; });
+  return error_;
+}
+
+std::string EventSplitter::feed(const std::string& bytes) {
+  pending_ += bytes;
+  std::string out;
+  for (;;) {
+    // Events end with a blank line; llama-server writes "\n\n".
+    const size_t end = pending_.find("\n\n");
+    if (end == std::string::npos) break;
+    out += rewrite_(pending_.substr(0, end + 2));
+    pending_.erase(0, end + 2);
+  }
+  return out;
+}
+
+std::string EventSplitter::flush() {
+  std::string rest;
+  rest.swap(pending_);
+  return rest;
+}
+
+void stream_to_client(std::shared_ptr<Relay> relay, httplib::Response& res,
+                      const std::string& content_type,
+                      std::function<std::string(const std::string&, bool last)> transform,
+                      std::function<void(bool completed)> on_end) {
+  auto completed = std::make_shared<bool>(false);
+  res.set_chunked_content_provider(
+      content_type,
+      [relay, transform, completed](size_t, httplib::DataSink& sink) {
+        std::string chunk;
+        if (relay->next_chunk(&chunk)) {
+          const std::string out = transform(chunk, false);
+          if (!out.empty() && !sink.write(out.data(), out.size())) {
+            relay->cancel();  // the client went away: stop the generation
+            return false;
+          }
+          return true;
+        }
+        const std::string out = transform(std::string(), true);
+        if (!out.empty()) sink.write(out.data(), out.size());
+        *completed = true;
+        sink.done();
+        return true;
+      },
+      // Runs once the response is written (or abandoned), so on_end's work (saving
+      // and parking the slot) never delays the client.
+      [relay, completed, on_end](bool success) {
+        relay->cancel();
+        on_end(*completed && success);
+      });
+}
+
+void send_then(httplib::Response& res, int status, std::string body,
+               const std::string& content_type, std::function<void()> after) {
+  res.status = status;
+  auto shared = std::make_shared<std::string>(std::move(body));
+  res.set_content_provider(
+      shared->size(), content_type,
+      [shared](size_t offset, size_t length, httplib::DataSink& sink) {
+        return sink.write(shared->data() + offset, length);
+      },
+      [after](bool) { after(); });
+}
+
+}  // namespace kvpark::proxy

@@ -1,0 +1,112 @@
+// One upstream as the proxy serves it: the llama-server, its slots, its kvparkd
+// namespace, and the heads being prefilled right now (single flight).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "proxy/options.h"
+#include "proxy/parking.h"
+#include "proxy/slot_pool.h"
+#include "proxy/upstream.h"
+
+namespace kvpark::proxy {
+
+struct Counters {
+  std::atomic<uint64_t> requests{0};
+  std::atomic<uint64_t> uncached_requests{0};  // served without kvparkd
+  std::atomic<uint64_t> head_prefills{0};      // heads prefilled alone and parked
+  std::atomic<uint64_t> head_waits{0};         // requests that waited for another's head
+  std::atomic<uint64_t> restores{0};
+  std::atomic<uint64_t> restore_failures{0};   // parked state refused: prefilled instead
+  std::atomic<uint64_t> publishes{0};
+};
+
+// Requests that need the same head prefilled: the first leads, the rest wait. Keyed
+// by namespace and head, so upstreams serving one model share their flights.
+class HeadFlights {
+ public:
+  // True: the caller leads and must call finish(key). False: another request led
+  // and has finished (or timeout_msec passed); look up again.
+  bool lead_or_wait(uint64_t key, uint32_t timeout_msec);
+  void finish(uint64_t key);
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable done_;
+  std::map<uint64_t, uint64_t> leading_;  // key -> generation
+  uint64_t generation_ = 0;
+};
+
+class Route {
+ public:
+  // index: the upstream's place in the options, which keeps slot file names apart.
+  Route(const UpstreamOptions& upstream, const ProxyOptions& options, size_t index);
+  ~Route();
+  Route(const Route&) = delete;
+  Route& operator=(const Route&) = delete;
+
+  Upstream& upstream() { return upstream_; }
+  SlotPool& slots() { return slots_; }
+  Parking& parking() { return parking_; }
+  const std::string& name() const { return upstream_.options().name; }
+
+  // Checks /props and the model file now: a new model, file or build gives a new
+  // namespace; with verify_slots, GET /slots drops beliefs a restart made wrong.
+  // Run before every request (without /slots, which waits for llama-server's main
+  // loop) and every refresh interval by a watcher thread (with).
+  void refresh(bool verify_slots);
+  bool ready() const { return ready_.load(); }
+  // How restores went. Refusals in a row (llama-server refusing a state, or a
+  // payload failing its checks) move the upstream to a fresh namespace (an epoch in
+  // the hash), so a setting the operator left out of --state, or a damaged entry
+  // that kvparkd keeps serving, costs two prefills, not one per request.
+  void restore_succeeded();
+  void restore_refused();
+  std::string namespace_hex() const;
+  kvpark_hash128 namespace_id() const;
+
+  // The slot directory path of a file for slot_id ("save" or "restore").
+  std::string slot_file_name(uint32_t slot_id, const char* purpose) const;
+  std::string slot_file_path(const std::string& file_name) const;
+
+  // Frontier cache: the tokens of a rendered head up to where its first
+  // non-head message starts, by a hash of the head request; empty when unknown.
+  std::vector<int32_t> cached_frontier(uint64_t head_key);
+  void remember_frontier(uint64_t head_key, std::vector<int32_t> head_tokens);
+
+ private:
+  void watch();
+
+  Upstream upstream_;
+  SlotPool slots_;
+  Parking parking_;
+  const std::string slot_dir_;
+  const size_t index_;
+  const std::string digest_cache_;
+
+  mutable std::mutex mutex_;
+  std::string model_path_;
+  kvpark_hash128 weights_{};
+  std::string build_info_;
+  uint32_t epoch_ = 0;             // not persisted: a restarted proxy finds out again
+  uint32_t refusals_in_a_row_ = 0;
+  kvpark_hash128 namespace_id_{};
+  std::atomic<bool> ready_{false};
+  std::unordered_map<uint64_t, std::vector<int32_t>> frontiers_;
+
+  std::mutex watch_mutex_;
+  std::condition_variable watch_wake_;
+  bool stopping_ = false;
+  std::thread watcher_;
+};
+
+}  // namespace kvpark::proxy

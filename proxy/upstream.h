@@ -1,0 +1,72 @@
+// A llama-server the proxy fronts: plain HTTP calls, one typed helper per endpoint
+// the proxy relies on (/props, /slots, /apply-template, /tokenize, /completion,
+// /slots/N?action=save|restore). Every call opens its own connection, so an
+// Upstream may be used from any thread.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "proxy/options.h"
+
+namespace kvpark::proxy {
+
+// What an HTTP call returned. status 0: no answer (connection refused, timeout).
+struct Reply {
+  int status = 0;
+  std::string body;
+  std::string content_type;
+  std::string error;  // why there was no answer, when status == 0
+  bool ok() const { return status == 200; }
+};
+
+struct UpstreamProps {
+  std::string model_path;
+  std::string build_info;
+  uint32_t total_slots = 0;
+};
+
+// One slot as GET /slots reports it.
+struct SlotReport {
+  bool known = false;           // the slot has run a task since llama-server started
+  uint32_t prompt_tokens = 0;   // tokens its cache holds (n_prompt_tokens)
+};
+
+class Upstream {
+ public:
+  explicit Upstream(UpstreamOptions options) : options_(std::move(options)) {}
+  const UpstreamOptions& options() const { return options_; }
+
+  Reply get(const std::string& path) const;
+  Reply post(const std::string& path, const std::string& body,
+             const std::string& content_type = "application/json") const;
+  // Streams the answer: on_status once with the status and content type, then
+  // on_chunk for each piece of body; either returning false cancels the request.
+  Reply post_streaming(const std::string& path, const std::string& body,
+                       const std::function<bool(int, const std::string&)>& on_status,
+                       const std::function<bool(const char*, size_t)>& on_chunk) const;
+
+  bool props(UpstreamProps* ret_props, std::string* ret_error) const;
+  // Reports for every slot, in slot order; false when /slots is unavailable.
+  bool slots(std::vector<SlotReport>* ret_slots) const;
+  // The prompt a chat request renders to, tokenized as the chat endpoint does it
+  // (special tokens added and parsed). On failure, the upstream's reply.
+  bool chat_tokens(const std::string& request_body, std::vector<int32_t>* ret_tokens,
+                   Reply* ret_failure) const;
+  // Prefills tokens into slot_id (a completion of 0 tokens, prompt cached).
+  bool prefill(uint32_t slot_id, const std::vector<int32_t>& tokens, size_t n_tokens,
+               uint32_t* ret_prefilled, std::string* ret_error) const;
+  // /slots/N?action=save|restore with a file name in the upstream's slot directory.
+  bool save_slot(uint32_t slot_id, const std::string& file_name, uint32_t* ret_tokens,
+                 std::string* ret_error) const;
+  // *ret_refused: llama-server answered and refused the file (not unreachable).
+  bool restore_slot(uint32_t slot_id, const std::string& file_name, uint32_t* ret_tokens,
+                    std::string* ret_error, bool* ret_refused) const;
+
+ private:
+  UpstreamOptions options_;
+};
+
+}  // namespace kvpark::proxy

@@ -1,0 +1,236 @@
+// kvpark-proxy's pieces that need no upstream: options, the parked slot-file
+// format, the slot pool, the head single flight and the event splitter.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "proxy/options.h"
+#include "proxy/relay.h"
+#include "proxy/route.h"
+#include "proxy/slot_file.h"
+#include "proxy/slot_pool.h"
+
+namespace kvpark::proxy {
+namespace {
+
+bool parse(std::vector<std::string> args, ProxyOptions& o, std::string& error) {
+  std::vector<char*> argv{const_cast<char*>("kvpark-proxy")};
+  for (auto& a : args) argv.push_back(a.data());
+  bool exit_now = false;
+  return parse_command_line(int(argv.size()), argv.data(), o, exit_now, error);
+}
+
+TEST(ProxyOptions, FlagsSetUpstreamsStateAndListen) {
+  ProxyOptions o = default_options();
+  std::string error;
+  ASSERT_TRUE(parse({"--listen", "0.0.0.0:9000", "--upstream", "a=http://127.0.0.1:8081/",
+                     "--upstream", "b=http://127.0.0.1:8082", "--state", "b=-ctk q8_0",
+                     "--slot-dir", "/run/x/", "--no-system-candidate"},
+                    o, error))
+      << error;
+  EXPECT_EQ(o.listen_host, "0.0.0.0");
+  EXPECT_EQ(o.listen_port, 9000);
+  ASSERT_EQ(o.upstreams.size(), 2u);
+  EXPECT_EQ(o.upstreams[0].url, "http://127.0.0.1:8081");  // trailing slash dropped
+  EXPECT_EQ(o.upstreams[1].settings, "-ctk q8_0");
+  EXPECT_EQ(o.slot_dir, "/run/x");
+  EXPECT_FALSE(o.system_candidate);
+}
+
+TEST(ProxyOptions, BadValuesAreRefusedWithTheirFlag) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{}, "no upstream"},
+      {{"--upstream", "a=https://x:1"}, "--upstream: upstream 'a': URL must start with http://"},
+      {{"--upstream", "=http://x:1"}, "--upstream: expected NAME=VALUE"},
+      {{"--upstream", "a=http://x:1", "--upstream", "b=http://x:1"}, "upstream http://x:1 given twice"},
+      {{"--upstream", "a=http://x:1", "--state", "b=-fa on"}, "unknown upstream 'b'"},
+      {{"--upstream", "a=http://x:1", "--listen", "nohost"}, "--listen: expected HOST:PORT"},
+      {{"--upstream", "a=http://x:1", "--listen", "h:70000"}, "--listen: bad port"},
+      {{"--upstream", "a=http://x:1", "--slot-dir", "/a", "--slot-dir", "/b"}, "given twice"},
+      {{"--upstream", "a=http://x:1", "--bogus", "1"}, "--bogus: unknown key 'bogus'"},
+      {{"--upstream", "a=http://x:1", "--socket"}, "--socket: needs a value"},
+  };
+  for (const auto& [args, expected] : cases) {
+    ProxyOptions o = default_options();
+    std::string error;
+    EXPECT_FALSE(parse(args, o, error)) << expected;
+    EXPECT_NE(error.find(expected), std::string::npos) << "got: " << error;
+  }
+}
+
+TEST(ProxyOptions, OneNameOnSeveralUpstreamsSharesItsStateSettings) {
+  ProxyOptions o = default_options();
+  std::string error;
+  ASSERT_TRUE(parse({"--upstream", "m=http://h:1", "--upstream", "m=http://h:2", "--state",
+                     "m=-fa on", "--upstream", "m=http://h:3"},
+                    o, error))
+      << error;
+  ASSERT_EQ(o.upstreams.size(), 3u);
+  for (const auto& u : o.upstreams) EXPECT_EQ(u.settings, "-fa on") << u.url;
+}
+
+TEST(ProxyOptions, FileErrorsNameTheLineAndRepeatableKeysRepeat) {
+  ProxyOptions o = default_options();
+  std::string error;
+  ASSERT_TRUE(apply_config_text("# comment\n; another\n\nupstream = a=http://h:1\n"
+                                "upstream = b=http://h:2\nstate = a=-fa on\nsystem_candidate = no\n",
+                                "p.conf", o, error))
+      << error;
+  EXPECT_EQ(o.upstreams.size(), 2u);
+  EXPECT_EQ(o.upstreams[0].settings, "-fa on");
+  EXPECT_FALSE(o.system_candidate);
+
+  ProxyOptions twice = default_options();
+  EXPECT_FALSE(apply_config_text("listen = 127.0.0.1:1\nlisten = 127.0.0.1:2\n", "p.conf", twice,
+                                 error));
+  EXPECT_EQ(error, "p.conf:2: 'listen' given twice");
+  ProxyOptions no_equals = default_options();
+  EXPECT_FALSE(apply_config_text("upstream\n", "p.conf", no_equals, error));
+  EXPECT_EQ(error, "p.conf:1: expected key = value");
+  ProxyOptions bad_bool = default_options();
+  EXPECT_FALSE(apply_config_text("system_candidate = maybe\n", "p.conf", bad_bool, error));
+  EXPECT_EQ(error, "p.conf:1: expected true or false, got 'maybe'");
+}
+
+std::vector<uint8_t> sealed_payload(uint32_t position, size_t file_bytes) {
+  std::vector<uint8_t> payload(sizeof(SlotFileHeader) + file_bytes);
+  for (size_t i = 0; i < file_bytes; ++i) payload[sizeof(SlotFileHeader) + i] = uint8_t(i * 7);
+  slot_file_seal(payload.data(), position, file_bytes);
+  return payload;
+}
+
+TEST(SlotFile, SealedPayloadPassesItsCheck) {
+  const auto payload = sealed_payload(1234, 4096);
+  EXPECT_EQ(slot_file_check(payload.data(), payload.size(), 1234), SlotFileCheck::ok);
+}
+
+TEST(SlotFile, EveryDamageIsRefused) {
+  const auto good = sealed_payload(1234, 4096);
+  auto flipped = good;
+  flipped.back() ^= 0x10;
+  EXPECT_EQ(slot_file_check(flipped.data(), flipped.size(), 1234), SlotFileCheck::bad_checksum);
+  EXPECT_EQ(slot_file_check(good.data(), good.size() - 1, 1234), SlotFileCheck::wrong_size);
+  EXPECT_EQ(slot_file_check(good.data(), good.size(), 1233), SlotFileCheck::wrong_position);
+  EXPECT_EQ(slot_file_check(good.data(), sizeof(SlotFileHeader) - 1, 1234),
+            SlotFileCheck::short_payload);
+  auto magic = good;
+  magic[0] ^= 1;
+  EXPECT_EQ(slot_file_check(magic.data(), magic.size(), 1234), SlotFileCheck::bad_magic);
+  auto version = good;
+  version[offsetof(SlotFileHeader, version)] += 1;
+  EXPECT_EQ(slot_file_check(version.data(), version.size(), 1234), SlotFileCheck::bad_version);
+}
+
+TEST(SlotPool, TakesTheIdleSlotWithTheLongestCommonPrefix) {
+  SlotPool pool;
+  pool.resize(3);
+  size_t common = 0;
+  const uint32_t a = pool.acquire({1, 2, 3}, &common);
+  const uint32_t b = pool.acquire({1, 2, 3}, &common);
+  const uint32_t c = pool.acquire({1, 2, 3}, &common);
+  pool.release(a, {1, 2, 9});
+  pool.release(b, {1, 2, 3, 4});
+  pool.release(c, {});
+  EXPECT_EQ(pool.acquire({1, 2, 3, 4, 5}, &common), b);
+  EXPECT_EQ(common, 4u);
+  EXPECT_EQ(pool.acquire({1, 2, 3, 4, 5}, &common), a);
+  EXPECT_EQ(common, 2u);
+  EXPECT_EQ(pool.busy(), 2u);
+}
+
+TEST(SlotPool, LeastRecentlyUsedAmongEqualsAndVerifyDropsStaleBeliefs) {
+  SlotPool pool;
+  pool.resize(2);
+  size_t common = 0;
+  const uint32_t first = pool.acquire({}, &common);
+  const uint32_t second = pool.acquire({}, &common);
+  pool.release(first, {5, 6});
+  pool.release(second, {5, 6});
+  EXPECT_EQ(pool.acquire({5, 6}, &common), first);  // used longest ago
+  pool.release(first, {5, 6});
+  // The upstream restarted: slot `second` ran no task, slot `first` holds less.
+  std::vector<SlotReport> reports(2);
+  reports[first] = SlotReport{.known = true, .prompt_tokens = 1};
+  reports[second] = SlotReport{.known = false, .prompt_tokens = 0};
+  pool.verify(reports);
+  pool.acquire({5, 6}, &common);
+  EXPECT_EQ(common, 0u);
+}
+
+TEST(SlotPool, AcquireWaitsForARelease) {
+  SlotPool pool;
+  pool.resize(1);
+  size_t common = 0;
+  const uint32_t only = pool.acquire({1}, &common);
+  std::atomic<bool> got{false};
+  std::thread waiter([&] {
+    size_t c = 0;
+    EXPECT_EQ(pool.acquire({1}, &c), only);
+    EXPECT_EQ(c, 1u);
+    got = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(got.load());
+  pool.release(only, {1});
+  waiter.join();
+  EXPECT_TRUE(got.load());
+}
+
+TEST(SlotPool, AnEmptyPoolHasNoSlot) {
+  SlotPool pool;
+  size_t common = 7;
+  EXPECT_EQ(pool.acquire({1}, &common), no_slot);
+}
+
+TEST(HeadFlights, OneLeadsTheOthersWaitUntilItFinishes) {
+  HeadFlights flights;
+  ASSERT_TRUE(flights.lead_or_wait(42, 10'000));
+  EXPECT_TRUE(flights.lead_or_wait(43, 10'000));  // another head: its own leader
+  std::atomic<int> returned{0};
+  std::vector<std::thread> followers;
+  for (int i = 0; i < 3; ++i)
+    followers.emplace_back([&] {
+      EXPECT_FALSE(flights.lead_or_wait(42, 10'000));
+      ++returned;
+    });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(returned.load(), 0);
+  flights.finish(42);
+  for (auto& t : followers) t.join();
+  EXPECT_EQ(returned.load(), 3);
+  EXPECT_TRUE(flights.lead_or_wait(42, 10'000));  // finished: the next one leads again
+}
+
+TEST(HeadFlights, AFollowerGivesUpAfterItsTimeout) {
+  HeadFlights flights;
+  ASSERT_TRUE(flights.lead_or_wait(1, 10'000));
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_FALSE(flights.lead_or_wait(1, 20));
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(20));
+}
+
+TEST(EventSplitter, RewritesWholeEventsAcrossChunkBoundaries) {
+  std::vector<std::string> seen;
+  EventSplitter splitter([&](std::string event) {
+    seen.push_back(event);
+    return "<" + event + ">";
+  });
+  EXPECT_EQ(splitter.feed("data: {\"a\":1}\n"), "");
+  EXPECT_EQ(splitter.feed("\ndata: {\"b\""), "<data: {\"a\":1}\n\n>");
+  EXPECT_EQ(splitter.feed(":2}\n\ndata: [DONE]\n\n"), "<data: {\"b\":2}\n\n><data: [DONE]\n\n>");
+  EXPECT_EQ(splitter.feed("tail"), "");
+  EXPECT_EQ(splitter.flush(), "tail");
+  EXPECT_EQ(seen.size(), 3u);
+}
+
+TEST(CommonPrefix, CountsMatchingLeadingTokens) {
+  EXPECT_EQ(common_prefix({1, 2, 3}, {1, 2, 4}), 2u);
+  EXPECT_EQ(common_prefix({}, {1}), 0u);
+  EXPECT_EQ(common_prefix({1, 2}, {1, 2, 3}), 2u);
+}
+
+}  // namespace
+}  // namespace kvpark::proxy
