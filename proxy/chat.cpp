@@ -154,12 +154,20 @@ void plan_writes(Turn& turn, const kvpark_request* request) {
   if ((leading > 0 || tools) && leading < messages.Size()) {
     const std::string head_body = standin_body(turn.request, leading, "user", standin_a);
     const uint64_t key = XXH3_64bits(head_body.data(), head_body.size());
-    std::vector<int32_t> head = route.cached_frontier(key);
-    if (head.empty()) {
-      head = tokens_before_content(route.upstream(), turn.request, leading, "user");
-      if (!head.empty()) route.remember_frontier(key, head);
+    Route::Frontier head = route.cached_frontier(key);
+    if (head.position == 0) {
+      const std::vector<int32_t> tokens =
+          tokens_before_content(route.upstream(), turn.request, leading, "user");
+      head = Route::Frontier{
+          .position = uint32_t(tokens.size()),
+          .tokens_hash = XXH3_64bits(tokens.data(), tokens.size() * sizeof(int32_t))};
+      if (head.position > 0) route.remember_frontier(key, head);
     }
-    frontier = prefix_end(head, turn.tokens);
+    // The head's tokens must open this very prompt (a tokenizer may merge across the
+    // boundary differently for another user message).
+    if (head.position > 0 && head.position <= turn.tokens.size() &&
+        XXH3_64bits(turn.tokens.data(), head.position * sizeof(int32_t)) == head.tokens_hash)
+      frontier = head.position;
   }
 
   std::vector<kvpark_segment> segments;

@@ -187,16 +187,16 @@ std::string Route::slot_file_path(const std::string& file_name) const {
   return slot_dir_ + "/" + file_name;
 }
 
-std::vector<int32_t> Route::cached_frontier(uint64_t head_key) {
+Route::Frontier Route::cached_frontier(uint64_t head_key) {
   std::lock_guard lock(mutex_);
   auto it = frontiers_.find(head_key);
-  return it == frontiers_.end() ? std::vector<int32_t>() : it->second;
+  return it == frontiers_.end() ? Frontier{} : it->second;
 }
 
-void Route::remember_frontier(uint64_t head_key, std::vector<int32_t> head_tokens) {
+void Route::remember_frontier(uint64_t head_key, Frontier frontier) {
   std::lock_guard lock(mutex_);
   if (frontiers_.size() >= frontier_cache_entries_max) frontiers_.clear();
-  frontiers_[head_key] = std::move(head_tokens);
+  frontiers_[head_key] = frontier;
 }
 
 }  // namespace kvpark::proxy

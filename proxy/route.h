@@ -78,10 +78,15 @@ class Route {
   std::string slot_file_name(uint32_t slot_id, const char* purpose) const;
   std::string slot_file_path(const std::string& file_name) const;
 
-  // Frontier cache: the tokens of a rendered head up to where its first
-  // non-head message starts, by a hash of the head request; empty when unknown.
-  std::vector<int32_t> cached_frontier(uint64_t head_key);
-  void remember_frontier(uint64_t head_key, std::vector<int32_t> head_tokens);
+  // Frontier cache, by a hash of the head request: where a rendered head ends (up to
+  // the opening of the message after it) and a hash of its tokens, so a hit costs
+  // no rendering; {0, 0} when unknown.
+  struct Frontier {
+    uint32_t position = 0;
+    uint64_t tokens_hash = 0;
+  };
+  Frontier cached_frontier(uint64_t head_key);
+  void remember_frontier(uint64_t head_key, Frontier frontier);
 
  private:
   void watch();
@@ -101,7 +106,7 @@ class Route {
   uint32_t refusals_in_a_row_ = 0;
   kvpark_hash128 namespace_id_{};
   std::atomic<bool> ready_{false};
-  std::unordered_map<uint64_t, std::vector<int32_t>> frontiers_;
+  std::unordered_map<uint64_t, Frontier> frontiers_;
 
   std::mutex watch_mutex_;
   std::condition_variable watch_wake_;

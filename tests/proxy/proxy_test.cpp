@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <httplib.h>
 #include <rapidjson/document.h>
 
 #include <algorithm>
@@ -616,6 +617,47 @@ TEST_F(ProxyE2E, CorruptParkedStateIsRefusedAndPrefilled) {
   EXPECT_NE(proxy.log_tail().find("checksum mismatch"), std::string::npos) << proxy.log_tail();
 
   expect_fresh_namespace_after_second_refusal(system, 130, space);
+}
+
+// Clients that hang up mid-stream (more of them than the upstream has slots) cost
+// nothing to the next client: their generations are cancelled and their slots given
+// back.
+TEST_F(ProxyE2E, ClientsThatHangUpMidStreamGiveTheirSlotsBack) {
+  LlamaServerProcess& server = start_server();
+  ProxyProcess& proxy = start_proxy();
+  const std::string system = head_text(11);
+  for (int i = 0; i < 6; ++i) {
+    ChatRequest r = chat(conversation(system, user_text(140 + i)), /*stream=*/true);
+    r.max_tokens = 2000;  // would run for a long time if not cancelled
+    httplib::Client client(proxy.url());
+    size_t received = 0;
+    httplib::Request request;
+    request.method = "POST";
+    request.path = "/v1/chat/completions";
+    request.body = chat_request_json(r);
+    request.set_header("Content-Type", "application/json");
+    request.content_receiver = [&](const char*, size_t n, uint64_t, uint64_t) {
+      received += n;
+      return false;  // hang up at the first chunk
+    };
+    httplib::Response response;
+    httplib::Error error = httplib::Error::Success;
+    client.send(request, response, error);
+    EXPECT_GT(received, 0u) << "request " << i << ": " << httplib::to_string(error);
+  }
+  const ChatRequest next = chat(conversation(system, user_text(150)));
+  const ChatResult after = post_chat(proxy.url(), next, /*timeout_msec=*/60'000);
+  ASSERT_EQ(after.http.status, 200) << describe(after);
+  const ChatResult direct = post_chat(server.url(), reference(next));
+  EXPECT_EQ(after.content, direct.content);
+  // The last request gives its slot back once its turn is parked, after its response.
+  HttpResult status;
+  for (int waited = 0; waited < publish_wait_msec_max; waited += 50) {
+    status = http_get(proxy.url(), "/kvpark/status");
+    if (status.body.find("\"busy_slots\":0") != std::string::npos) break;
+    usleep(50'000);
+  }
+  EXPECT_NE(status.body.find("\"busy_slots\":0"), std::string::npos) << status.body;
 }
 
 TEST_F(ProxyE2E, HealthStatusAndPassThroughAnswer) {

@@ -1,6 +1,7 @@
 // kvpark-proxy's pieces that need no upstream: options, the parked slot-file
 // format, the slot pool, the head single flight and the event splitter.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -93,6 +94,29 @@ TEST(ProxyOptions, FileErrorsNameTheLineAndRepeatableKeysRepeat) {
   ProxyOptions bad_bool = default_options();
   EXPECT_FALSE(apply_config_text("system_candidate = maybe\n", "p.conf", bad_bool, error));
   EXPECT_EQ(error, "p.conf:1: expected true or false, got 'maybe'");
+}
+
+TEST(ProxyOptions, ConfigFileIsReadFirstAndFlagsOverrideIt) {
+  char path[] = "/tmp/kvpark-proxy-conf-XXXXXX";
+  const int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  const std::string text =
+      "listen = 127.0.0.1:7000\nupstream = m=http://127.0.0.1:8081\nslot_dir = /run/p\n";
+  ASSERT_EQ(write(fd, text.data(), text.size()), ssize_t(text.size()));
+  close(fd);
+  ProxyOptions o = default_options();
+  std::string error;
+  // --config after the flag: the file is still applied first.
+  ASSERT_TRUE(parse({"--listen", "127.0.0.1:7001", "--config", path}, o, error)) << error;
+  EXPECT_EQ(o.listen_port, 7001);
+  EXPECT_EQ(o.slot_dir, "/run/p");
+  ASSERT_EQ(o.upstreams.size(), 1u);
+  EXPECT_EQ(o.config_path, path);
+  unlink(path);
+
+  ProxyOptions missing = default_options();
+  EXPECT_FALSE(parse({"--config", path}, missing, error));
+  EXPECT_EQ(error, std::string("--config: cannot read ") + path);
 }
 
 std::vector<uint8_t> sealed_payload(uint32_t position, size_t file_bytes) {
