@@ -13,6 +13,7 @@
 #include <rapidjson/error/en.h>
 #include <rapidjson/stringbuffer.h>
 #include <rapidjson/writer.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -221,7 +222,10 @@ bool restore_into_slot(Turn& turn, const Parked& parked) {
   if (ok) {
     bool refused = false;
     ok = route.upstream().restore_slot(turn.slot, name, &n_restored, &why, &refused);
-    if (ok) route.restore_succeeded();
+    if (ok) {
+      route.restore_succeeded();
+      route.slot_file_sizes().observe(n_restored, parked.file_bytes());
+    }
     if (refused) route.restore_refused();
   }
   unlink(path.c_str());
@@ -239,8 +243,11 @@ bool restore_into_slot(Turn& turn, const Parked& parked) {
   return true;
 }
 
-// Saves the turn's slot and parks it as the state after tokens[0, position).
-void park_slot(Turn& turn, uint32_t position, const kvpark_publish_options& options) {
+// Saves the turn's slot and parks it as the state after tokens[0, position), into
+// `reserved` when the head was reserved before its prefill and the file has the
+// size predicted.
+void park_slot(Turn& turn, uint32_t position, const kvpark_publish_options& options,
+               Reserved* reserved = nullptr) {
   Route& route = *turn.route;
   const std::string name = route.slot_file_name(turn.slot, "save");
   const std::string path = route.slot_file_path(name);
@@ -251,7 +258,19 @@ void park_slot(Turn& turn, uint32_t position, const kvpark_publish_options& opti
     ok = false;
     why = "the slot holds " + std::to_string(n_saved) + " tokens, fewer than planned";
   }
-  if (ok) ok = route.parking().park_file(turn.tokens, position, options, path, &why);
+  struct stat st;
+  if (ok && stat(path.c_str(), &st) == 0) route.slot_file_sizes().observe(n_saved, uint64_t(st.st_size));
+  if (ok && reserved != nullptr && reserved->reserved()) {
+    std::string mismatch;
+    if (reserved->fill_and_seal(path, &mismatch)) {
+      unlink(path.c_str());
+      ++turn.proxy->counters.publishes;
+      return;
+    }
+    reserved->abort();  // the prediction missed: park it the ordinary way
+  }
+  uint64_t file_bytes = 0;
+  if (ok) ok = route.parking().park_file(turn.tokens, position, options, path, &file_bytes, &why);
   unlink(path.c_str());
   if (ok)
     ++turn.proxy->counters.publishes;
@@ -272,8 +291,8 @@ bool slot_still_holds(Route& route, uint32_t slot, size_t tokens) {
 // (then restored), or could not be had (the request prefills it).
 void take_slot_with_head(Turn& turn) {
   Route& route = *turn.route;
-  std::unique_ptr<Parked> parked =
-      route.parking().lookup(turn.tokens, turn.session_id, promotion_wait_msec);
+  std::unique_ptr<Parked> parked = route.parking().lookup(turn.tokens, turn.session_id,
+                                                          promotion_wait_msec, head_wait_msec_max);
   bool leading = false;
   const kvpark_hash128 space = route.namespace_id();
   const uint64_t flight_key =
@@ -289,7 +308,8 @@ void take_slot_with_head(Turn& turn) {
     }
     ++turn.proxy->counters.head_waits;
     parked.reset();  // give the lease back before the next lookup
-    parked = route.parking().lookup(turn.tokens, turn.session_id, promotion_wait_msec);
+    parked = route.parking().lookup(turn.tokens, turn.session_id, promotion_wait_msec,
+                                    head_wait_msec_max);
   }
 
   size_t common = 0;
@@ -305,18 +325,35 @@ void take_slot_with_head(Turn& turn) {
   if (!leading) return;
 
   // Lead: prefill the head alone, save it, park it as shared; then the request
-  // itself prefills only its delta, and the followers restore the head.
+  // itself prefills only its delta, and the followers restore the head. Once slot
+  // file sizes are known, the head is reserved in kvparkd first, so requests in
+  // other processes (another proxy) see it in flight and wait too.
+  Reserved reserved;
+  if (common < turn.head) {
+    const uint64_t predicted = route.slot_file_sizes().predict(turn.head);
+    const kvpark_status s =
+        predicted == 0 ? KVPARK_NOT_FOUND
+                       : route.parking().reserve(turn.tokens, turn.head, turn.head_options,
+                                                 predicted, &reserved);
+    if (s == KVPARK_IN_FLIGHT || s == KVPARK_ALREADY_PRESENT) {
+      ++turn.proxy->counters.head_waits;  // another process leads: follow it
+      std::unique_ptr<Parked> theirs = route.parking().lookup(
+          turn.tokens, turn.session_id, promotion_wait_msec, head_wait_msec_max);
+      if (theirs->position() >= turn.head && restore_into_slot(turn, *theirs))
+        common = turn.restored;
+    }
+  }
   if (common < turn.head) {
     uint32_t prefilled = 0;
     std::string why;
     if (route.upstream().prefill(turn.slot, turn.tokens, turn.head, &prefilled, &why)) {
       ++turn.proxy->counters.head_prefills;
-      park_slot(turn, turn.head, turn.head_options);
+      park_slot(turn, turn.head, turn.head_options, &reserved);
     } else {
       std::fprintf(stderr, "kvpark-proxy: upstream %s slot %u: head prefill failed: %s\n",
                    route.name().c_str(), turn.slot, why.c_str());
     }
-  } else {
+  } else if (turn.restored < turn.head) {
     park_slot(turn, turn.head, turn.head_options);  // the slot already held it
   }
   flights.finish(flight_key);

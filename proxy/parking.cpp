@@ -5,6 +5,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <cassert>
 #include <cerrno>
 #include <cstring>
 
@@ -137,6 +138,10 @@ Parked::Parked(kvpark_plan* plan) : plan_(plan) {
   reuse_kind_ = position_ > 0 ? kvpark_plan_reuse_kind(plan) : KVPARK_REUSE_ROOT;
 }
 
+uint64_t Parked::file_bytes() const {
+  return payload_bytes_ > sizeof(SlotFileHeader) ? payload_bytes_ - sizeof(SlotFileHeader) : 0;
+}
+
 Parked::~Parked() {
   kvpark_plan_release(plan_);
 }
@@ -153,7 +158,8 @@ bool Parked::write_slot_file(const std::string& path, std::string* ret_refused,
 }
 
 std::unique_ptr<Parked> Parking::lookup(const std::vector<int32_t>& tokens, uint64_t session_id,
-                                        uint32_t wait_msec) {
+                                        uint32_t promotion_wait_msec,
+                                        uint32_t inflight_wait_msec) {
   kvpark_client* client = nullptr;
   {
     std::lock_guard lock(mutex_);
@@ -163,24 +169,46 @@ std::unique_ptr<Parked> Parking::lookup(const std::vector<int32_t>& tokens, uint
   if (client == nullptr ||
       kvpark_lookup(client, session_id, tokens.data(), tokens.size(), &plan) != KVPARK_OK)
     return std::make_unique<Parked>();
-  if (kvpark_plan_pending_tokens(plan) > kvpark_plan_restorable_tokens(plan) ||
-      kvpark_plan_inflight_tokens(plan) > 0)
-    kvpark_plan_wait(plan, wait_msec);  // on timeout, what is ready stays usable
+  // On timeout, what is ready stays usable.
+  if (kvpark_plan_inflight_tokens(plan) > 0)
+    kvpark_plan_wait(plan, inflight_wait_msec);
+  else if (kvpark_plan_pending_tokens(plan) > kvpark_plan_restorable_tokens(plan))
+    kvpark_plan_wait(plan, promotion_wait_msec);
   return std::make_unique<Parked>(plan);
 }
 
-bool Parking::park_file(const std::vector<int32_t>& tokens, uint32_t position,
-                        const kvpark_publish_options& options, const std::string& file_path,
-                        std::string* ret_error) {
-  kvpark_client* client = nullptr;
-  {
-    std::lock_guard lock(mutex_);
-    client = client_locked();
+kvpark_client* Parking::client() {
+  std::lock_guard lock(mutex_);
+  return client_locked();
+}
+
+kvpark_status Parking::reserve(const std::vector<int32_t>& tokens, uint32_t position,
+                               const kvpark_publish_options& options, uint64_t file_bytes,
+                               Reserved* ret_reserved) {
+  kvpark_client* c = client();
+  if (c == nullptr) return KVPARK_UNAVAILABLE;
+  kvpark_reservation* reservation = nullptr;
+  const kvpark_status s = kvpark_reserve_snapshot(
+      c, &options, tokens.data(), position, sizeof(SlotFileHeader) + file_bytes, &reservation);
+  if (s == KVPARK_OK) {
+    ret_reserved->reservation_ = reservation;
+    ret_reserved->position_ = position;
+    ret_reserved->file_bytes_ = file_bytes;
   }
-  if (client == nullptr) {
-    *ret_error = "kvparkd unavailable";
-    return false;
-  }
+  return s;
+}
+
+Reserved::~Reserved() {
+  abort();
+}
+
+void Reserved::abort() {
+  if (reservation_ != nullptr) kvpark_abort(reservation_);
+  reservation_ = nullptr;
+}
+
+bool Reserved::fill_and_seal(const std::string& file_path, std::string* ret_error) {
+  assert(reservation_ != nullptr);
   const int fd = open(file_path.c_str(), O_RDONLY | O_CLOEXEC);
   struct stat st;
   if (fd < 0 || fstat(fd, &st) != 0) {
@@ -188,25 +216,17 @@ bool Parking::park_file(const std::vector<int32_t>& tokens, uint32_t position,
     if (fd >= 0) close(fd);
     return false;
   }
-  const uint64_t file_bytes = uint64_t(st.st_size);
-  kvpark_reservation* reservation = nullptr;
-  const kvpark_status s = kvpark_reserve_snapshot(client, &options, tokens.data(), position,
-                                                  sizeof(SlotFileHeader) + file_bytes,
-                                                  &reservation);
-  if (s == KVPARK_ALREADY_PRESENT || s == KVPARK_IN_FLIGHT) {
+  if (uint64_t(st.st_size) != file_bytes_) {
     close(fd);
-    return true;
-  }
-  if (s != KVPARK_OK) {
-    close(fd);
-    *ret_error = std::string("reserve: ") + kvpark_status_string(s);
+    *ret_error = "the slot file has " + std::to_string(st.st_size) + " bytes, " +
+                 std::to_string(file_bytes_) + " were reserved";
     return false;
   }
-  auto* payload = static_cast<uint8_t*>(kvpark_reservation_snapshot(reservation));
+  auto* payload = static_cast<uint8_t*>(kvpark_reservation_snapshot(reservation_));
   uint8_t* file = payload + sizeof(SlotFileHeader);
   bool ok = true;
-  for (uint64_t at = 0; at < file_bytes;) {
-    const ssize_t n = read(fd, file + at, size_t(file_bytes - at));
+  for (uint64_t at = 0; at < file_bytes_;) {
+    const ssize_t n = read(fd, file + at, size_t(file_bytes_ - at));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       *ret_error = file_path + (n == 0 ? ": shrank while read" : ": " + std::string(std::strerror(errno)));
@@ -216,17 +236,35 @@ bool Parking::park_file(const std::vector<int32_t>& tokens, uint32_t position,
     at += uint64_t(n);
   }
   close(fd);
-  if (!ok) {
-    kvpark_abort(reservation);
-    return false;
-  }
-  slot_file_seal(payload, position, file_bytes);
-  const kvpark_status sealed = kvpark_seal(reservation);
+  if (!ok) return false;  // the destructor aborts
+  slot_file_seal(payload, position_, file_bytes_);
+  const kvpark_status sealed = kvpark_seal(reservation_);
+  reservation_ = nullptr;  // sealed or not, it is gone
   if (sealed != KVPARK_OK) {
     *ret_error = std::string("seal: ") + kvpark_status_string(sealed);
     return false;
   }
   return true;
+}
+
+bool Parking::park_file(const std::vector<int32_t>& tokens, uint32_t position,
+                        const kvpark_publish_options& options, const std::string& file_path,
+                        uint64_t* ret_file_bytes, std::string* ret_error) {
+  struct stat st;
+  if (stat(file_path.c_str(), &st) != 0) {
+    *ret_error = file_path + ": " + std::strerror(errno);
+    return false;
+  }
+  *ret_file_bytes = uint64_t(st.st_size);
+  Reserved reserved;
+  const kvpark_status s = reserve(tokens, position, options, uint64_t(st.st_size), &reserved);
+  if (s == KVPARK_ALREADY_PRESENT || s == KVPARK_IN_FLIGHT) return true;
+  if (s != KVPARK_OK) {
+    *ret_error = s == KVPARK_UNAVAILABLE ? std::string("kvparkd unavailable")
+                                         : std::string("reserve: ") + kvpark_status_string(s);
+    return false;
+  }
+  return reserved.fill_and_seal(file_path, ret_error);
 }
 
 }  // namespace kvpark::proxy

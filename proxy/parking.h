@@ -30,6 +30,7 @@ class Parked {
 
   uint32_t position() const { return position_; }  // tokens covered; 0: nothing
   kvpark_reuse_kind reuse_kind() const { return reuse_kind_; }
+  uint64_t file_bytes() const;  // the slot file's size, by its payload
   // Checks the parked payload and writes its slot file to path; false with why.
   // *ret_corrupt: the payload failed its checks (not an I/O error on the file).
   bool write_slot_file(const std::string& path, std::string* ret_refused,
@@ -41,6 +42,27 @@ class Parked {
   kvpark_reuse_kind reuse_kind_ = KVPARK_REUSE_ROOT;
   const void* payload_ = nullptr;
   uint64_t payload_bytes_ = 0;
+};
+
+// A snapshot reserved in kvparkd, its slot file still to come: while it exists,
+// other processes' lookups see its tokens in flight and wait for them (single
+// flight across processes). Aborted unless sealed.
+class Reserved {
+ public:
+  Reserved() = default;
+  ~Reserved();
+  Reserved(const Reserved&) = delete;
+  Reserved& operator=(const Reserved&) = delete;
+  bool reserved() const { return reservation_ != nullptr; }
+  void abort();
+  // Copies the slot file in (it must have exactly the reserved size) and seals.
+  bool fill_and_seal(const std::string& file_path, std::string* ret_error);
+
+ private:
+  friend class Parking;
+  kvpark_reservation* reservation_ = nullptr;
+  uint32_t position_ = 0;
+  uint64_t file_bytes_ = 0;
 };
 
 class Parking {
@@ -55,19 +77,26 @@ class Parking {
   bool has_namespace() const;
   bool connected();
 
-  // The longest parked prefix of tokens, waiting up to wait_msec for a promotion
-  // from disk or a state another engine is writing. Nothing found when the daemon
-  // is away.
+  // The longest parked prefix of tokens, waiting up to promotion_wait_msec for a
+  // promotion from disk, or up to inflight_wait_msec for a state another request
+  // (any process) is prefilling. Nothing found when the daemon is away.
   std::unique_ptr<Parked> lookup(const std::vector<int32_t>& tokens, uint64_t session_id,
-                                 uint32_t wait_msec);
+                                 uint32_t promotion_wait_msec, uint32_t inflight_wait_msec);
+  // Reserves the snapshot after tokens[0, position) for a slot file of file_bytes.
+  // KVPARK_ALREADY_PRESENT / KVPARK_IN_FLIGHT: nothing to write.
+  kvpark_status reserve(const std::vector<int32_t>& tokens, uint32_t position,
+                        const kvpark_publish_options& options, uint64_t file_bytes,
+                        Reserved* ret_reserved);
   // Parks the slot file at file_path as the state after tokens[0, position).
-  // Already parked is success. false with a reason otherwise.
+  // Already parked is success. false with a reason otherwise. *ret_file_bytes: the
+  // file's size, when it could be read.
   bool park_file(const std::vector<int32_t>& tokens, uint32_t position,
                  const kvpark_publish_options& options, const std::string& file_path,
-                 std::string* ret_error);
+                 uint64_t* ret_file_bytes, std::string* ret_error);
 
  private:
   kvpark_client* client_locked();  // connects when needed; nullptr if unavailable
+  kvpark_client* client();
 
   const std::string socket_path_;
   const std::string client_name_;

@@ -40,6 +40,37 @@ kvpark_hash128 make_namespace(kvpark_hash128 weights, const std::string& build_i
 
 }  // namespace
 
+void SlotFileSizes::observe(uint32_t tokens, uint64_t bytes) {
+  std::lock_guard lock(mutex_);
+  if (known_ == 2 && predict_locked(tokens) != bytes) known_ = 0;  // the fit failed: start over
+  if (known_ > 0 && tokens == tokens_[known_ - 1]) {
+    if (bytes != bytes_[known_ - 1]) known_ = 0;  // same length, another size: not linear
+    if (known_ > 0) return;
+  }
+  if (known_ == 2) {  // keep the latest two
+    tokens_[0] = tokens_[1];
+    bytes_[0] = bytes_[1];
+    known_ = 1;
+  }
+  tokens_[known_] = tokens;
+  bytes_[known_] = bytes;
+  ++known_;
+}
+
+uint64_t SlotFileSizes::predict(uint32_t tokens) const {
+  std::lock_guard lock(mutex_);
+  return predict_locked(tokens);
+}
+
+uint64_t SlotFileSizes::predict_locked(uint32_t tokens) const {
+  if (known_ < 2) return 0;
+  const int64_t dt = int64_t(tokens_[1]) - int64_t(tokens_[0]);
+  const int64_t db = int64_t(bytes_[1]) - int64_t(bytes_[0]);
+  if (dt == 0 || db % dt != 0) return 0;  // not a whole number of bytes a token
+  const int64_t predicted = int64_t(bytes_[1]) + db / dt * (int64_t(tokens) - int64_t(tokens_[1]));
+  return predicted > 0 ? uint64_t(predicted) : 0;
+}
+
 bool HeadFlights::lead_or_wait(uint64_t key, uint32_t timeout_msec) {
   std::unique_lock lock(mutex_);
   auto it = leading_.find(key);

@@ -46,6 +46,22 @@ class HeadFlights {
   uint64_t generation_ = 0;
 };
 
+// Slot file sizes: llama-server's state for n tokens is a fixed part plus a part per
+// token, so two saves of different lengths predict the next. Any save that
+// disagrees restarts the fit (a sliding-window cache, say, is not linear).
+class SlotFileSizes {
+ public:
+  void observe(uint32_t tokens, uint64_t bytes);
+  uint64_t predict(uint32_t tokens) const;  // 0: no prediction
+
+ private:
+  uint64_t predict_locked(uint32_t tokens) const;
+  mutable std::mutex mutex_;
+  uint32_t tokens_[2] = {0, 0};  // two saves of different lengths, the latest second
+  uint64_t bytes_[2] = {0, 0};
+  int known_ = 0;
+};
+
 class Route {
  public:
   // index: the upstream's place in the options, which keeps slot file names apart.
@@ -57,6 +73,7 @@ class Route {
   Upstream& upstream() { return upstream_; }
   SlotPool& slots() { return slots_; }
   Parking& parking() { return parking_; }
+  SlotFileSizes& slot_file_sizes() { return sizes_; }
   const std::string& name() const { return upstream_.options().name; }
 
   // Checks /props and the model file now: a new model, file or build gives a new
@@ -94,6 +111,7 @@ class Route {
   Upstream upstream_;
   SlotPool slots_;
   Parking parking_;
+  SlotFileSizes sizes_;
   const std::string slot_dir_;
   const size_t index_;
   const std::string digest_cache_;

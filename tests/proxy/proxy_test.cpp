@@ -356,6 +356,53 @@ TEST_F(ProxyE2E, SixParallelRequestsPrefillTheHeadOnce) {
   // their sequential answers too), so answers are compared on sequential requests.
 }
 
+// Two proxies, each in front of its own llama-server of one model (one namespace):
+// six requests at once, three through each, over one new head. The head is
+// prefilled once in all: the leading proxy reserves it in kvparkd before its
+// prefill, and the other proxy's requests wait for it there.
+TEST_F(ProxyE2E, TwoProxiesPrefillASharedHeadOnce) {
+  LlamaServerProcess& server_a = start_server();
+  LlamaServerProcess& server_b = start_server();
+  ProxyProcess& proxy_a = start_proxy({{.name = "m", .url = server_a.url()}});
+  ProxyProcess& proxy_b = start_proxy({{.name = "m", .url = server_b.url()}});
+  ASSERT_EQ(get_proxy_status(proxy_a.url()).upstreams.at(0).space,
+            get_proxy_status(proxy_b.url()).upstreams.at(0).space);
+  // A first conversation through each, so each proxy has seen slot files of two
+  // lengths (A: the head and the turn it saved; B: the head it restored and its
+  // turn) and can size a head's slot file before prefilling it.
+  for (ProxyProcess* proxy : {&proxy_a, &proxy_b}) {
+    const ChatResult r = post_chat(proxy->url(), chat(conversation(head_text(12), user_text(160))));
+    ASSERT_EQ(r.http.status, 200) << describe(r);
+    wait_for_publishes(*proxy, proxy == &proxy_a ? 2 : 1);
+  }
+
+  const std::string system = head_text(13);
+  const int64_t head_tokens = count_tokens(server_a.url(), system);
+  const int64_t before = prompt_tokens_total(server_a.url()) + prompt_tokens_total(server_b.url());
+  const int64_t prefills_before = get_proxy_status(proxy_a.url()).head_prefills +
+                                  get_proxy_status(proxy_b.url()).head_prefills;
+  std::vector<ChatResult> results(fan_out_requests);
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < fan_out_requests; ++i) {
+    const std::string url = (i % 2 == 0 ? proxy_a : proxy_b).url();
+    clients.emplace_back([&, i, url] {
+      results[i] = post_chat(url, chat(conversation(system, user_text(170 + i))));
+    });
+  }
+  for (std::thread& t : clients) t.join();
+  const int64_t prefilled =
+      prompt_tokens_total(server_a.url()) + prompt_tokens_total(server_b.url()) - before;
+  int64_t prefilled_max = head_tokens + token_slack;
+  for (const ChatResult& r : results) {
+    ASSERT_EQ(r.http.status, 200) << describe(r);
+    prefilled_max += r.prompt_tokens - head_tokens + token_slack;
+  }
+  EXPECT_LE(prefilled, prefilled_max) << "head tokens " << head_tokens;
+  EXPECT_EQ(get_proxy_status(proxy_a.url()).head_prefills +
+                get_proxy_status(proxy_b.url()).head_prefills - prefills_before,
+            1);
+}
+
 TEST_F(ProxyE2E, SiblingAfterLlamaServerRestartRestoresTheSharedHead) {
   LlamaServerProcess& server = start_server();
   ProxyProcess& proxy = start_proxy();

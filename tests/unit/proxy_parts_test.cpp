@@ -236,6 +236,30 @@ TEST(HeadFlights, AFollowerGivesUpAfterItsTimeout) {
   EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(20));
 }
 
+TEST(SlotFileSizes, TwoLengthsPredictTheNextAndAMissStartsOver) {
+  SlotFileSizes sizes;
+  EXPECT_EQ(sizes.predict(100), 0u);
+  sizes.observe(100, 1000 + 100 * 48);
+  EXPECT_EQ(sizes.predict(200), 0u);  // one length says nothing of the slope
+  sizes.observe(100, 1000 + 100 * 48);
+  EXPECT_EQ(sizes.predict(200), 0u);
+  sizes.observe(300, 1000 + 300 * 48);
+  EXPECT_EQ(sizes.predict(2000), 1000u + 2000 * 48);
+  sizes.observe(50, 1000 + 50 * 48);  // agrees: the fit stands
+  EXPECT_EQ(sizes.predict(10), 1000u + 10 * 48);
+  sizes.observe(400, 7);  // disagrees (not linear): start over from this save
+  EXPECT_EQ(sizes.predict(10), 0u);
+  sizes.observe(400, 9);  // the same length with another size
+  EXPECT_EQ(sizes.predict(10), 0u);
+}
+
+TEST(SlotFileSizes, NoPredictionWithoutWholeBytesPerToken) {
+  SlotFileSizes sizes;
+  sizes.observe(2, 10);
+  sizes.observe(4, 13);
+  EXPECT_EQ(sizes.predict(6), 0u);
+}
+
 TEST(EventSplitter, RewritesWholeEventsAcrossChunkBoundaries) {
   std::vector<std::string> seen;
   EventSplitter splitter([&](std::string event) {
