@@ -23,11 +23,10 @@
 #include "client/kvpark_planner.h"
 #include "proxy/proxy.h"
 #include "proxy/relay.h"
+#include "proxy/turn.h"
 
 namespace kvpark::proxy {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 constexpr uint32_t head_wait_msec_max = 600'000;  // a follower gives up on its leader
 constexpr uint32_t promotion_wait_msec = 2'000;   // for parked state coming back from disk
@@ -36,17 +35,6 @@ constexpr int head_attempts_max = 3;              // lead-or-follow rounds befor
 // with them part is where the message's content starts.
 constexpr const char* standin_a = "a";
 constexpr const char* standin_b = "b";
-
-std::string to_json(const rapidjson::Value& v) {
-  rapidjson::StringBuffer buffer;
-  rapidjson::Writer<rapidjson::StringBuffer> w(buffer);
-  v.Accept(w);
-  return std::string(buffer.GetString(), buffer.GetSize());
-}
-
-double msec_since(Clock::time_point t) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
-}
 
 // The request with its messages replaced by messages[0, keep) plus one stand-in
 // message of `role`, rendered for the template only (no streaming).
@@ -118,27 +106,6 @@ const char* reuse_label(kvpark_reuse_kind kind) {
   }
   return "root";
 }
-
-// One request's state, shared with the work that runs after its response.
-struct Turn {
-  ProxyState* proxy = nullptr;
-  Route* route = nullptr;
-  rapidjson::Document request;
-  std::vector<int32_t> tokens;
-  uint64_t session_id = 0;
-  uint32_t slot = no_slot;
-  uint32_t head = 0;              // the head candidate's position (0: none)
-  kvpark_publish_options head_options{};
-  bool closure = false;           // park the turn after the response
-  kvpark_publish_options closure_options{};
-  uint32_t restored = 0;          // tokens restored from kvparkd into the slot
-  const char* reuse = "root";
-  Clock::time_point start;
-  double ttft_msec = -1;
-  uint32_t prompt_tokens = 0;     // as the upstream reported them
-  uint32_t prefilled = 0;         // timings.prompt_n
-  bool timings_seen = false;
-};
 
 // The plan's candidates: the head (system frontier, or a client mark on it) and
 // whether the turn is parked after the response.
@@ -359,6 +326,8 @@ void take_slot_with_head(Turn& turn) {
   flights.finish(flight_key);
 }
 
+}  // namespace
+
 // After the response: park the turn, give the slot back, log.
 void finish_turn(Turn& turn, int status, bool completed) {
   Route& route = *turn.route;
@@ -390,100 +359,6 @@ void finish_turn(Turn& turn, int status, bool completed) {
                route.name().c_str(), turn.slot == no_slot ? -1 : int(turn.slot), turn.reuse,
                cached, turn.prompt_tokens, turn.prefilled, turn.ttft_msec, status);
 }
-
-// Rewrites usage.prompt_tokens_details.cached_tokens to what was not prefilled, and
-// notes the figures for the log. Returns false when `doc` carries no usage.
-bool fix_usage(rapidjson::Document& doc, Turn& turn) {
-  if (!doc.IsObject()) return false;
-  if (doc.HasMember("timings") && doc["timings"].IsObject()) {
-    const auto& t = doc["timings"];
-    if (t.HasMember("prompt_n") && t["prompt_n"].IsInt()) {
-      turn.prefilled = uint32_t(std::max(0, t["prompt_n"].GetInt()));
-      turn.timings_seen = true;
-    }
-  }
-  if (!doc.HasMember("usage") || !doc["usage"].IsObject()) return false;
-  auto& usage = doc["usage"];
-  if (usage.HasMember("prompt_tokens") && usage["prompt_tokens"].IsUint())
-    turn.prompt_tokens = usage["prompt_tokens"].GetUint();
-  if (!turn.timings_seen) return true;
-  const uint32_t cached = turn.prompt_tokens >= turn.prefilled ? turn.prompt_tokens - turn.prefilled : 0;
-  auto& a = doc.GetAllocator();
-  if (!usage.HasMember("prompt_tokens_details") || !usage["prompt_tokens_details"].IsObject())
-    usage.AddMember("prompt_tokens_details", rapidjson::Value(rapidjson::kObjectType), a);
-  auto& details = usage["prompt_tokens_details"];
-  if (details.HasMember("cached_tokens"))
-    details["cached_tokens"].SetUint(cached);
-  else
-    details.AddMember("cached_tokens", rapidjson::Value(cached), a);
-  return true;
-}
-
-void set_reuse_headers(httplib::Response& res, const Turn& turn) {
-  res.set_header("X-Kvpark-Reuse", turn.reuse);
-  res.set_header("X-Kvpark-Restored-Tokens", std::to_string(turn.restored));
-  if (turn.slot != no_slot) res.set_header("X-Kvpark-Slot", std::to_string(turn.slot));
-}
-
-void forward(std::shared_ptr<Turn> turn, const std::string& path, httplib::Response& res) {
-  rapidjson::Document& doc = turn->request;
-  rapidjson::Document body;
-  body.CopyFrom(doc, body.GetAllocator());
-  auto& a = body.GetAllocator();
-  if (turn->slot != no_slot) {
-    body.RemoveMember("id_slot");
-    body.AddMember("id_slot", rapidjson::Value(turn->slot), a);
-    body.RemoveMember("cache_prompt");
-    body.AddMember("cache_prompt", true, a);
-  }
-  const bool stream = doc.HasMember("stream") && doc["stream"].IsBool() && doc["stream"].GetBool();
-  const Clock::time_point sent = Clock::now();
-  auto relay = std::make_shared<Relay>(turn->route->upstream(), path, to_json(body));
-  std::string content_type;
-  const int status = relay->wait_status(&content_type);
-  if (status == 0) {
-    finish_turn(*turn, 502, false);
-    send_error(res, 502, "upstream_unavailable",
-               "upstream " + turn->route->name() + " is unreachable: " + relay->error());
-    return;
-  }
-  set_reuse_headers(res, *turn);
-  if (!stream || status != 200 || content_type.rfind("text/event-stream", 0) != 0) {
-    std::string text = relay->wait_body();
-    rapidjson::Document reply;
-    reply.Parse(text.c_str(), text.size());
-    if (status == 200 && !reply.HasParseError() && fix_usage(reply, *turn)) {
-      text = to_json(reply);
-      if (reply.HasMember("timings") && reply["timings"].IsObject() &&
-          reply["timings"].HasMember("prompt_ms") && reply["timings"]["prompt_ms"].IsNumber())
-        turn->ttft_msec = std::chrono::duration<double, std::milli>(sent - turn->start).count() +
-                          reply["timings"]["prompt_ms"].GetDouble();
-    }
-    send_then(res, status, std::move(text),
-              content_type.empty() ? "application/json" : content_type,
-              [turn, status] { finish_turn(*turn, status, true); });
-    return;
-  }
-  auto splitter = std::make_shared<EventSplitter>([turn](std::string event) {
-    if (turn->ttft_msec < 0) turn->ttft_msec = msec_since(turn->start);
-    if (event.rfind("data: {", 0) != 0 || (event.find("\"usage\"") == std::string::npos &&
-                                             event.find("\"timings\"") == std::string::npos))
-      return event;
-    rapidjson::Document chunk;
-    const size_t json_end = event.find_last_not_of('\n') + 1;
-    chunk.Parse(event.c_str() + 6, json_end - 6);
-    if (chunk.HasParseError() || !fix_usage(chunk, *turn)) return event;
-    return "data: " + to_json(chunk) + "\n\n";
-  });
-  stream_to_client(
-      relay, res, content_type,
-      [splitter](const std::string& chunk, bool last) {
-        return last ? splitter->flush() : splitter->feed(chunk);
-      },
-      [turn](bool completed) { finish_turn(*turn, 200, completed); });
-}
-
-}  // namespace
 
 void serve_chat(ProxyState& proxy, const httplib::Request& req, httplib::Response& res) {
   auto turn = std::make_shared<Turn>();

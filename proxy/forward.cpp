@@ -1,0 +1,119 @@
+// Forwarding a chat request to its upstream and relaying the answer: usage fixed to
+// tell the truth, reuse headers, streaming event by event.
+#include <httplib.h>
+#include <rapidjson/stringbuffer.h>
+#include <rapidjson/writer.h>
+
+#include "proxy/relay.h"
+#include "proxy/turn.h"
+
+namespace kvpark::proxy {
+
+std::string to_json(const rapidjson::Value& v) {
+  rapidjson::StringBuffer buffer;
+  rapidjson::Writer<rapidjson::StringBuffer> w(buffer);
+  v.Accept(w);
+  return std::string(buffer.GetString(), buffer.GetSize());
+}
+
+double msec_since(Clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
+
+namespace {
+
+// Rewrites usage.prompt_tokens_details.cached_tokens to what was not prefilled, and
+// notes the figures for the log. Returns false when `doc` carries no usage.
+bool fix_usage(rapidjson::Document& doc, Turn& turn) {
+  if (!doc.IsObject()) return false;
+  if (doc.HasMember("timings") && doc["timings"].IsObject()) {
+    const auto& t = doc["timings"];
+    if (t.HasMember("prompt_n") && t["prompt_n"].IsInt()) {
+      turn.prefilled = uint32_t(std::max(0, t["prompt_n"].GetInt()));
+      turn.timings_seen = true;
+    }
+  }
+  if (!doc.HasMember("usage") || !doc["usage"].IsObject()) return false;
+  auto& usage = doc["usage"];
+  if (usage.HasMember("prompt_tokens") && usage["prompt_tokens"].IsUint())
+    turn.prompt_tokens = usage["prompt_tokens"].GetUint();
+  if (!turn.timings_seen) return true;
+  const uint32_t cached = turn.prompt_tokens >= turn.prefilled ? turn.prompt_tokens - turn.prefilled : 0;
+  auto& a = doc.GetAllocator();
+  if (!usage.HasMember("prompt_tokens_details") || !usage["prompt_tokens_details"].IsObject())
+    usage.AddMember("prompt_tokens_details", rapidjson::Value(rapidjson::kObjectType), a);
+  auto& details = usage["prompt_tokens_details"];
+  if (details.HasMember("cached_tokens"))
+    details["cached_tokens"].SetUint(cached);
+  else
+    details.AddMember("cached_tokens", rapidjson::Value(cached), a);
+  return true;
+}
+
+void set_reuse_headers(httplib::Response& res, const Turn& turn) {
+  res.set_header("X-Kvpark-Reuse", turn.reuse);
+  res.set_header("X-Kvpark-Restored-Tokens", std::to_string(turn.restored));
+  if (turn.slot != no_slot) res.set_header("X-Kvpark-Slot", std::to_string(turn.slot));
+}
+
+}  // namespace
+
+void forward(std::shared_ptr<Turn> turn, const std::string& path, httplib::Response& res) {
+  rapidjson::Document& doc = turn->request;
+  rapidjson::Document body;
+  body.CopyFrom(doc, body.GetAllocator());
+  auto& a = body.GetAllocator();
+  if (turn->slot != no_slot) {
+    body.RemoveMember("id_slot");
+    body.AddMember("id_slot", rapidjson::Value(turn->slot), a);
+    body.RemoveMember("cache_prompt");
+    body.AddMember("cache_prompt", true, a);
+  }
+  const bool stream = doc.HasMember("stream") && doc["stream"].IsBool() && doc["stream"].GetBool();
+  const Clock::time_point sent = Clock::now();
+  auto relay = std::make_shared<Relay>(turn->route->upstream(), path, to_json(body));
+  std::string content_type;
+  const int status = relay->wait_status(&content_type);
+  if (status == 0) {
+    finish_turn(*turn, 502, false);
+    send_error(res, 502, "upstream_unavailable",
+               "upstream " + turn->route->name() + " is unreachable: " + relay->error());
+    return;
+  }
+  set_reuse_headers(res, *turn);
+  if (!stream || status != 200 || content_type.rfind("text/event-stream", 0) != 0) {
+    std::string text = relay->wait_body();
+    rapidjson::Document reply;
+    reply.Parse(text.c_str(), text.size());
+    if (status == 200 && !reply.HasParseError() && fix_usage(reply, *turn)) {
+      text = to_json(reply);
+      if (reply.HasMember("timings") && reply["timings"].IsObject() &&
+          reply["timings"].HasMember("prompt_ms") && reply["timings"]["prompt_ms"].IsNumber())
+        turn->ttft_msec = std::chrono::duration<double, std::milli>(sent - turn->start).count() +
+                          reply["timings"]["prompt_ms"].GetDouble();
+    }
+    send_then(res, status, std::move(text),
+              content_type.empty() ? "application/json" : content_type,
+              [turn, status] { finish_turn(*turn, status, true); });
+    return;
+  }
+  auto splitter = std::make_shared<EventSplitter>([turn](std::string event) {
+    if (turn->ttft_msec < 0) turn->ttft_msec = msec_since(turn->start);
+    if (event.rfind("data: {", 0) != 0 || (event.find("\"usage\"") == std::string::npos &&
+                                             event.find("\"timings\"") == std::string::npos))
+      return event;
+    rapidjson::Document chunk;
+    const size_t json_end = event.find_last_not_of('\n') + 1;
+    chunk.Parse(event.c_str() + 6, json_end - 6);
+    if (chunk.HasParseError() || !fix_usage(chunk, *turn)) return event;
+    return "data: " + to_json(chunk) + "\n\n";
+  });
+  stream_to_client(
+      relay, res, content_type,
+      [splitter](const std::string& chunk, bool last) {
+        return last ? splitter->flush() : splitter->feed(chunk);
+      },
+      [turn](bool completed) { finish_turn(*turn, 200, completed); });
+}
+
+}  // namespace kvpark::proxy

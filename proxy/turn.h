@@ -1,0 +1,52 @@
+// One chat request's state (chat.cpp), shared with the work that runs after its
+// response and with the forwarding (forward.cpp). Internal to proxy/.
+#pragma once
+
+#include <rapidjson/document.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "client/kvpark.h"
+#include "proxy/proxy.h"
+
+namespace kvpark::proxy {
+
+using Clock = std::chrono::steady_clock;
+
+// One request's state, shared with the work that runs after its response.
+struct Turn {
+  ProxyState* proxy = nullptr;
+  Route* route = nullptr;
+  rapidjson::Document request;
+  std::vector<int32_t> tokens;
+  uint64_t session_id = 0;
+  uint32_t slot = no_slot;
+  uint32_t head = 0;              // the head candidate's position (0: none)
+  kvpark_publish_options head_options{};
+  bool closure = false;           // park the turn after the response
+  kvpark_publish_options closure_options{};
+  uint32_t restored = 0;          // tokens restored from kvparkd into the slot
+  const char* reuse = "root";
+  Clock::time_point start;
+  double ttft_msec = -1;
+  uint32_t prompt_tokens = 0;     // as the upstream reported them
+  uint32_t prefilled = 0;         // timings.prompt_n
+  bool timings_seen = false;
+};
+
+std::string to_json(const rapidjson::Value& v);
+double msec_since(Clock::time_point t);
+
+// After the response (or its failure): parks the turn, gives the slot back, logs
+// the request's line. chat.cpp.
+void finish_turn(Turn& turn, int status, bool completed);
+
+// Sends the request to the turn's upstream, pinned to its slot, and relays the
+// answer; finish_turn runs once the response is written. forward.cpp.
+void forward(std::shared_ptr<Turn> turn, const std::string& path, httplib::Response& res);
+
+}  // namespace kvpark::proxy
