@@ -6,23 +6,19 @@
 // can check every byte without asking who published it.
 #pragma once
 
-#include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
 #include "client/kvpark.h"
+#include "tests/testing/content.h"
 
 namespace kvpark::replay {
 
-inline uint64_t mix64(uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdull;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53ull;
-  x ^= x >> 33;
-  return x;
-}
+// The payload stream is the tests' (tests/testing/content.h): bytes the replayer
+// parks are the bytes the test engines would park for the same prefix.
+using testing::fill_payload;
+using testing::mix64;
+using testing::payload_matches;
 
 // Rolling prefix key: prefix_keys[p] identifies tokens[0, p) in namespace `ns_low`.
 inline std::vector<uint64_t> prefix_keys(uint64_t ns_low, const std::vector<int32_t>& tokens) {
@@ -35,33 +31,7 @@ inline std::vector<uint64_t> prefix_keys(uint64_t ns_low, const std::vector<int3
 }
 
 inline uint64_t block_key(const kvpark_hash128& chain_hash) {
-  return chain_hash.low ^ mix64(chain_hash.high);
-}
-
-// Fills `bytes` from a stream keyed by `key`.
-inline void fill_payload(uint64_t key, void* out, size_t bytes) {
-  auto* p = static_cast<uint8_t*>(out);
-  uint64_t state = mix64(key | 1);
-  size_t i = 0;
-  for (; i + 8 <= bytes; i += 8) {
-    state = mix64(state + 0x9e3779b97f4a7c15ull);
-    std::memcpy(p + i, &state, 8);
-  }
-  state = mix64(state + 0x9e3779b97f4a7c15ull);
-  std::memcpy(p + i, &state, bytes - i);
-}
-
-// True when data holds exactly what fill_payload(key, ..., bytes) writes.
-inline bool payload_matches(uint64_t key, const void* data, size_t bytes) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  uint64_t state = mix64(key | 1);
-  size_t i = 0;
-  for (; i + 8 <= bytes; i += 8) {
-    state = mix64(state + 0x9e3779b97f4a7c15ull);
-    if (std::memcmp(p + i, &state, 8) != 0) return false;
-  }
-  state = mix64(state + 0x9e3779b97f4a7c15ull);
-  return std::memcmp(p + i, &state, bytes - i) == 0;
+  return testing::payload_key(chain_hash);
 }
 
 }  // namespace kvpark::replay
