@@ -155,7 +155,6 @@ void Route::refresh(bool verify_slots) {
     std::lock_guard lock(mutex_);
     id = make_namespace(weights, props.build_info, upstream_.options().settings, epoch_);
     if (ready_ && id.low == namespace_id_.low && id.high == namespace_id_.high) return;
-    model_path_ = props.model_path;
     weights_ = weights;
     build_info_ = props.build_info;
     namespace_id_ = id;

@@ -117,7 +117,6 @@ class Route {
   const std::string digest_cache_;
 
   mutable std::mutex mutex_;
-  std::string model_path_;
   kvpark_hash128 weights_{};
   std::string build_info_;
   uint32_t epoch_ = 0;             // not persisted: a restarted proxy finds out again
