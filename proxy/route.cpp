@@ -154,14 +154,20 @@ void Route::refresh(bool verify_slots) {
   {
     std::lock_guard lock(mutex_);
     id = make_namespace(weights, props.build_info, upstream_.options().settings, epoch_);
-    if (ready_ && id.low == namespace_id_.low && id.high == namespace_id_.high) return;
-    weights_ = weights;
-    build_info_ = props.build_info;
-    namespace_id_ = id;
-    frontiers_.clear();
-    refusals_in_a_row_ = 0;
+    const bool same = id.low == namespace_id_.low && id.high == namespace_id_.high;
+    if (same && ready_) return;
+    if (!same) {
+      // Refusals counted under another namespace say nothing of this one. An
+      // upstream back from a restart keeps its count: the same settings are
+      // refused the same way.
+      weights_ = weights;
+      build_info_ = props.build_info;
+      namespace_id_ = id;
+      frontiers_.clear();
+      refusals_in_a_row_ = 0;
+      slots_.forget_all();
+    }
   }
-  slots_.forget_all();
   parking_.set_namespace(id, 0);
   ready_ = true;
   std::fprintf(stderr, "kvpark-proxy: upstream %s: %s, %u slots, namespace %s\n", name().c_str(),
