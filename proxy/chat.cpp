@@ -17,8 +17,10 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 
 #include "client/kvpark_planner.h"
 #include "proxy/proxy.h"
@@ -226,7 +228,11 @@ void park_slot(Turn& turn, uint32_t position, const kvpark_publish_options& opti
     why = "the slot holds " + std::to_string(n_saved) + " tokens, fewer than planned";
   }
   struct stat st;
-  if (ok && stat(path.c_str(), &st) == 0) route.slot_file_sizes().observe(n_saved, uint64_t(st.st_size));
+  if (ok && stat(path.c_str(), &st) != 0) {
+    ok = false;
+    why = path + ": " + std::strerror(errno);
+  }
+  if (ok) route.slot_file_sizes().observe(n_saved, uint64_t(st.st_size));
   if (ok && reserved != nullptr && reserved->reserved()) {
     std::string mismatch;
     if (reserved->fill_and_seal(path, &mismatch)) {
@@ -236,8 +242,8 @@ void park_slot(Turn& turn, uint32_t position, const kvpark_publish_options& opti
     }
     reserved->abort();  // the prediction missed: park it the ordinary way
   }
-  uint64_t file_bytes = 0;
-  if (ok) ok = route.parking().park_file(turn.tokens, position, options, path, &file_bytes, &why);
+  if (ok) ok = route.parking().park_file(turn.tokens, position, options, path,
+                                         uint64_t(st.st_size), &why);
   unlink(path.c_str());
   if (ok)
     ++turn.proxy->counters.publishes;

@@ -24,16 +24,7 @@ bool write_checked_file(const uint8_t* payload, uint64_t payload_bytes, uint32_t
                         const std::string& path, std::string* ret_refused, bool* ret_corrupt) {
   SlotFileHeader header;
   *ret_corrupt = true;
-  if (payload_bytes < sizeof header) {
-    *ret_refused = slot_file_check_string(SlotFileCheck::short_payload);
-    return false;
-  }
-  std::memcpy(&header, payload, sizeof header);
-  SlotFileCheck check = SlotFileCheck::ok;
-  if (header.magic != SlotFileHeader::magic_value) check = SlotFileCheck::bad_magic;
-  else if (header.version != SlotFileHeader::format_version) check = SlotFileCheck::bad_version;
-  else if (header.position_tokens != position) check = SlotFileCheck::wrong_position;
-  else if (header.file_bytes != payload_bytes - sizeof header) check = SlotFileCheck::wrong_size;
+  const SlotFileCheck check = slot_file_check_header(payload, payload_bytes, position, &header);
   if (check != SlotFileCheck::ok) {
     *ret_refused = slot_file_check_string(check);
     return false;
@@ -249,15 +240,9 @@ bool Reserved::fill_and_seal(const std::string& file_path, std::string* ret_erro
 
 bool Parking::park_file(const std::vector<int32_t>& tokens, uint32_t position,
                         const kvpark_publish_options& options, const std::string& file_path,
-                        uint64_t* ret_file_bytes, std::string* ret_error) {
-  struct stat st;
-  if (stat(file_path.c_str(), &st) != 0) {
-    *ret_error = file_path + ": " + std::strerror(errno);
-    return false;
-  }
-  *ret_file_bytes = uint64_t(st.st_size);
+                        uint64_t file_bytes, std::string* ret_error) {
   Reserved reserved;
-  const kvpark_status s = reserve(tokens, position, options, uint64_t(st.st_size), &reserved);
+  const kvpark_status s = reserve(tokens, position, options, file_bytes, &reserved);
   if (s == KVPARK_ALREADY_PRESENT || s == KVPARK_IN_FLIGHT) return true;
   if (s != KVPARK_OK) {
     *ret_error = s == KVPARK_UNAVAILABLE ? std::string("kvparkd unavailable")

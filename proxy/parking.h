@@ -87,12 +87,11 @@ class Parking {
   kvpark_status reserve(const std::vector<int32_t>& tokens, uint32_t position,
                         const kvpark_publish_options& options, uint64_t file_bytes,
                         Reserved* ret_reserved);
-  // Parks the slot file at file_path as the state after tokens[0, position).
-  // Already parked is success. false with a reason otherwise. *ret_file_bytes: the
-  // file's size, when it could be read.
+  // Parks the slot file at file_path, of file_bytes, as the state after
+  // tokens[0, position). Already parked is success. false with a reason otherwise.
   bool park_file(const std::vector<int32_t>& tokens, uint32_t position,
                  const kvpark_publish_options& options, const std::string& file_path,
-                 uint64_t* ret_file_bytes, std::string* ret_error);
+                 uint64_t file_bytes, std::string* ret_error);
 
  private:
   kvpark_client* client_locked();  // connects when needed; nullptr if unavailable

@@ -6,9 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <string>
 #include <type_traits>
-#include <vector>
 
 namespace kvpark::proxy {
 
@@ -32,11 +30,8 @@ const char* slot_file_check_string(SlotFileCheck check);
 void slot_file_seal(void* payload, uint32_t position_tokens, uint64_t file_bytes);
 SlotFileCheck slot_file_check(const void* payload, uint64_t payload_bytes,
                               uint32_t position_tokens);
-
-// Whole-file helpers for the slot directory; false with errno-style text.
-bool read_whole_file(const std::string& path, std::vector<uint8_t>* ret_bytes,
-                     std::string* ret_error);
-bool write_whole_file(const std::string& path, const void* bytes, size_t n,
-                      std::string* ret_error);
+// The header's checks alone (for a caller that hashes the bytes as it copies them).
+SlotFileCheck slot_file_check_header(const void* payload, uint64_t payload_bytes,
+                                     uint32_t position_tokens, SlotFileHeader* ret_header);
 
 }  // namespace kvpark::proxy
