@@ -59,19 +59,21 @@ Status Channel::connect_locked() {
   wire::encode(hello_, 0, request);
   Status answer = Status::Ok;
   std::vector<uint8_t> body;
-  int arena_fd = -1;
-  Status s = round_trip_locked(request, answer, body, &arena_fd);
+  ReceivedFds arena_fds;  // header, data
+  Status s = round_trip_locked(request, answer, body, &arena_fds);
   wire::HelloReply reply;
   if (s == Status::Ok && answer != Status::Ok) s = answer;
-  if (s == Status::Ok && (wire::decode(body, reply) != Status::Ok || arena_fd < 0)) {
+  if (s == Status::Ok &&
+      (wire::decode(body, reply) != Status::Ok || arena_fds.count != 2)) {
     s = Status::ProtocolError;
   }
   std::shared_ptr<shm::ArenaMapping> mapping;
   if (s == Status::Ok) {
-    s = shm::ArenaMapping::attach(arena_fd, reply.arena_bytes, reply.incarnation, mapping);
-    arena_fd = -1;  // attach took it
+    s = shm::ArenaMapping::attach(arena_fds.fds[0], arena_fds.fds[1], reply.data_bytes,
+                                  reply.incarnation, mapping);
+    arena_fds.count = 0;  // attach took them
   }
-  if (arena_fd >= 0) close(arena_fd);
+  for (size_t i = 0; i < arena_fds.count; ++i) close(arena_fds.fds[i]);
   if (s != Status::Ok) {
     drop_locked();
     return s;
@@ -82,7 +84,7 @@ Status Channel::connect_locked() {
 }
 
 Status Channel::round_trip_locked(std::vector<uint8_t>& request, Status& ret_status,
-                                  std::vector<uint8_t>& ret_body, int* ret_fd) {
+                                  std::vector<uint8_t>& ret_body, ReceivedFds* ret_fds) {
   assert(fd_ >= 0 && request.size() >= wire::frame_header_bytes);
   const uint32_t sequence = ++sequence_;
   std::memcpy(request.data() + 4, &sequence, sizeof sequence);
@@ -91,7 +93,7 @@ Status Channel::round_trip_locked(std::vector<uint8_t>& request, Status& ret_sta
   const bool sent = send(fd_, request.data(), request.size(), MSG_NOSIGNAL) ==
                     static_cast<ssize_t>(request.size());
   iovec iov{receive_buffer_.data(), receive_buffer_.size()};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * ReceivedFds::fds_max)] = {};
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
@@ -108,14 +110,25 @@ Status Channel::round_trip_locked(std::vector<uint8_t>& request, Status& ret_sta
     n = recvmsg(fd_, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
   }
   if (n <= 0) return Status::Unavailable;  // EOF, reset or timeout
-  int received_fd = -1;
+  ReceivedFds received;
   for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-      std::memcpy(&received_fd, CMSG_DATA(c), sizeof(int));
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const size_t n_fds = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < n_fds; ++i) {
+      int fd = -1;
+      std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+      if (received.count < ReceivedFds::fds_max) {
+        received.fds[received.count++] = fd;
+      } else {
+        close(fd);
+      }
     }
   }
-  if (received_fd >= 0 && ret_fd == nullptr) close(received_fd);
-  if (ret_fd != nullptr) *ret_fd = received_fd;
+  if (ret_fds != nullptr) {
+    *ret_fds = received;
+  } else {
+    for (size_t i = 0; i < received.count; ++i) close(received.fds[i]);
+  }
   wire::FrameHeader header;
   std::span<const uint8_t> body;
   if ((msg.msg_flags & MSG_TRUNC) != 0 ||

@@ -27,6 +27,12 @@ struct Attachment {  // what one HELLO gave us
   uint64_t generation = 0;
 };
 
+struct ReceivedFds {  // passed with a reply (SCM_RIGHTS)
+  static constexpr size_t fds_max = 2;
+  int fds[fds_max] = {-1, -1};
+  size_t count = 0;
+};
+
 class Channel {
  public:
   Channel(std::string socket_path, wire::HelloRequest hello);
@@ -48,7 +54,7 @@ class Channel {
   Status connect_locked();
   void drop_locked();
   Status round_trip_locked(std::vector<uint8_t>& request, Status& ret_status,
-                           std::vector<uint8_t>& ret_body, int* ret_fd);
+                           std::vector<uint8_t>& ret_body, ReceivedFds* ret_fds);
 
   std::mutex mutex_;
   std::string socket_path_;

@@ -13,6 +13,7 @@
 #include "client/chain_hash.h"
 #include "client/channel.h"
 #include "client/device_access.h"
+#include "client/payload_checksum.h"
 #include "proto/limits.h"
 #include "proto/paths.h"
 #include "shm/arena_format.h"
@@ -46,10 +47,17 @@ struct kvpark_plan {
   uint64_t lease_id = 0;
   uint32_t restorable_tokens = 0;
   kvpark_reuse_kind reuse_kind = KVPARK_REUSE_ROOT;
+  kvpark_reuse_kind block_reuse_kind = KVPARK_REUSE_ROOT;  // of the block prefix alone
   std::vector<const uint8_t*> blocks;  // payloads
+  std::vector<uint64_t> block_extents;    // data-region offsets, for REPORT_CORRUPT
+  std::vector<uint64_t> block_checksums;  // as sealed, from the daemon
+  std::vector<uint8_t> block_verified;    // 1: checked in place by kvpark_plan_block()
   const uint8_t* snapshot = nullptr;
   uint64_t snapshot_bytes = 0;
   uint32_t snapshot_position = 0;
+  uint64_t snapshot_extent = 0;
+  uint64_t snapshot_checksum = 0;
+  bool snapshot_verified = false;
   uint32_t pending_tokens = 0;      // restorable once promotions land (>= restorable)
   uint32_t inflight_tokens = 0;     // past that, what another engine is prefilling now
   uint32_t capture_hint_tokens = 0;
@@ -63,7 +71,14 @@ struct kvpark_reservation {
   Attachment attachment;
   uint64_t reservation_id = 0;
   std::vector<uint8_t*> blocks;  // payloads; nullptr = not ours to write
+  std::vector<uint64_t> block_checksums;  // from kvpark_reservation_write_block()
+  std::vector<uint8_t> block_checksummed;  // 1: block_checksums[i] is current
+  uint64_t block_bytes = 0;
   uint8_t* snapshot = nullptr;
+  uint64_t snapshot_bytes = 0;
+  // Written in order from offset 0 through kvpark_reservation_write_snapshot().
+  std::unique_ptr<kvpark::client::StreamingChecksum> snapshot_stream;
+  bool snapshot_out_of_order = false;
 };
 
 namespace {
@@ -142,12 +157,17 @@ void apply_reply(kvpark_plan* plan, const wire::LookupReply& reply,
       snapshot_required ? 0 : static_cast<uint32_t>(confirmed * block_tokens);
   size_t blocks_used = snapshot_required ? 0 : confirmed;
   plan->blocks.clear();
+  plan->block_extents.clear();
+  plan->block_checksums.clear();
+  plan->block_verified.clear();
   plan->snapshot = nullptr;
+  plan->snapshot_verified = false;
   plan->snapshot_bytes = 0;
   plan->snapshot_position = 0;
   plan->restorable_tokens = block_restorable;
   plan->reuse_kind = block_restorable > 0 ? static_cast<kvpark_reuse_kind>(reply.reuse_kind)
                                           : KVPARK_REUSE_ROOT;
+  plan->block_reuse_kind = plan->reuse_kind;
   uint32_t pending = reply.restorable_tokens;
   for (const wire::SnapshotCandidate& c : reply.snapshots) {
     const uint64_t tail = uint64_t{c.position} - uint64_t{c.anchor_chunks} * chain;
@@ -172,6 +192,8 @@ void apply_reply(kvpark_plan* plan, const wire::LookupReply& reply,
       continue;
     }
     plan->snapshot = a.mapping->data() + c.extent_offset + h->payload_offset;
+    plan->snapshot_extent = c.extent_offset;
+    plan->snapshot_checksum = c.payload_checksum;
     plan->snapshot_bytes = h->payload_bytes;
     plan->snapshot_position = c.position;
     plan->restorable_tokens = c.position;
@@ -182,6 +204,9 @@ void apply_reply(kvpark_plan* plan, const wire::LookupReply& reply,
   for (size_t i = 0; i < blocks_used; ++i) {
     plan->blocks.push_back(a.mapping->data() + reply.block_offsets[i] +
                            a.hello.block_payload_offset);
+    plan->block_extents.push_back(reply.block_offsets[i]);
+    plan->block_checksums.push_back(reply.block_checksums[i]);
+    plan->block_verified.push_back(0);
   }
   plan->inflight_tokens = reply.inflight_tokens;
   plan->capture_hint_tokens = reply.capture_hint_tokens;
@@ -228,6 +253,50 @@ Status lookup_into(kvpark_client* client, uint64_t session_id, const int32_t* to
     plan->hashes.clear();
   }
   return Status::Ok;
+}
+
+// The entry at `extent` failed its checksum: tell the daemon (one way), which drops it.
+void report_corrupt(kvpark_plan* plan, uint64_t extent) {
+  if (plan->lease_id == 0) return;
+  std::vector<uint8_t> frame;
+  wire::encode(wire::CorruptReport{.lease_id = plan->lease_id, .extent_offset = extent}, 0, frame);
+  (void)plan->client->channel.send_one_way(frame, plan->attachment.generation);
+}
+
+// Block `index` failed: the plan keeps blocks [0, index) and no snapshot (it needs
+// every block before it); a namespace that restores only through snapshots keeps nothing.
+void truncate_at_block(kvpark_plan* plan, size_t index) {
+  report_corrupt(plan, plan->block_extents[index]);
+  const kvpark::Geometry& g = plan->client->geometry;
+  const size_t keep = g.snapshot_required ? 0 : index;
+  plan->blocks.resize(keep);
+  plan->block_extents.resize(keep);
+  plan->block_checksums.resize(keep);
+  plan->block_verified.resize(keep);
+  plan->snapshot = nullptr;
+  plan->snapshot_bytes = 0;
+  plan->snapshot_position = 0;
+  plan->restorable_tokens = static_cast<uint32_t>(keep * g.block_tokens);
+  plan->reuse_kind = keep > 0 ? plan->block_reuse_kind : KVPARK_REUSE_ROOT;
+  plan->pending_tokens = plan->restorable_tokens;
+}
+
+// The snapshot failed: the plan keeps its blocks where they restore on their own.
+void drop_snapshot(kvpark_plan* plan) {
+  report_corrupt(plan, plan->snapshot_extent);
+  const kvpark::Geometry& g = plan->client->geometry;
+  if (g.snapshot_required) {
+    plan->blocks.clear();
+    plan->block_extents.clear();
+    plan->block_checksums.clear();
+    plan->block_verified.clear();
+  }
+  plan->snapshot = nullptr;
+  plan->snapshot_bytes = 0;
+  plan->snapshot_position = 0;
+  plan->restorable_tokens = static_cast<uint32_t>(plan->blocks.size() * g.block_tokens);
+  plan->reuse_kind = plan->restorable_tokens > 0 ? plan->block_reuse_kind : KVPARK_REUSE_ROOT;
+  plan->pending_tokens = plan->restorable_tokens;
 }
 
 void release_lease_one_way(kvpark_plan* plan) {
@@ -347,16 +416,64 @@ uint32_t kvpark_plan_restorable_tokens(const kvpark_plan* plan) { return plan->r
 kvpark_reuse_kind kvpark_plan_reuse_kind(const kvpark_plan* plan) { return plan->reuse_kind; }
 size_t kvpark_plan_block_count(const kvpark_plan* plan) { return plan->blocks.size(); }
 
-const void* kvpark_plan_block(const kvpark_plan* plan, size_t index) {
-  return index < plan->blocks.size() ? plan->blocks[index] : nullptr;
+// The pointer accessors are const in the C ABI but may shrink the plan when a payload
+// fails its check: the plan is always one this library allocated, never const itself.
+const void* kvpark_plan_block(const kvpark_plan* const_plan, size_t index) {
+  auto* plan = const_cast<kvpark_plan*>(const_plan);
+  if (index >= plan->blocks.size()) return nullptr;
+  if (plan->block_verified[index] == 0) {
+    if (kvpark::client::payload_checksum(plan->blocks[index],
+                                         plan->client->geometry.block_payload_bytes) !=
+        plan->block_checksums[index]) {
+      truncate_at_block(plan, index);
+      return nullptr;
+    }
+    plan->block_verified[index] = 1;
+  }
+  return plan->blocks[index];
 }
 
-const void* kvpark_plan_snapshot(const kvpark_plan* plan, uint64_t* ret_bytes,
+const void* kvpark_plan_snapshot(const kvpark_plan* const_plan, uint64_t* ret_bytes,
                                  uint32_t* ret_position) {
+  auto* plan = const_cast<kvpark_plan*>(const_plan);
   if (plan->snapshot == nullptr) return nullptr;
+  if (!plan->snapshot_verified) {
+    if (kvpark::client::payload_checksum(plan->snapshot, plan->snapshot_bytes) !=
+        plan->snapshot_checksum) {
+      drop_snapshot(plan);
+      return nullptr;
+    }
+    plan->snapshot_verified = true;
+  }
   if (ret_bytes != nullptr) *ret_bytes = plan->snapshot_bytes;
   if (ret_position != nullptr) *ret_position = plan->snapshot_position;
   return plan->snapshot;
+}
+
+kvpark_status kvpark_plan_copy_block(kvpark_plan* plan, size_t index, void* dst) {
+  if (plan == nullptr || dst == nullptr || index >= plan->blocks.size()) {
+    return KVPARK_INVALID_ARGUMENT;
+  }
+  if (kvpark::client::copy_checksum_destination(dst, plan->blocks[index],
+                                                plan->client->geometry.block_payload_bytes) !=
+      plan->block_checksums[index]) {
+    truncate_at_block(plan, index);
+    return KVPARK_CORRUPT;
+  }
+  return KVPARK_OK;
+}
+
+kvpark_status kvpark_plan_copy_snapshot(kvpark_plan* plan, void* dst, uint64_t bytes) {
+  if (plan == nullptr || dst == nullptr || plan->snapshot == nullptr ||
+      bytes != plan->snapshot_bytes) {
+    return KVPARK_INVALID_ARGUMENT;
+  }
+  if (kvpark::client::copy_checksum_destination(dst, plan->snapshot, bytes) !=
+      plan->snapshot_checksum) {
+    drop_snapshot(plan);
+    return KVPARK_CORRUPT;
+  }
+  return KVPARK_OK;
 }
 
 void kvpark_plan_release(kvpark_plan* plan) {
@@ -406,6 +523,7 @@ kvpark_status kvpark_reserve_blocks(kvpark_client* client, const kvpark_publish_
   r->client = client;
   r->attachment = a;
   r->reservation_id = reply.reservation_id;
+  r->block_bytes = client->geometry.block_payload_bytes;
   Status status = Status::Ok;
   for (size_t i = 0; i < block_count; ++i) {
     const wire::BlockGrant& g = reply.grants[i];
@@ -425,6 +543,8 @@ kvpark_status kvpark_reserve_blocks(kvpark_client* client, const kvpark_publish_
                 block_tokens * sizeof(int32_t));
     r->blocks.push_back(extent + a.hello.block_payload_offset);
   }
+  r->block_checksums.assign(r->blocks.size(), 0);
+  r->block_checksummed.assign(r->blocks.size(), 0);
   if (status != Status::Ok) {
     kvpark_abort(r);
     return to_c(status);
@@ -435,8 +555,20 @@ kvpark_status kvpark_reserve_blocks(kvpark_client* client, const kvpark_publish_
 
 size_t kvpark_reservation_block_count(const kvpark_reservation* r) { return r->blocks.size(); }
 
-void* kvpark_reservation_block(const kvpark_reservation* r, size_t index) {
-  return index < r->blocks.size() ? r->blocks[index] : nullptr;
+void* kvpark_reservation_block(const kvpark_reservation* const_r, size_t index) {
+  if (index >= const_r->blocks.size()) return nullptr;
+  // The caller may write through the pointer: checksum it again at seal.
+  const_cast<kvpark_reservation*>(const_r)->block_checksummed[index] = 0;
+  return const_r->blocks[index];
+}
+
+kvpark_status kvpark_reservation_write_block(kvpark_reservation* r, size_t index, const void* src) {
+  if (r == nullptr || src == nullptr || index >= r->blocks.size() || r->blocks[index] == nullptr) {
+    return KVPARK_INVALID_ARGUMENT;
+  }
+  r->block_checksums[index] = kvpark::client::copy_checksum_source(r->blocks[index], src, r->block_bytes);
+  r->block_checksummed[index] = 1;
+  return KVPARK_OK;
 }
 
 kvpark_status kvpark_reserve_snapshot(kvpark_client* client, const kvpark_publish_options* options,
@@ -485,11 +617,34 @@ kvpark_status kvpark_reserve_snapshot(kvpark_client* client, const kvpark_publis
     return KVPARK_CORRUPT;
   }
   r->snapshot = a.mapping->data() + reply.extent_offset + reply.payload_offset;
+  r->snapshot_bytes = payload_bytes;
   *ret_reservation = r;
   return KVPARK_OK;
 }
 
-void* kvpark_reservation_snapshot(const kvpark_reservation* r) { return r->snapshot; }
+void* kvpark_reservation_snapshot(const kvpark_reservation* const_r) {
+  // The caller may write through the pointer: checksum it again at seal.
+  if (const_r->snapshot != nullptr) const_cast<kvpark_reservation*>(const_r)->snapshot_out_of_order = true;
+  return const_r->snapshot;
+}
+
+kvpark_status kvpark_reservation_write_snapshot(kvpark_reservation* r, uint64_t offset,
+                                                const void* src, uint64_t bytes) {
+  if (r == nullptr || r->snapshot == nullptr || (src == nullptr && bytes > 0) ||
+      offset > r->snapshot_bytes || bytes > r->snapshot_bytes - offset) {
+    return KVPARK_INVALID_ARGUMENT;
+  }
+  if (!r->snapshot_stream && offset == 0) {
+    r->snapshot_stream = std::make_unique<kvpark::client::StreamingChecksum>();
+  }
+  if (r->snapshot_stream && offset == r->snapshot_stream->bytes()) {
+    r->snapshot_stream->copy(r->snapshot + offset, src, bytes);
+  } else {
+    std::memcpy(r->snapshot + offset, src, bytes);
+    r->snapshot_out_of_order = true;
+  }
+  return KVPARK_OK;
+}
 
 static kvpark_status finish_reservation(kvpark_reservation* r, wire::Verb verb) {
   if (r == nullptr) return KVPARK_INVALID_ARGUMENT;
@@ -498,7 +653,24 @@ static kvpark_status finish_reservation(kvpark_reservation* r, wire::Verb verb) 
   Status s = Status::Ok;
   if (r->reservation_id != 0) {
     std::vector<uint8_t> frame, body;
-    wire::encode(verb, wire::ReservationRequest{r->reservation_id}, 0, frame);
+    wire::ReservationRequest request{.reservation_id = r->reservation_id};
+    if (verb == wire::Verb::Seal) {
+      // In grant order, one per payload the daemon reserved for us.
+      for (size_t i = 0; i < r->blocks.size(); ++i) {
+        if (r->blocks[i] == nullptr) continue;
+        request.payload_checksums.push_back(
+            r->block_checksummed[i] != 0 ? r->block_checksums[i]
+                                         : kvpark::client::payload_checksum(r->blocks[i], r->block_bytes));
+      }
+      if (r->snapshot != nullptr) {
+        const bool streamed = r->snapshot_stream && !r->snapshot_out_of_order &&
+                              r->snapshot_stream->bytes() == r->snapshot_bytes;
+        request.payload_checksums.push_back(
+            streamed ? r->snapshot_stream->digest()
+                     : kvpark::client::payload_checksum(r->snapshot, r->snapshot_bytes));
+      }
+    }
+    wire::encode(verb, request, 0, frame);
     Attachment ignored;
     s = call(r->client, frame, r->attachment.generation, body, ignored);
   }

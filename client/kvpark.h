@@ -6,10 +6,22 @@
  * kvpark_seal() what it computed. Payload bytes never cross the socket: the
  * pointers returned here point into the daemon's shared-memory arena.
  *
- * Lifetimes: a plan's pointers stay valid and their bytes immutable until
- * kvpark_plan_release(); a reservation's pointers are writable until
- * kvpark_seal() or kvpark_abort(). A crashed engine loses nothing parked: the
- * daemon aborts its reservations and drops its leases.
+ * Lifetimes: a plan's pointers stay valid until kvpark_plan_release(); a
+ * reservation's pointers are writable until kvpark_seal() or kvpark_abort(). A
+ * crashed engine loses nothing parked: the daemon aborts its reservations and
+ * drops its leases.
+ *
+ * Verified restores: every sealed payload has a checksum (XXH3-64) that the
+ * daemon keeps where no client can write it. kvpark_plan_copy_block() and
+ * kvpark_plan_copy_snapshot() copy and verify in one pass: the bytes they hand
+ * over are the bytes that were sealed, or the call fails with KVPARK_CORRUPT, the
+ * entry is dropped by the daemon and the plan shrinks to what is still good.
+ * The pointer accessors (kvpark_plan_block(), kvpark_plan_snapshot()) verify the
+ * payload in place when called and return NULL when it fails; the bytes stay in
+ * shared memory, so only the copy functions guard against a writer that changes
+ * them after that check. Publishing through kvpark_reservation_write_block() /
+ * kvpark_reservation_write_snapshot() computes the checksum while copying;
+ * payloads written through the pointers are checksummed at kvpark_seal().
  *
  * Threads: one kvpark_client may be used from several threads at once; plans
  * and reservations belong to the thread that holds them.
@@ -28,7 +40,7 @@
 extern "C" {
 #endif
 
-#define KVPARK_PROTOCOL_VERSION 1
+#define KVPARK_PROTOCOL_VERSION 2
 
 typedef enum kvpark_status {
   KVPARK_OK = 0,
@@ -112,6 +124,16 @@ const void* kvpark_plan_block(const kvpark_plan* plan, size_t index);
 /* The snapshot to apply after the blocks, or NULL; its state is at position *ret_position. */
 const void* kvpark_plan_snapshot(const kvpark_plan* plan, uint64_t* ret_bytes,
                                  uint32_t* ret_position);
+/* Copies block `index` (the namespace's block_payload_bytes) into dst and verifies
+ * it in the same pass. KVPARK_CORRUPT: the parked bytes were altered after they
+ * were sealed; dst must not be used, the plan now holds only blocks [0, index)
+ * (and no snapshot), kvpark_plan_restorable_tokens() says how far that restores,
+ * and the engine prefills the rest. KVPARK_INVALID_ARGUMENT: no such block. */
+kvpark_status kvpark_plan_copy_block(kvpark_plan* plan, size_t index, void* dst);
+/* Copies the plan's snapshot (all kvpark_plan_snapshot() bytes; `bytes` must equal
+ * them) into dst, verifying it. KVPARK_CORRUPT: as above; the plan keeps its blocks
+ * (restorable unless the namespace needs a snapshot) and drops the snapshot. */
+kvpark_status kvpark_plan_copy_snapshot(kvpark_plan* plan, void* dst, uint64_t bytes);
 /* Entries parked only on disk are promoted into the arena when a lookup reaches
  * them. kvpark_plan_pending_tokens() is what the plan will restore once those
  * promotions land (equal to kvpark_plan_restorable_tokens() when none are in
@@ -153,6 +175,10 @@ kvpark_status kvpark_reserve_blocks(kvpark_client* client, const kvpark_publish_
                                     size_t block_count, kvpark_reservation** ret_reservation);
 size_t kvpark_reservation_block_count(const kvpark_reservation* reservation);
 void* kvpark_reservation_block(const kvpark_reservation* reservation, size_t index);
+/* Copies a block's payload (block_payload_bytes) into reserved block `index` and
+ * checksums it in the same pass. KVPARK_INVALID_ARGUMENT for a NULL block. */
+kvpark_status kvpark_reservation_write_block(kvpark_reservation* reservation, size_t index,
+                                             const void* src);
 
 /* Reserves a snapshot of the state after tokens[0, n_tokens). KVPARK_ALREADY_PRESENT
  * or KVPARK_IN_FLIGHT (and no reservation) when it needs no writing. */
@@ -161,6 +187,11 @@ kvpark_status kvpark_reserve_snapshot(kvpark_client* client, const kvpark_publis
                                       uint64_t payload_bytes,
                                       kvpark_reservation** ret_reservation);
 void* kvpark_reservation_snapshot(const kvpark_reservation* reservation);
+/* Copies `bytes` of src to the snapshot payload at `offset`, checksumming as it
+ * goes. Written in order from offset 0, the checksum costs no extra pass; any
+ * other order is checksummed again at kvpark_seal(). */
+kvpark_status kvpark_reservation_write_snapshot(kvpark_reservation* reservation, uint64_t offset,
+                                                const void* src, uint64_t bytes);
 
 /* Makes the written entries visible; frees the reservation whatever the result. */
 kvpark_status kvpark_seal(kvpark_reservation* reservation);
@@ -188,6 +219,7 @@ typedef struct kvpark_stats {
   uint64_t spill_failures;
   uint64_t promotions;        /* disk -> host restores completed */
   uint64_t checksum_failures; /* disk records refused: never served */
+  uint64_t corrupt_payloads;  /* host payloads found altered at restore: dropped */
 } kvpark_stats;
 
 kvpark_status kvpark_get_stats(kvpark_client* client, kvpark_stats* ret_stats);

@@ -250,12 +250,13 @@ int verb_status(Park& park, const Options& o) {
          static_cast<unsigned long long>(u64(s, "incarnation")),
          format_duration_usec(u64(s, "uptime_usec")).c_str());
   printf("     Socket: %s\n", str(s, "socket_path").c_str());
-  printf("      Arena: %s used of %s, %s free (largest run %s), low water %s\n",
+  printf("      Arena: %s used of %s, %s free (largest run %s), low water %s, %s pages of %s\n",
          format_bytes(u64(s, "arena_used_bytes")).c_str(),
          format_bytes(u64(s, "arena_data_bytes")).c_str(),
          format_bytes(u64(s, "arena_free_bytes")).c_str(),
          format_bytes(u64(s, "arena_largest_free_bytes")).c_str(),
-         format_bytes(u64(s, "arena_low_water_bytes")).c_str());
+         format_bytes(u64(s, "arena_low_water_bytes")).c_str(), str(s, "arena_pages").c_str(),
+         format_bytes(u64(s, "arena_page_bytes")).c_str());
   if (flag(s, "disk_enabled")) {
     printf("       Disk: %s of %s in %s, written today %s of %s/day\n",
            format_bytes(u64(s, "disk_bytes")).c_str(),
@@ -279,10 +280,11 @@ int verb_status(Park& park, const Options& o) {
          (unsigned long long)u64(s, "reuse_root"),
          (unsigned long long)u64(s, "reuse_shared_stable_prefix"),
          (unsigned long long)u64(s, "reuse_private_turn_closure"));
-  printf("  Evictions: %llu; dedup hits %llu; protocol errors %llu; corrupt seals %llu\n",
+  printf("  Evictions: %llu; dedup hits %llu; protocol errors %llu; corrupt seals %llu; "
+         "corrupt payloads %llu\n",
          (unsigned long long)u64(s, "evictions"), (unsigned long long)u64(s, "dedup_hits"),
          (unsigned long long)u64(s, "protocol_errors"),
-         (unsigned long long)u64(s, "seal_corrupt"));
+         (unsigned long long)u64(s, "seal_corrupt"), (unsigned long long)u64(s, "corrupt_payloads"));
   return exit_ok;
 }
 

@@ -28,6 +28,7 @@ constexpr KeyInfo config_keys[] = {
     {"socket", false},
     {"arena_size", false},
     {"arena_name", false},
+    {"huge_pages", false},
     {"reservation_max", true},
     {"arena_low_water", true},
     {"attach_group", false},
@@ -222,6 +223,16 @@ bool set_config_value(DaemonOptions& o, std::string_view key, std::string_view v
       return bad("'" + text + "' is not a shared-memory name like /kvpark-arena");
     }
     o.arena_name = text;
+  } else if (key == "huge_pages") {
+    if (text == "try") {
+      o.huge_pages = shm::HugePages::Try;
+    } else if (text == "on") {
+      o.huge_pages = shm::HugePages::On;
+    } else if (text == "off") {
+      o.huge_pages = shm::HugePages::Off;
+    } else {
+      return bad("'" + text + "' is not try, on or off");
+    }
   } else if (key == "reservation_max") {
     if (!set_size(value, limits::extent_align_bytes, o.reservation_bytes_max, error))
       return bad(error);
@@ -352,6 +363,9 @@ std::string format_config(const DaemonOptions& o) {
   line("socket", o.socket_path);
   line("arena_size", format_size(o.arena_bytes));
   line("arena_name", o.arena_name);
+  line("huge_pages", o.huge_pages == shm::HugePages::Try  ? "try"
+                     : o.huge_pages == shm::HugePages::On ? "on"
+                                                          : "off");
   line("reservation_max", format_size(o.reservation_bytes_max));
   line("arena_low_water", format_size(o.arena_low_water_bytes));
   line("attach_group", o.attach_group);

@@ -48,6 +48,8 @@ struct StatusInfo {
   uint64_t arena_largest_free_bytes = 0;
   uint64_t arena_low_water_bytes = 0;
   uint64_t reservation_bytes_max = 0;
+  std::string arena_pages;       // what backs the arena: "hugetlb", "thp" or "4k"
+  uint64_t arena_page_bytes = 0;
   // Disk tier (zero / false when it is off).
   bool disk_enabled = false;
   std::string disk_directory;
@@ -79,6 +81,7 @@ struct StatusInfo {
   uint64_t restores = 0;       // disk -> host promotions
   uint64_t restore_bytes = 0;
   uint64_t checksum_failures = 0;
+  uint64_t corrupt_payloads = 0;  // host payloads engines found altered, dropped
   uint64_t disk_io_errors = 0;
   LatencyHistogram spill_seconds;    // one entry, host -> disk, until durable
   LatencyHistogram restore_seconds;  // one entry, disk -> host, verified

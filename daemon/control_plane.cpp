@@ -27,6 +27,8 @@ StatusInfo ControlPlane::status_in_loop() const {
   s.incarnation = options_.incarnation;
   s.uptime_usec = monotonic_usec() - options_.start_usec;
   s.socket_path = options_.socket_path;
+  s.arena_pages = options_.arena_pages;
+  s.arena_page_bytes = options_.arena_page_bytes;
   s.arena_data_bytes = table_.data_bytes();
   s.arena_free_bytes = table_.bytes_free();
   s.arena_used_bytes = table_.data_bytes() - table_.bytes_free();
@@ -56,6 +58,7 @@ StatusInfo ControlPlane::status_in_loop() const {
   s.restores = c.promotions;
   s.restore_bytes = c.promotion_bytes;
   s.checksum_failures = c.checksum_failures;
+  s.corrupt_payloads = c.corrupt_payloads;
   s.spill_seconds = c.spill_seconds;
   s.restore_seconds = c.promotion_seconds;
   if (DiskTier* disk = park_.disk()) {

@@ -17,6 +17,8 @@ struct ControlPlaneOptions {
   std::string socket_path;
   uint64_t incarnation = 0;
   uint64_t start_usec = 0;  // CLOCK_MONOTONIC
+  std::string arena_pages;  // "hugetlb", "thp" or "4k"
+  uint64_t arena_page_bytes = 0;
   // Re-reads the configuration file and applies what can change at run time
   // (loop thread); empty when the daemon runs without a file.
   std::function<Status(std::string& ret_message)> reload;

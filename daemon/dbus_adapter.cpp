@@ -104,6 +104,8 @@ Dict status_dict(const StatusInfo& s) {
       {"incarnation", sdbus::Variant(s.incarnation)},
       {"uptime_usec", sdbus::Variant(s.uptime_usec)},
       {"socket_path", sdbus::Variant(s.socket_path)},
+      {"arena_pages", sdbus::Variant(s.arena_pages)},
+      {"arena_page_bytes", sdbus::Variant(s.arena_page_bytes)},
       {"arena_data_bytes", sdbus::Variant(s.arena_data_bytes)},
       {"arena_used_bytes", sdbus::Variant(s.arena_used_bytes)},
       {"arena_free_bytes", sdbus::Variant(s.arena_free_bytes)},
@@ -138,6 +140,7 @@ Dict status_dict(const StatusInfo& s) {
       {"restores", sdbus::Variant(s.restores)},
       {"restore_bytes", sdbus::Variant(s.restore_bytes)},
       {"checksum_failures", sdbus::Variant(s.checksum_failures)},
+      {"corrupt_payloads", sdbus::Variant(s.corrupt_payloads)},
       {"disk_io_errors", sdbus::Variant(s.disk_io_errors)},
   };
 }

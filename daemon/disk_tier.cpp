@@ -77,6 +77,7 @@ disk::RecordHeader DiskTier::meta_for(const Entry& e, const NamespaceInfo& ns,
   h.payload_bytes = payload_bytes;
   h.image_bytes = e.extent_bytes;
   h.creator_session = e.creator_session;
+  h.payload_checksum = e.payload_checksum;
   h.hits = e.hits;
   h.created_unix_usec = unix_usec();
   return h;

@@ -91,6 +91,7 @@ EntrySlot EntryTable::new_slot(const NewEntry& n) {
   e.tail_tokens.assign(n.tail_tokens.begin(), n.tail_tokens.end());
   e.extent_bytes = n.extent_bytes;
   e.creator_session = n.creator_session;
+  e.payload_checksum = n.payload_checksum;
   e.last_use_tick = ++tick_;
   e.last_use_usec = coarse_monotonic_usec();
   e.ns = n.ns;
@@ -140,10 +141,11 @@ Status EntryTable::insert_on_disk(const NewEntry& n, uint64_t disk_bytes, EntryS
   return Status::Ok;
 }
 
-void EntryTable::seal(EntrySlot slot) {
+void EntryTable::seal(EntrySlot slot, uint64_t payload_checksum) {
   Entry& e = slots_.at(slot);
   assert(e.in_use && !e.sealed && e.on_host);
   e.sealed = true;
+  e.payload_checksum = payload_checksum;
   NamespaceInfo& info = namespaces_[e.ns];
   info.bytes += e.extent_bytes;
   if (e.kind == EntryKind::Block) {

@@ -59,6 +59,7 @@ struct Entry {
   uint64_t extent_bytes = 0;         // the entry's image size, whatever its tier
   uint64_t disk_bytes = 0;           // record file bytes, when on_disk
   uint64_t creator_session = 0;
+  uint64_t payload_checksum = 0;     // XXH3-64 of the payload, from SEAL (or the disk record)
   uint64_t hits = 0;
   uint64_t last_use_tick = 0;
   uint64_t last_use_usec = 0;        // CLOCK_MONOTONIC_COARSE
@@ -95,6 +96,7 @@ struct NewEntry {
   uint32_t position = 0;
   uint32_t anchor_chunks = 0;
   uint64_t creator_session = 0;
+  uint64_t payload_checksum = 0;  // entries recovered from disk
   EntryClass entry_class = EntryClass::Private;
   Evidence evidence = Evidence::DefaultAutomatic;
   uint32_t reserved_by = 0;
@@ -123,7 +125,7 @@ class EntryTable {
   Status insert_reserved(const NewEntry& entry, EntrySlot& ret_slot);
   // Indexes a sealed entry that exists only on disk (recovery after a restart).
   Status insert_on_disk(const NewEntry& entry, uint64_t disk_bytes, EntrySlot& ret_slot);
-  void seal(EntrySlot slot);
+  void seal(EntrySlot slot, uint64_t payload_checksum);
   void erase(EntrySlot slot);  // reserved, or sealed with no lease and no I/O
 
   // Host copy of a disk-only entry: allocates its extent (evicting as needed) and

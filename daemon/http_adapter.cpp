@@ -151,12 +151,15 @@ void write_status(JsonWriter& w, const StatusInfo& s) {
   w.Uint64(s.uptime_usec);
   w.Key("socket_path");
   w.String(s.socket_path.c_str());
+  w.Key("arena_pages");
+  w.String(s.arena_pages.c_str());
   const std::pair<const char*, uint64_t> numbers[] = {
       {"arena_data_bytes", s.arena_data_bytes},
       {"arena_used_bytes", s.arena_used_bytes},
       {"arena_free_bytes", s.arena_free_bytes},
       {"arena_largest_free_bytes", s.arena_largest_free_bytes},
       {"arena_low_water_bytes", s.arena_low_water_bytes},
+      {"arena_page_bytes", s.arena_page_bytes},
       {"reservation_bytes_max", s.reservation_bytes_max},
       {"disk_bytes", s.disk_bytes},
       {"disk_capacity_bytes", s.disk_capacity_bytes},
@@ -184,6 +187,7 @@ void write_status(JsonWriter& w, const StatusInfo& s) {
       {"restores", s.restores},
       {"restore_bytes", s.restore_bytes},
       {"checksum_failures", s.checksum_failures},
+      {"corrupt_payloads", s.corrupt_payloads},
       {"disk_io_errors", s.disk_io_errors},
   };
   for (const auto& [key, value] : numbers) {
@@ -327,6 +331,8 @@ std::string render_metrics(const StatusInfo& s, const std::vector<NamespaceSumma
   m.family("kvpark_uptime_seconds", "gauge", "Seconds since kvparkd started.");
   m.sample_double(static_cast<double>(s.uptime_usec) / 1e6);
 
+  m.family("kvpark_arena_page_bytes", "gauge", "Page size backing the host arena, by kind (hugetlb, thp, 4k).");
+  m.sample(s.arena_page_bytes, label("pages", s.arena_pages));
   m.family("kvpark_tier_used_bytes", "gauge", "Bytes held, per tier.");
   m.sample(s.arena_used_bytes, label("tier", "host"));
   m.sample(s.disk_bytes, label("tier", "disk"));
@@ -393,6 +399,8 @@ std::string render_metrics(const StatusInfo& s, const std::vector<NamespaceSumma
         s.restore_bytes);
   m.one("kvpark_checksum_failures_total", "counter", "Disk records whose checksum failed.",
         s.checksum_failures);
+  m.one("kvpark_corrupt_payloads_total", "counter",
+        "Host payloads engines found altered at restore (dropped, never served).", s.corrupt_payloads);
   m.one("kvpark_disk_io_errors_total", "counter", "Disk tier I/O errors.", s.disk_io_errors);
   return m.take();
 }

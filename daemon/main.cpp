@@ -98,12 +98,28 @@ int main(int argc, char** argv) {
   int err = 0;
   shm::ArenaOptions arena_options{.name = options.arena_name,
                                   .data_bytes = options.arena_bytes,
-                                  .incarnation = incarnation};
-  if (Status s = shm::ArenaOwner::create(arena_options, arena, err); s != Status::Ok) {
-    log_error("kvparkd: cannot create a %llu-byte arena '%s': %s (%s)",
-              static_cast<unsigned long long>(options.arena_bytes), options.arena_name.c_str(),
-              std::string(status_name(s)).c_str(), strerror(err));
+                                  .incarnation = incarnation,
+                                  .huge_pages = options.huge_pages};
+  shm::ArenaCreation creation;
+  if (Status s = shm::ArenaOwner::create(arena_options, arena, err, &creation); s != Status::Ok) {
+    if (options.huge_pages == shm::HugePages::On) {
+      log_error("kvparkd: huge_pages = on, but no %llu-byte hugetlb arena could be made (%s): reserve "
+                "huge pages with the sysctl vm.nr_hugepages (see kvparkd.conf(5)), or set huge_pages = try",
+                static_cast<unsigned long long>(options.arena_bytes), strerror(err));
+    } else {
+      log_error("kvparkd: cannot create a %llu-byte arena '%s': %s (%s)",
+                static_cast<unsigned long long>(options.arena_bytes), options.arena_name.c_str(),
+                std::string(status_name(s)).c_str(), strerror(err));
+    }
     return 1;
+  }
+  if (options.huge_pages == shm::HugePages::Try && creation.pages != shm::ArenaPages::Hugetlb) {
+    log_notice("kvparkd: arena on %s pages: no hugetlb pages (%s; vm.nr_hugepages reserves them)%s",
+               creation.pages == shm::ArenaPages::Transparent ? "transparent 2 MiB" : "4 KiB",
+               strerror(creation.hugetlb_errno),
+               creation.transparent_allowed ? ""
+                                            : ", and transparent huge pages are off for shmem "
+                                              "(/sys/kernel/mm/transparent_hugepage/shmem_enabled)");
   }
 
   std::error_code ec;
@@ -130,7 +146,7 @@ int main(int argc, char** argv) {
 
   daemon::EntryTable table(arena->data_bytes(), limits::extent_align_bytes);
   daemon::Park park({.arena_data = arena->data(),
-                     .arena_bytes = arena->arena_bytes(),
+                     .arena_data_bytes = arena->data_bytes(),
                      .incarnation = incarnation,
                      .reservation_bytes_max = options.reservation_bytes_max,
                      .connections_max = limits::connections_max,
@@ -160,7 +176,8 @@ int main(int argc, char** argv) {
     attach_gid = g->gr_gid;
   }
   daemon::Server server({.socket_path = options.socket_path,
-                         .arena_fd = arena->fd(),
+                         .arena_header_fd = arena->header_fd(),
+                         .arena_data_fd = arena->data_fd(),
                          .attach_gid = attach_gid},
                         park);
   if (Status s = server.listen(err); s != Status::Ok) {
@@ -174,6 +191,8 @@ int main(int argc, char** argv) {
                                 .socket_path = options.socket_path,
                                 .incarnation = incarnation,
                                 .start_usec = monotonic_usec(),
+                                .arena_pages = shm::arena_pages_name(arena->pages()),
+                                .arena_page_bytes = arena->page_bytes(),
                                 .reload =
                                     [&options, &park](std::string& ret_message) {
                                       return daemon::reload_options(options, park, ret_message);
@@ -212,9 +231,9 @@ int main(int argc, char** argv) {
         {.bus = options.dbus_bus, .admin_group = options.admin_group}, control, dbus_error);
     if (!dbus) log_warning("kvparkd: no D-Bus control: %s", dbus_error.c_str());
   }
-  log_info("kvparkd: ready on %s, arena %s of %llu MiB, incarnation %016llx",
+  log_info("kvparkd: ready on %s, arena %s of %llu MiB on %s pages, incarnation %016llx",
            options.socket_path.c_str(), options.arena_name.c_str(),
-           static_cast<unsigned long long>(arena->data_bytes() >> 20),
+           static_cast<unsigned long long>(arena->data_bytes() >> 20), shm::arena_pages_name(arena->pages()),
            static_cast<unsigned long long>(incarnation));
   notifier.ready("serving on " + options.socket_path);
   Ticker ticker{.park = park, .control = control, .notifier = notifier};

@@ -48,7 +48,8 @@ void print_usage(FILE* out) {
           "  --print-config                   print the effective configuration and exit\n"
           "  --socket PATH                    engine socket (default %s)\n"
           "  --arena-size SIZE                host arena data bytes, e.g. 8G (default 1G)\n"
-          "  --arena-name NAME                POSIX shared-memory name (default /kvpark-arena-$EUID)\n"
+          "  --arena-name NAME                arena memfd name, shown in /proc (default /kvpark-arena-$EUID)\n"
+          "  --huge-pages try|on|off          huge pages for the arena (default try)\n"
           "  --reservation-max SIZE           largest single reservation (default half the arena)\n"
           "  --arena-low-water SIZE           evict to keep this much of the arena free (default 0)\n"
           "  --attach-group GROUP             members of GROUP may attach (default kvpark)\n"
@@ -66,7 +67,7 @@ void print_usage(FILE* out) {
 
 // Flags that are config keys: "--arena-size" sets "arena_size".
 constexpr const char* key_flags[] = {
-    "socket", "arena-size", "arena-name", "reservation-max", "arena-low-water", "attach-group",
+    "socket", "arena-size", "arena-name", "huge-pages", "reservation-max", "arena-low-water", "attach-group",
     "admin-group", "http-listen", "http-allow-remote", "dbus", "disk-dir", "disk-capacity",
     "disk-write-budget-per-day", "spill-on-shutdown",
 };

@@ -6,6 +6,8 @@
 #include <utility>
 #include <vector>
 
+#include "shm/arena.h"
+
 namespace kvpark::daemon {
 
 // Which message bus the D-Bus adapter joins.
@@ -16,8 +18,9 @@ inline constexpr const char* config_path_default = "/etc/kvpark/kvparkd.conf";
 // Every field is also a key of kvparkd.conf (config.h holds the key table).
 struct DaemonOptions {
   std::string socket_path;             // default: kvpark::default_socket_path()
-  std::string arena_name;              // shm_open name; default "/kvpark-arena-$EUID"
+  std::string arena_name;              // memfd name (in /proc/PID/fd); default "/kvpark-arena-$EUID"
   uint64_t arena_bytes = 0;            // data region; default limits::arena_bytes_default
+  shm::HugePages huge_pages = shm::HugePages::Try;  // try | on | off, as PostgreSQL's
   uint64_t reservation_bytes_max = 0;  // default: half the arena
   std::string attach_group = "kvpark"; // members may attach; ignored if the group is missing
   std::string admin_group = "kvpark-admin";  // members may mutate over D-Bus (root always may)

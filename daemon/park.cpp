@@ -8,6 +8,7 @@
 #include <ctime>
 
 #include "daemon/disk_tier.h"
+#include "daemon/log.h"
 #include "proto/limits.h"
 #include "shm/arena_format.h"
 
@@ -57,7 +58,7 @@ Status Park::hello(ConnectionId id, const wire::HelloRequest& req, wire::HelloRe
   c.greeted = true;
   c.ns = ns;
   const NamespaceInfo& info = table_.namespace_info(ns);
-  ret.arena_bytes = options_.arena_bytes;
+  ret.data_bytes = options_.arena_data_bytes;
   ret.incarnation = options_.incarnation;
   ret.connection_id = id;
   ret.chain_tokens = info.chain_tokens;
@@ -272,6 +273,7 @@ Status Park::seal(ConnectionId id, const wire::ReservationRequest& req) {
   auto it = c->reservations.find(req.reservation_id);
   if (it == c->reservations.end()) return Status::NotFound;
   Reservation& r = it->second;
+  if (req.payload_checksums.size() != r.slots.size()) return Status::InvalidArgument;
   // Pair assertion with reserve: a client may write payload and tokens, never headers.
   bool intact = true;
   for (size_t i = 0; i < r.slots.size(); ++i) {
@@ -281,7 +283,7 @@ Status Park::seal(ConnectionId id, const wire::ReservationRequest& req) {
   Status status = Status::Ok;
   if (intact) {
     // Deepest first, so a chain's root ends up the most recently used.
-    for (auto s = r.slots.rbegin(); s != r.slots.rend(); ++s) table_.seal(*s);
+    for (size_t i = r.slots.size(); i-- > 0;) table_.seal(r.slots[i], req.payload_checksums[i]);
     // Shared heads and explicit breakpoints are written through to disk.
     for (EntrySlot slot : r.slots) {
       const Entry& e = table_.entry(slot);
@@ -299,6 +301,31 @@ Status Park::seal(ConnectionId id, const wire::ReservationRequest& req) {
   --reservations_open_;
   answer_waiters(false);  // followers waiting for these entries
   return status;
+}
+
+void Park::report_corrupt(ConnectionId id, const wire::CorruptReport& req) {
+  Connection* c = greeted(id);
+  if (c == nullptr) return;
+  auto it = c->leases.find(req.lease_id);
+  if (it == c->leases.end()) return;
+  const Lease& lease = it->second;
+  auto named = [&](EntrySlot slot) {
+    const Entry& e = table_.entry(slot);
+    return !e.dead && e.on_host && !e.promoting && e.extent_offset == req.extent_offset;
+  };
+  EntrySlot slot = no_slot;
+  for (EntrySlot s : lease.blocks) slot = slot == no_slot && named(s) ? s : slot;
+  for (EntrySlot s : lease.snapshots) slot = slot == no_slot && named(s) ? s : slot;
+  if (slot == no_slot) return;
+  ++counters_.corrupt_payloads;
+  const Entry& e = table_.entry(slot);
+  log_warning_limited("kvparkd: an engine (pid %u) found the payload of entry %llx altered; dropped",
+                      c->peer_pid, static_cast<unsigned long long>(table_.entry_id(slot)));
+  // A spill reading it right now keeps the slot until it completes; the engine has
+  // already treated it as a miss, and the next reader finds it failing again.
+  if (e.io_pins > 0) return;
+  if (e.on_disk && options_.disk != nullptr) options_.disk->remove(e, table_.namespace_info(e.ns));
+  table_.kill(slot);
 }
 
 Status Park::abort(ConnectionId id, const wire::ReservationRequest& req) {
@@ -369,6 +396,7 @@ wire::StatsReply Park::stats() const {
   s.spill_failures = counters_.spill_failures;
   s.promotions = counters_.promotions;
   s.checksum_failures = counters_.checksum_failures;
+  s.corrupt_payloads = counters_.corrupt_payloads;
   return s;
 }
 

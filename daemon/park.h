@@ -38,7 +38,7 @@ namespace kvpark::daemon {
 
 struct ParkOptions {
   uint8_t* arena_data = nullptr;  // the daemon's mapping of the data region
-  uint64_t arena_bytes = 0;       // whole shared object, for HELLO replies
+  uint64_t arena_data_bytes = 0;  // the data object, for HELLO replies
   uint64_t incarnation = 0;
   uint64_t reservation_bytes_max = 0;  // one reservation's extents, bytes
   size_t connections_max = 0;
@@ -76,6 +76,7 @@ struct Counters {
   uint64_t promotion_bytes = 0;
   uint64_t promotion_failures = 0;
   uint64_t checksum_failures = 0;
+  uint64_t corrupt_payloads = 0;  // host payloads engines found altered (REPORT_CORRUPT)
   uint64_t budget_refusals = 0;  // spills skipped: daily write budget spent
   uint64_t recompute_instead = 0;  // disk entries not promoted: recomputing is faster
   LatencyHistogram spill_seconds;
@@ -107,6 +108,10 @@ class Park {
                           wire::ReserveSnapshotReply& ret);
   Status seal(ConnectionId id, const wire::ReservationRequest& req);
   Status abort(ConnectionId id, const wire::ReservationRequest& req);
+  // An engine found a leased entry's payload failing its checksum: the entry is
+  // dropped (never served again) and counted. Only entries of the connection's own
+  // leases can be reported; anything else is ignored.
+  void report_corrupt(ConnectionId id, const wire::CorruptReport& req);
   wire::StatsReply stats() const;
 
   void set_reply_sink(ReplySink sink) { reply_sink_ = std::move(sink); }

@@ -323,6 +323,7 @@ uint64_t Park::recover(const disk::RecoveryReport& report) {
                .position = h.position,
                .anchor_chunks = h.anchor_chunks,
                .creator_session = h.creator_session,
+               .payload_checksum = h.payload_checksum,
                .entry_class = static_cast<EntryClass>(h.entry_class),
                .evidence = static_cast<Evidence>(h.evidence)};
     EntrySlot slot = no_slot;

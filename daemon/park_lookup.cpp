@@ -177,6 +177,7 @@ void Park::describe_lease(const Connection& c, uint64_t lease_id, const Lease& l
   for (size_t i = 0; i < blocks; ++i) {
     const Entry& e = table_.entry(lease.blocks[i]);
     ret.block_offsets.push_back(e.extent_offset);
+    ret.block_checksums.push_back(e.payload_checksum);
     if (ret.host_blocks == i && table_.host_readable(e)) ++ret.host_blocks;
   }
   for (EntrySlot slot : lease.snapshots) {
@@ -186,7 +187,8 @@ void Park::describe_lease(const Connection& c, uint64_t lease_id, const Lease& l
                              .position = e.position,
                              .anchor_chunks = e.anchor_chunks,
                              .reuse_kind = static_cast<uint32_t>(reuse_kind_of(e, lease.session_id)),
-                             .ready = table_.host_readable(e) ? 1u : 0u});
+                             .ready = table_.host_readable(e) ? 1u : 0u,
+                             .payload_checksum = e.payload_checksum});
   }
 }
 

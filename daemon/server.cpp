@@ -251,15 +251,16 @@ bool Server::send_reply(ConnectionId id, std::vector<uint8_t>& frame, bool with_
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  const int arena_fds[2] = {options_.arena_header_fd, options_.arena_data_fd};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof arena_fds)] = {};
   if (with_arena_fd) {
     msg.msg_control = control;
     msg.msg_controllen = sizeof control;
     cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
     cmsg->cmsg_level = SOL_SOCKET;
     cmsg->cmsg_type = SCM_RIGHTS;
-    cmsg->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(cmsg), &options_.arena_fd, sizeof(int));
+    cmsg->cmsg_len = CMSG_LEN(sizeof arena_fds);
+    std::memcpy(CMSG_DATA(cmsg), arena_fds, sizeof arena_fds);
   }
   ssize_t n = sendmsg(c.fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
   if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
@@ -337,6 +338,12 @@ bool Server::handle_frame(ConnectionId id, std::span<const uint8_t> message) {
       wire::ReleaseRequest req;
       if (wire::decode(body, req) != Status::Ok) return false;
       (void)park_.release(id, req);  // nobody listens for the answer
+      return true;
+    }
+    case wire::Verb::ReportCorrupt: {
+      wire::CorruptReport req;
+      if (wire::decode(body, req) != Status::Ok) return false;
+      park_.report_corrupt(id, req);  // one way
       return true;
     }
     case wire::Verb::Release: {

@@ -1,7 +1,7 @@
 // The engine-facing socket server: SOCK_SEQPACKET, one frame per message.
 //
 // One epoll loop, one thread. Each connection is checked with SO_PEERCRED at
-// accept; HELLO's reply carries the arena fd (SCM_RIGHTS). A frame that does not
+// accept; HELLO's reply carries the arena's two fds, header then data (SCM_RIGHTS). A frame that does not
 // decode closes that connection only, and Park::close() runs its cleanup. A reply
 // the peer is not reading waits in a one-frame outbox while reading from that
 // peer pauses, so a stuck client costs one frame of memory, never a stall.
@@ -22,7 +22,8 @@ namespace kvpark::daemon {
 
 struct ServerOptions {
   std::string socket_path;
-  int arena_fd = -1;
+  int arena_header_fd = -1;  // sealed against writes
+  int arena_data_fd = -1;    // sealed against shrink and grow
   gid_t attach_gid = static_cast<gid_t>(-1);  // members may attach; -1: owner and root only
 };
 

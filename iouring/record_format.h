@@ -21,7 +21,7 @@
 namespace kvpark::disk {
 
 inline constexpr uint32_t record_magic = 0x5250564b;  // "KVPR"
-inline constexpr uint16_t record_format_version = 1;   // bump when the layout changes
+inline constexpr uint16_t record_format_version = 2;   // 2: payload_checksum; bump when the layout changes
 inline constexpr uint64_t record_header_page_bytes = io_align_bytes;
 
 struct RecordHeader {
@@ -44,6 +44,7 @@ struct RecordHeader {
   uint64_t payload_bytes;       // payload inside the image
   uint64_t image_bytes;         // the whole extent image stored in this record
   uint64_t creator_session;
+  uint64_t payload_checksum;    // XXH3-64 of the payload as sealed (engines verify restores)
   uint64_t hits;
   uint64_t created_unix_usec;
   uint32_t checksum_chunk_bytes;  // image bytes per table entry (power of two)
@@ -53,7 +54,7 @@ struct RecordHeader {
 };
 static_assert(std::is_trivially_copyable_v<RecordHeader>);
 static_assert(std::is_standard_layout_v<RecordHeader>);
-static_assert(sizeof(RecordHeader) == 152);
+static_assert(sizeof(RecordHeader) == 160);
 static_assert(sizeof(RecordHeader) <= record_header_page_bytes);
 
 // Identity of a record on disk: XXH3-128 of (namespace, kind, key_hash, tail_digest).

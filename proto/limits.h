@@ -11,7 +11,9 @@
 namespace kvpark::limits {
 
 // Wire protocol.
-inline constexpr uint16_t protocol_version = 1;
+// 2: the arena is two sealed memfds (header, data); SEAL carries payload checksums
+// and LOOKUP replies return them; REPORT_CORRUPT.
+inline constexpr uint16_t protocol_version = 2;
 // One SOCK_SEQPACKET message. Must fit the default unix socket send buffer
 // (net.core.wmem_default = 212992 bytes) so no client needs privileged tuning.
 inline constexpr size_t frame_bytes_max = 160 * 1024;
@@ -38,7 +40,7 @@ inline constexpr size_t reservations_per_connection_max = 256;
 inline constexpr size_t reserve_blocks_max = 1024;  // blocks in one RESERVE
 
 // Arena.
-inline constexpr size_t arena_header_bytes = 4096;  // one page, mapped read-only by clients
+inline constexpr size_t arena_header_bytes = 4096;  // the header object: one page, sealed against writes
 inline constexpr size_t extent_align_bytes = 4096;  // O_DIRECT and page granularity
 inline constexpr size_t entry_header_bytes = 256;   // entry header + padding
 // Payloads start on a page: engines copy whole payloads, and a destination 512 bytes
@@ -46,14 +48,20 @@ inline constexpr size_t entry_header_bytes = 256;   // entry header + padding
 inline constexpr size_t payload_align_bytes = 4096;
 inline constexpr uint64_t arena_bytes_min = 16ull * 1024 * 1024;
 inline constexpr uint64_t arena_bytes_default = 1024ull * 1024 * 1024;
+inline constexpr size_t arena_name_bytes_max = 200;  // memfd names: the kernel allows 249
+// Fused copy-and-checksum works in pieces this size: the piece just copied is hashed
+// while it is still in the L1/L2 cache, so verifying costs no second pass over memory.
+inline constexpr size_t checksum_piece_bytes = 16 * 1024;
 
 static_assert(frame_bytes_max >= 64 + lookup_chunks_max * 16,
               "a LOOKUP of lookup_chunks_max hashes must fit one frame");
+static_assert(frame_bytes_max >= 64 + lookup_chunks_max * (8 + 8) + lookup_snapshot_candidates_max * 32,
+              "a LOOKUP reply of lookup_chunks_max extents and checksums must fit one frame");
 static_assert(frame_bytes_max >= 64 + reserve_blocks_max * (16 + 8),
               "a RESERVE reply of reserve_blocks_max extents must fit one frame");
 static_assert(extent_align_bytes % payload_align_bytes == 0);
 static_assert(arena_header_bytes % extent_align_bytes == 0,
-              "the data region must start O_DIRECT-aligned");
+              "the header object is whole pages, so it can be mapped and sealed alone");
 static_assert(block_tokens_max * 4 <= 64 * 1024, "a block's token ids stay small");
 
 }  // namespace kvpark::limits

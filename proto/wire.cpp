@@ -140,7 +140,7 @@ Status decode(std::span<const uint8_t> body, HelloRequest& m) {
 
 void encode(const HelloReply& m, uint32_t seq, std::vector<uint8_t>& out) {
   frame(reply(Verb::Hello), 0, seq, out, [&](Writer& w) {
-    w.put(m.arena_bytes);
+    w.put(m.data_bytes);
     w.put(m.incarnation);
     w.put(m.connection_id);
     w.put(m.chain_tokens);
@@ -152,7 +152,7 @@ void encode(const HelloReply& m, uint32_t seq, std::vector<uint8_t>& out) {
 
 Status decode(std::span<const uint8_t> body, HelloReply& m) {
   Reader r(body);
-  bool ok = r.get(m.arena_bytes) && r.get(m.incarnation) && r.get(m.connection_id) &&
+  bool ok = r.get(m.data_bytes) && r.get(m.incarnation) && r.get(m.connection_id) &&
             r.get(m.chain_tokens) && r.get(m.block_extent_bytes) &&
             r.get(m.block_payload_offset) && r.get(m.reserved);
   return finish(r, ok);
@@ -195,13 +195,17 @@ void encode(Verb verb, const LookupReply& m, uint32_t seq, std::vector<uint8_t>&
     w.put(m.capture_hint_tokens);
     w.put(static_cast<uint32_t>(m.block_offsets.size()));
     w.put(static_cast<uint32_t>(m.snapshots.size()));
+    assert(m.block_checksums.size() == m.block_offsets.size());
     w.put_array(m.block_offsets);
+    w.put_array(m.block_checksums);
     for (const SnapshotCandidate& c : m.snapshots) {
       w.put(c.extent_offset);
       w.put(c.position);
       w.put(c.anchor_chunks);
       w.put(c.reuse_kind);
       w.put(c.ready);
+      w.put(uint32_t{0});
+      w.put(c.payload_checksum);
     }
   });
 }
@@ -216,12 +220,15 @@ Status decode(std::span<const uint8_t> body, LookupReply& m) {
             r.get(m.host_blocks) && r.get(m.inflight_tokens) && r.get(m.capture_hint_tokens) &&
             r.get(blocks) &&
             r.get(snapshots) && snapshots <= limits::lookup_snapshot_candidates_max &&
-            r.get_array(blocks, limits::lookup_chunks_max, m.block_offsets);
+            r.get_array(blocks, limits::lookup_chunks_max, m.block_offsets) &&
+            r.get_array(blocks, limits::lookup_chunks_max, m.block_checksums);
   ok = ok && m.host_blocks <= m.block_offsets.size();
   m.snapshots.resize(ok ? snapshots : 0);
   for (SnapshotCandidate& c : m.snapshots) {
+    uint32_t pad = 1;
     ok = ok && r.get(c.extent_offset) && r.get(c.position) && r.get(c.anchor_chunks) &&
-         r.get(c.reuse_kind) && c.reuse_kind <= reuse_kind_max && r.get(c.ready) && c.ready <= 1;
+         r.get(c.reuse_kind) && c.reuse_kind <= reuse_kind_max && r.get(c.ready) && c.ready <= 1 &&
+         r.get(pad) && pad == 0 && r.get(c.payload_checksum);
   }
   return finish(r, ok);
 }
@@ -328,12 +335,32 @@ Status decode(std::span<const uint8_t> body, ReserveSnapshotReply& m) {
 
 void encode(Verb verb, const ReservationRequest& m, uint32_t seq, std::vector<uint8_t>& out) {
   assert(verb == Verb::Seal || verb == Verb::Abort);
-  frame(request(verb), 0, seq, out, [&](Writer& w) { w.put(m.reservation_id); });
+  frame(request(verb), 0, seq, out, [&](Writer& w) {
+    w.put(m.reservation_id);
+    w.put(static_cast<uint32_t>(m.payload_checksums.size()));
+    w.put(uint32_t{0});
+    w.put_array(m.payload_checksums);
+  });
 }
 
 Status decode(std::span<const uint8_t> body, ReservationRequest& m) {
   Reader r(body);
-  return finish(r, r.get(m.reservation_id));
+  uint32_t count = 0, pad = 1;
+  bool ok = r.get(m.reservation_id) && r.get(count) && r.get(pad) && pad == 0 &&
+            r.get_array(count, limits::reserve_blocks_max, m.payload_checksums);
+  return finish(r, ok);
+}
+
+void encode(const CorruptReport& m, uint32_t seq, std::vector<uint8_t>& out) {
+  frame(request(Verb::ReportCorrupt), 0, seq, out, [&](Writer& w) {
+    w.put(m.lease_id);
+    w.put(m.extent_offset);
+  });
+}
+
+Status decode(std::span<const uint8_t> body, CorruptReport& m) {
+  Reader r(body);
+  return finish(r, r.get(m.lease_id) && r.get(m.extent_offset));
 }
 
 void encode(const StatsReply& m, uint32_t seq, std::vector<uint8_t>& out) {

@@ -29,8 +29,9 @@ enum class Verb : uint16_t {
   Stats = 8,
   Wait = 9,  // for a lease's disk promotions; the reply is a LookupReply
   ReleaseOneWay = 10,  // RELEASE without a reply: saves the engine a round trip
+  ReportCorrupt = 11,  // one way: a leased entry's payload failed its checksum
 };
-inline constexpr uint16_t verb_max = 10;
+inline constexpr uint16_t verb_max = 11;
 
 struct FrameHeader {
   uint16_t verb = 0;
@@ -49,7 +50,7 @@ struct HelloRequest {
   std::string client_name;
 };
 struct HelloReply {
-  uint64_t arena_bytes = 0;  // whole shared object, header included
+  uint64_t data_bytes = 0;  // the arena's data object (the header object is one page)
   uint64_t incarnation = 0;
   uint32_t connection_id = 0;
   uint32_t chain_tokens = 0;          // tokens per hash chunk for this namespace
@@ -70,6 +71,7 @@ struct SnapshotCandidate {
   uint32_t anchor_chunks = 0;  // whole chunks before its tail
   uint32_t reuse_kind = 0;     // ReuseKind if this snapshot is used
   uint32_t ready = 0;          // 1: readable now; 0: being promoted from disk (WAIT)
+  uint64_t payload_checksum = 0;  // XXH3-64 of the payload, from daemon-private memory
 };
 struct LookupReply {
   uint64_t lease_id = 0;            // 0: nothing leased
@@ -81,6 +83,7 @@ struct LookupReply {
                                     // prefilling right now (single flight: WAIT, then LOOKUP)
   uint32_t capture_hint_tokens = 0; // a position independent sessions share: park state there
   std::vector<uint64_t> block_offsets;  // extents of blocks 0..k-1, data-region offsets
+  std::vector<uint64_t> block_checksums;  // XXH3-64 of each block's payload (same count)
   std::vector<SnapshotCandidate> snapshots;  // deepest first; the client confirms tails
 };
 
@@ -131,6 +134,14 @@ struct ReserveSnapshotReply {
 
 struct ReservationRequest {  // SEAL and ABORT
   uint64_t reservation_id = 0;
+  // SEAL: XXH3-64 of each reserved payload, in grant order (Reserved grants only);
+  // the daemon keeps them where no client can write. ABORT: empty.
+  std::vector<uint64_t> payload_checksums;
+};
+
+struct CorruptReport {  // REPORT_CORRUPT, one way
+  uint64_t lease_id = 0;
+  uint64_t extent_offset = 0;  // of the leased entry whose payload failed its checksum
 };
 
 struct StatsReply {
@@ -155,6 +166,7 @@ struct StatsReply {
   uint64_t spill_failures = 0;
   uint64_t promotions = 0;          // disk -> host, completed
   uint64_t checksum_failures = 0;   // records refused on read
+  uint64_t corrupt_payloads = 0;    // host payloads that failed their checksum at restore
 };
 
 // Encoding appends one whole message (header + body) to `out`.
@@ -174,6 +186,7 @@ void encode(const ReserveSnapshotRequest& msg, uint32_t sequence, std::vector<ui
 void encode(const ReserveSnapshotReply& msg, uint32_t sequence, std::vector<uint8_t>& out);
 void encode(Verb verb, const ReservationRequest& msg, uint32_t sequence, std::vector<uint8_t>& out);
 void encode(const StatsReply& msg, uint32_t sequence, std::vector<uint8_t>& out);
+void encode(const CorruptReport& msg, uint32_t sequence, std::vector<uint8_t>& out);
 
 // Splits a received message into header and body; checks sizes and the verb range.
 Status decode_header(std::span<const uint8_t> message, FrameHeader& ret_header,
@@ -192,6 +205,7 @@ Status decode(std::span<const uint8_t> body, ReserveSnapshotRequest& ret);
 Status decode(std::span<const uint8_t> body, ReserveSnapshotReply& ret);
 Status decode(std::span<const uint8_t> body, ReservationRequest& ret);
 Status decode(std::span<const uint8_t> body, StatsReply& ret);
+Status decode(std::span<const uint8_t> body, CorruptReport& ret);
 
 // Reply verbs are the request verb with this bit set.
 inline constexpr uint16_t reply_bit = 0x8000;

@@ -1,4 +1,4 @@
-// Creation, commitment and mapping of the host arena (see arena.h).
+// Creation, commitment, sealing and mapping of the host arena (see arena.h).
 #include "shm/arena.h"
 
 #include <fcntl.h>
@@ -9,125 +9,340 @@
 #include <cassert>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 
 namespace kvpark::shm {
 namespace {
+
+#ifndef MFD_NOEXEC_SEAL
+constexpr unsigned mfd_noexec_seal = 0x0008U;  // Linux 6.3; older kernels answer EINVAL
+#else
+constexpr unsigned mfd_noexec_seal = MFD_NOEXEC_SEAL;
+#endif
+#ifndef MADV_POPULATE_WRITE
+constexpr int madv_populate_write = 23;  // Linux 5.14
+#else
+constexpr int madv_populate_write = MADV_POPULATE_WRITE;
+#endif
+
+constexpr uint64_t transparent_huge_page_bytes = 2ull * 1024 * 1024;
+constexpr uint32_t small_page_bytes = 4096;
 
 uint64_t now_unix_usec() {
   using namespace std::chrono;
   return duration_cast<microseconds>(system_clock::now().time_since_epoch()).count();
 }
 
+// memfd_create, preferring a non-executable object where the kernel knows the flag.
+int create_memfd(const std::string& name, unsigned flags) {
+  int fd = memfd_create(name.c_str(), flags | MFD_CLOEXEC | MFD_ALLOW_SEALING | mfd_noexec_seal);
+  if (fd < 0 && errno == EINVAL) fd = memfd_create(name.c_str(), flags | MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  return fd;
+}
+
+// The kernel's policy for shmem transparent huge pages (the bracketed word).
+bool shmem_transparent_allowed() {
+  std::ifstream in("/sys/kernel/mm/transparent_hugepage/shmem_enabled");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t open = text.find('['), close = text.find(']');
+  if (open == std::string::npos || close == std::string::npos || close < open) return false;
+  const std::string mode = text.substr(open + 1, close - open - 1);
+  return mode == "always" || mode == "within_size" || mode == "advise" || mode == "force";
+}
+
+// Bytes of `base`'s mapping that the kernel maps with PMD (2 MiB) shmem pages.
+uint64_t shmem_pmd_mapped_bytes(const void* base) {
+  std::ifstream in("/proc/self/smaps");
+  char start[32];
+  std::snprintf(start, sizeof start, "%lx-", reinterpret_cast<unsigned long>(base));
+  std::string line;
+  bool inside = false;
+  while (std::getline(in, line)) {
+    if (line.find('-') != std::string::npos && line.find(' ') != std::string::npos &&
+        std::isxdigit(static_cast<unsigned char>(line[0])) && line.find(':') > line.find(' ')) {
+      inside = line.rfind(start, 0) == 0;
+      continue;
+    }
+    if (inside && line.rfind("ShmemPmdMapped:", 0) == 0) {
+      std::istringstream fields(line.substr(15));
+      uint64_t kib = 0;
+      fields >> kib;
+      return kib * 1024;
+    }
+  }
+  return 0;
+}
+
+// Maps `bytes` of `fd` shared, starting on an `alignment` boundary (so 2 MiB pages
+// can back it). nullptr with errno on failure.
+uint8_t* map_aligned(int fd, uint64_t bytes, uint64_t alignment, int prot, uint8_t*& ret_reservation,
+                     uint64_t& ret_reservation_bytes) {
+  const uint64_t reserve = bytes + alignment;
+  void* r = mmap(nullptr, reserve, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (r == MAP_FAILED) return nullptr;
+  auto* base = static_cast<uint8_t*>(r);
+  auto* aligned = reinterpret_cast<uint8_t*>(align_up(reinterpret_cast<uint64_t>(base), alignment));
+  void* m = mmap(aligned, bytes, prot, MAP_SHARED | MAP_FIXED, fd, 0);
+  if (m == MAP_FAILED) {
+    const int err = errno;
+    munmap(base, reserve);
+    errno = err;
+    return nullptr;
+  }
+  // Give back the slack on both sides; the reservation is now exactly the mapping.
+  if (aligned > base) munmap(base, aligned - base);
+  if (base + reserve > aligned + bytes) munmap(aligned + bytes, base + reserve - (aligned + bytes));
+  ret_reservation = aligned;
+  ret_reservation_bytes = bytes;
+  return aligned;
+}
+
+struct Backing {
+  int fd = -1;
+  uint8_t* base = nullptr;
+  uint64_t bytes = 0;
+  ArenaPages pages = ArenaPages::Small;
+  uint32_t page_bytes = small_page_bytes;
+};
+
+// A hugetlb memfd with every page allocated now; errno on failure.
+bool create_hugetlb(const ArenaOptions& o, uint64_t data_bytes, Backing& ret) {
+  int fd = create_memfd(o.name, MFD_HUGETLB);
+  if (fd < 0) return false;
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || st.st_blksize <= 0) {
+    const int err = errno;
+    close(fd);
+    errno = err;
+    return false;
+  }
+  const uint64_t page = static_cast<uint64_t>(st.st_blksize);
+  const uint64_t bytes = align_up(data_bytes, page);
+  // fallocate takes the pages from the reserved pool now: too few is ENOSPC here, at
+  // start, never SIGBUS under a client later.
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0 || fallocate(fd, 0, 0, static_cast<off_t>(bytes)) != 0) {
+    const int err = errno;
+    close(fd);
+    errno = err;
+    return false;
+  }
+  void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  if (base == MAP_FAILED) {
+    const int err = errno;
+    close(fd);
+    errno = err;
+    return false;
+  }
+  ret = {.fd = fd, .base = static_cast<uint8_t*>(base), .bytes = bytes, .pages = ArenaPages::Hugetlb,
+         .page_bytes = static_cast<uint32_t>(page)};
+  return true;
+}
+
+// A shmem memfd with every page allocated now, on 2 MiB pages where the kernel allows.
+bool create_shmem(const ArenaOptions& o, uint64_t data_bytes, bool transparent, Backing& ret) {
+  int fd = create_memfd(o.name, 0);
+  if (fd < 0) return false;
+  const uint64_t bytes = align_up(data_bytes, transparent ? transparent_huge_page_bytes : small_page_bytes);
+  auto fail = [&] {
+    const int err = errno;
+    close(fd);
+    errno = err;
+    return false;
+  };
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) return fail();
+  uint8_t* base = nullptr;
+  if (transparent) {
+    uint8_t* reservation = nullptr;
+    uint64_t reservation_bytes = 0;
+    base = map_aligned(fd, bytes, transparent_huge_page_bytes, PROT_READ | PROT_WRITE, reservation,
+                       reservation_bytes);
+    if (base == nullptr) return fail();
+    // Allocating through the mapping lets the advice choose 2 MiB pages; fallocate
+    // would allocate 4 KiB ones under "advise".
+    (void)madvise(base, bytes, MADV_HUGEPAGE);
+    if (madvise(base, bytes, madv_populate_write) != 0) {
+      if (errno != EINVAL) {
+        const int err = errno;
+        munmap(base, bytes);
+        errno = err;
+        return fail();
+      }
+      if (int err = posix_fallocate(fd, 0, static_cast<off_t>(bytes)); err != 0) {
+        munmap(base, bytes);
+        errno = err;
+        return fail();
+      }
+    }
+  } else {
+    if (int err = posix_fallocate(fd, 0, static_cast<off_t>(bytes)); err != 0) {
+      errno = err;
+      return fail();
+    }
+    void* m = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    if (m == MAP_FAILED) return fail();
+    base = static_cast<uint8_t*>(m);
+  }
+  ret = {.fd = fd, .base = base, .bytes = bytes, .pages = ArenaPages::Small, .page_bytes = small_page_bytes};
+  if (transparent && shmem_pmd_mapped_bytes(base) > 0) {
+    ret.pages = ArenaPages::Transparent;
+    ret.page_bytes = static_cast<uint32_t>(transparent_huge_page_bytes);
+  }
+  return true;
+}
+
 }  // namespace
 
-Status check_arena_header(const ArenaHeader& h, uint64_t arena_bytes) {
+const char* arena_pages_name(ArenaPages pages) {
+  switch (pages) {
+    case ArenaPages::Small: return "4k";
+    case ArenaPages::Transparent: return "thp";
+    case ArenaPages::Hugetlb: return "hugetlb";
+  }
+  return "unknown";
+}
+
+Status check_arena_header(const ArenaHeader& h, uint64_t data_bytes) {
   const bool ok = h.magic == arena_magic && h.format_version == arena_format_version &&
-                  h.header_bytes == limits::arena_header_bytes &&
-                  h.arena_bytes == arena_bytes && h.data_offset == limits::arena_header_bytes &&
-                  h.data_bytes == arena_bytes - limits::arena_header_bytes &&
+                  h.header_bytes == limits::arena_header_bytes && h.data_bytes == data_bytes &&
                   h.extent_align_bytes == limits::extent_align_bytes &&
                   h.entry_header_bytes == limits::entry_header_bytes &&
-                  h.data_bytes % limits::extent_align_bytes == 0;
+                  h.data_bytes % limits::extent_align_bytes == 0 &&
+                  h.pages <= static_cast<uint32_t>(ArenaPages::Hugetlb) && h.page_bytes >= small_page_bytes &&
+                  (h.page_bytes & (h.page_bytes - 1)) == 0 && h.data_bytes % h.page_bytes == 0;
   return ok ? Status::Ok : Status::Corrupt;
 }
 
 Status ArenaOwner::create(const ArenaOptions& options, std::unique_ptr<ArenaOwner>& ret_arena,
-                          int& ret_errno) {
-  if (options.name.empty() || options.name[0] != '/' ||
-      options.name.find('/', 1) != std::string::npos ||
+                          int& ret_errno, ArenaCreation* ret_creation) {
+  if (options.name.empty() || options.name.size() > limits::arena_name_bytes_max ||
       options.data_bytes < limits::arena_bytes_min) {
     ret_errno = EINVAL;
     return Status::InvalidArgument;
   }
-  const uint64_t data_bytes = align_up(options.data_bytes, limits::extent_align_bytes);
-  const uint64_t arena_bytes = limits::arena_header_bytes + data_bytes;
-
-  // A stale object from a crashed daemon is replaced: its incarnation is over.
-  (void)shm_unlink(options.name.c_str());
-  int fd = shm_open(options.name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0) {
+  const uint64_t requested = align_up(options.data_bytes, limits::extent_align_bytes);
+  ArenaCreation creation;
+  creation.transparent_allowed = options.huge_pages != HugePages::Off && shmem_transparent_allowed();
+  Backing backing;
+  bool made = false;
+  if (options.huge_pages != HugePages::Off) {
+    made = create_hugetlb(options, requested, backing);
+    if (!made) creation.hugetlb_errno = errno;
+    if (!made && options.huge_pages == HugePages::On) {
+      if (ret_creation != nullptr) *ret_creation = creation;
+      ret_errno = creation.hugetlb_errno;
+      return Status::ArenaFull;
+    }
+  }
+  if (!made && !create_shmem(options, requested, creation.transparent_allowed, backing)) {
     ret_errno = errno;
-    return Status::IoError;
+    if (ret_creation != nullptr) *ret_creation = creation;
+    return errno == ENOSPC || errno == ENOMEM ? Status::ArenaFull : Status::IoError;
   }
-  auto fail = [&](int err) {
-    close(fd);
-    shm_unlink(options.name.c_str());
-    ret_errno = err;
-    return err == ENOSPC || err == ENOMEM ? Status::ArenaFull : Status::IoError;
-  };
-  if (ftruncate(fd, static_cast<off_t>(arena_bytes)) != 0) return fail(errno);
-  // Commit every page now: tmpfs then cannot run out under a client's page fault
-  // (which would be SIGBUS); a too-small /dev/shm fails here, at start, instead.
-  if (int err = posix_fallocate(fd, 0, static_cast<off_t>(arena_bytes)); err != 0) {
-    return fail(err);
-  }
-  void* base = mmap(nullptr, arena_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
-                    fd, 0);
-  if (base == MAP_FAILED) return fail(errno);
-
+  creation.pages = backing.pages;
   auto arena = std::unique_ptr<ArenaOwner>(new ArenaOwner());
-  arena->fd_ = fd;
-  arena->base_ = static_cast<uint8_t*>(base);
+  arena->data_fd_ = backing.fd;
+  arena->data_ = backing.base;
+  arena->mapped_bytes_ = backing.bytes;
   arena->name_ = options.name;
+  auto fail = [&](int err) {
+    ret_errno = err;
+    return Status::IoError;
+  };
+  // No client may resize the data object: a shrink would be SIGBUS in the daemon.
+  if (fcntl(arena->data_fd_, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) return fail(errno);
+
   ArenaHeader header{};
   header.magic = arena_magic;
   header.format_version = arena_format_version;
   header.header_bytes = limits::arena_header_bytes;
-  header.arena_bytes = arena_bytes;
-  header.data_offset = limits::arena_header_bytes;
-  header.data_bytes = data_bytes;
+  header.data_bytes = backing.bytes;
   header.incarnation = options.incarnation;
   header.created_unix_usec = now_unix_usec();
   header.extent_align_bytes = limits::extent_align_bytes;
   header.entry_header_bytes = limits::entry_header_bytes;
-  std::memcpy(base, &header, sizeof header);
-  assert(check_arena_header(arena->header(), arena_bytes) == Status::Ok);
+  header.pages = static_cast<uint32_t>(backing.pages);
+  header.page_bytes = backing.page_bytes;
+  arena->header_fd_ = create_memfd(options.name + "-header", 0);
+  if (arena->header_fd_ < 0) return fail(errno);
+  uint8_t page[limits::arena_header_bytes] = {};
+  std::memcpy(page, &header, sizeof header);
+  if (ftruncate(arena->header_fd_, limits::arena_header_bytes) != 0 ||
+      pwrite(arena->header_fd_, page, sizeof page, 0) != static_cast<ssize_t>(sizeof page)) {
+    return fail(errno);
+  }
+  // Sealed before any client sees it: written once, by the daemon, never again.
+  if (fcntl(arena->header_fd_, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    return fail(errno);
+  }
+  void* h = mmap(nullptr, limits::arena_header_bytes, PROT_READ, MAP_SHARED, arena->header_fd_, 0);
+  if (h == MAP_FAILED) return fail(errno);
+  arena->header_ = static_cast<const ArenaHeader*>(h);
+  assert(check_arena_header(arena->header(), backing.bytes) == Status::Ok);
+  if (ret_creation != nullptr) *ret_creation = creation;
   ret_arena = std::move(arena);
   return Status::Ok;
 }
 
 ArenaOwner::~ArenaOwner() {
-  if (base_ != nullptr) munmap(base_, header().arena_bytes);
-  if (fd_ >= 0) close(fd_);
-  if (!name_.empty()) shm_unlink(name_.c_str());
+  if (data_ != nullptr) munmap(data_, mapped_bytes_);
+  if (header_ != nullptr) munmap(const_cast<ArenaHeader*>(header_), limits::arena_header_bytes);
+  if (data_fd_ >= 0) close(data_fd_);
+  if (header_fd_ >= 0) close(header_fd_);
 }
 
-Status ArenaMapping::attach(int fd, uint64_t arena_bytes, uint64_t incarnation,
+Status ArenaMapping::attach(int header_fd, int data_fd, uint64_t data_bytes, uint64_t incarnation,
                             std::shared_ptr<ArenaMapping>& ret_mapping) {
-  struct stat st {};
-  if (fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) != arena_bytes ||
-      arena_bytes <= limits::arena_header_bytes) {
-    close(fd);
-    return Status::Corrupt;
+  auto done = [&](Status s) {
+    if (header_fd >= 0) close(header_fd);
+    if (data_fd >= 0) close(data_fd);
+    return s;
+  };
+  struct stat hst {}, dst {};
+  if (header_fd < 0 || data_fd < 0 || fstat(header_fd, &hst) != 0 || fstat(data_fd, &dst) != 0 ||
+      static_cast<uint64_t>(hst.st_size) != limits::arena_header_bytes ||
+      static_cast<uint64_t>(dst.st_size) != data_bytes || data_bytes == 0) {
+    return done(Status::Corrupt);
   }
-  void* header = mmap(nullptr, limits::arena_header_bytes, PROT_READ, MAP_SHARED, fd, 0);
-  if (header == MAP_FAILED) {
-    close(fd);
-    return Status::IoError;
+  // Pair assertion with the daemon's create: an unsealed object is not the daemon's.
+  const int header_seals = fcntl(header_fd, F_GET_SEALS);
+  const int data_seals = fcntl(data_fd, F_GET_SEALS);
+  if (header_seals < 0 || data_seals < 0 || (header_seals & header_seals_required) != header_seals_required ||
+      (data_seals & data_seals_required) != data_seals_required) {
+    return done(Status::Corrupt);
   }
-  const auto* h = static_cast<const ArenaHeader*>(header);
-  if (check_arena_header(*h, arena_bytes) != Status::Ok || h->incarnation != incarnation) {
-    munmap(header, limits::arena_header_bytes);
-    close(fd);
-    return Status::Corrupt;
+  void* h = mmap(nullptr, limits::arena_header_bytes, PROT_READ, MAP_SHARED, header_fd, 0);
+  if (h == MAP_FAILED) return done(Status::IoError);
+  const auto* header = static_cast<const ArenaHeader*>(h);
+  if (check_arena_header(*header, data_bytes) != Status::Ok || header->incarnation != incarnation) {
+    munmap(h, limits::arena_header_bytes);
+    return done(Status::Corrupt);
   }
-  void* data = mmap(nullptr, h->data_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
-                    static_cast<off_t>(limits::arena_header_bytes));
-  close(fd);
-  if (data == MAP_FAILED) {
-    munmap(header, limits::arena_header_bytes);
-    return Status::IoError;
+  // Lazily mapped: attaching costs no page-table growth until pages are touched.
+  uint8_t* reservation = nullptr;
+  uint64_t reservation_bytes = 0;
+  uint8_t* data = map_aligned(data_fd, data_bytes, header->page_bytes, PROT_READ | PROT_WRITE, reservation,
+                              reservation_bytes);
+  if (data == nullptr) {
+    munmap(h, limits::arena_header_bytes);
+    return done(Status::IoError);
+  }
+  if (header->pages == static_cast<uint32_t>(ArenaPages::Transparent)) {
+    (void)madvise(data, data_bytes, MADV_HUGEPAGE);
   }
   auto mapping = std::shared_ptr<ArenaMapping>(new ArenaMapping());
-  mapping->header_ = h;
-  mapping->data_ = static_cast<uint8_t*>(data);
+  mapping->header_ = header;
+  mapping->data_ = data;
+  mapping->reservation_ = reservation;
+  mapping->reservation_bytes_ = reservation_bytes;
   ret_mapping = std::move(mapping);
-  return Status::Ok;
+  return done(Status::Ok);
 }
 
 ArenaMapping::~ArenaMapping() {
-  if (data_ != nullptr) munmap(data_, header_->data_bytes);
+  if (reservation_ != nullptr) munmap(reservation_, reservation_bytes_);
   if (header_ != nullptr) munmap(const_cast<ArenaHeader*>(header_), limits::arena_header_bytes);
 }
 

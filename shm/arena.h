@@ -1,9 +1,17 @@
-// The host arena: a POSIX shared-memory object shared by the daemon and engines.
+// The host arena: memory shared by the daemon and engines, as two memfds.
 //
-// The daemon creates it (ArenaOwner), commits every page at start so that no later
-// page fault can raise SIGBUS, and writes the header once. Engines receive its fd
-// over the socket and map it (ArenaMapping): the header page read-only, the data
-// region read-write. Both sides check the header (STYLE.md §4).
+// The daemon creates it (ArenaOwner). The data object is sized and committed at
+// start, so no later page fault can hit ENOSPC, then sealed against shrink and
+// grow (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL): a client holding the fd can
+// never make the daemon take SIGBUS. The header object is written once and sealed
+// against writes (F_SEAL_WRITE), so no client can stop others from attaching.
+// Engines receive both fds over the socket and map them (ArenaMapping): the header
+// read-only, the data region read-write, lazily (no page is touched at attach).
+// Both sides check the header and the seals (STYLE.md §4). Neither object has a
+// name in /dev/shm: nothing is left behind when the daemon dies.
+//
+// Pages: a hugetlb memfd when huge pages are reserved, else shmem with transparent
+// huge pages where the kernel allows it, else 4 KiB pages (HugePages::Try).
 #pragma once
 
 #include <cstddef>
@@ -16,41 +24,57 @@
 
 namespace kvpark::shm {
 
+// The operator's huge-page setting (`huge_pages`), as in PostgreSQL.
+enum class HugePages { Try, On, Off };
+
 struct ArenaOptions {
-  std::string name;        // shm_open name, e.g. "/kvpark-arena"
-  uint64_t data_bytes = 0; // rounded up to extent_align_bytes
+  std::string name;         // memfd name, shown in /proc/PID/fd
+  uint64_t data_bytes = 0;  // rounded up to the page size backing it
   uint64_t incarnation = 0;
+  HugePages huge_pages = HugePages::Try;
+};
+
+// What creation tried and chose, for the daemon's one log line.
+struct ArenaCreation {
+  ArenaPages pages = ArenaPages::Small;
+  int hugetlb_errno = 0;   // why a hugetlb memfd was not used (0: used or not tried)
+  bool transparent_allowed = false;  // the kernel lets shmem use transparent huge pages
 };
 
 class ArenaOwner {
  public:
-  // Creates (replacing a stale object of the same name), sizes and commits the arena.
-  // On failure returns the status and sets ret_errno.
+  // Creates, sizes, commits and seals the arena. On failure returns the status and
+  // sets ret_errno; HugePages::On without enough reserved huge pages is ArenaFull.
   static Status create(const ArenaOptions& options, std::unique_ptr<ArenaOwner>& ret_arena,
-                       int& ret_errno);
+                       int& ret_errno, ArenaCreation* ret_creation = nullptr);
   ~ArenaOwner();
   ArenaOwner(const ArenaOwner&) = delete;
   ArenaOwner& operator=(const ArenaOwner&) = delete;
 
-  int fd() const { return fd_; }
-  const ArenaHeader& header() const { return *reinterpret_cast<const ArenaHeader*>(base_); }
-  uint8_t* data() const { return base_ + limits::arena_header_bytes; }
-  uint64_t data_bytes() const { return header().data_bytes; }
-  uint64_t arena_bytes() const { return header().arena_bytes; }
+  int header_fd() const { return header_fd_; }
+  int data_fd() const { return data_fd_; }
+  const ArenaHeader& header() const { return *header_; }
+  uint8_t* data() const { return data_; }
+  uint64_t data_bytes() const { return header_->data_bytes; }
+  ArenaPages pages() const { return static_cast<ArenaPages>(header_->pages); }
+  uint32_t page_bytes() const { return header_->page_bytes; }
   const std::string& name() const { return name_; }
 
  private:
   ArenaOwner() = default;
-  int fd_ = -1;
-  uint8_t* base_ = nullptr;
+  int header_fd_ = -1;
+  int data_fd_ = -1;
+  const ArenaHeader* header_ = nullptr;
+  uint8_t* data_ = nullptr;
+  uint64_t mapped_bytes_ = 0;
   std::string name_;
 };
 
 class ArenaMapping {
  public:
-  // Maps an arena received from the daemon and checks its header against what HELLO said.
-  // Takes ownership of fd (closed after mapping, success or not).
-  static Status attach(int fd, uint64_t arena_bytes, uint64_t incarnation,
+  // Maps an arena received from the daemon and checks its header and seals against
+  // what HELLO said. Takes ownership of both fds (closed after mapping, success or not).
+  static Status attach(int header_fd, int data_fd, uint64_t data_bytes, uint64_t incarnation,
                        std::shared_ptr<ArenaMapping>& ret_mapping);
   ~ArenaMapping();
   ArenaMapping(const ArenaMapping&) = delete;
@@ -68,9 +92,17 @@ class ArenaMapping {
   ArenaMapping() = default;
   const ArenaHeader* header_ = nullptr;
   uint8_t* data_ = nullptr;
+  uint8_t* reservation_ = nullptr;  // the aligned range data_ was placed in
+  uint64_t reservation_bytes_ = 0;
 };
 
 // Validates a header page; used by both sides.
-Status check_arena_header(const ArenaHeader& header, uint64_t arena_bytes);
+Status check_arena_header(const ArenaHeader& header, uint64_t data_bytes);
+
+// Seals each object must carry (checked by clients at attach).
+inline constexpr int data_seals_required = 0x0002 | 0x0004 | 0x0001;  // SHRINK | GROW | SEAL
+inline constexpr int header_seals_required = 0x0008 | 0x0002 | 0x0004 | 0x0001;  // + WRITE
+
+const char* arena_pages_name(ArenaPages pages);  // "4k", "thp", "hugetlb"
 
 }  // namespace kvpark::shm

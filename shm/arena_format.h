@@ -1,14 +1,17 @@
 // Shared-memory layouts: the arena header and the header of each entry extent.
 //
-// The arena is one POSIX shared-memory object:
-//   [0, arena_header_bytes)            ArenaHeader, written once by the daemon,
-//                                      mapped read-only by clients
-//   [arena_header_bytes, arena_bytes)  the data region, carved into extents
+// The arena is two memfds (arena.h):
+//   header object  one page: ArenaHeader, written once by the daemon, then sealed
+//                  against writes (F_SEAL_WRITE): no process can change it
+//   data object    the data region, carved into extents; sealed against shrink and
+//                  grow, so no client can make the daemon take SIGBUS
 // An extent holds one entry:
 //   [0, entry_header_bytes)            EntryHeader (written by the daemon at reserve)
 //   [entry_header_bytes, payload)      the entry's token ids, int32 (written by the client)
 //   [payload_offset, +payload_bytes)   the payload (written by the client before seal)
-// No lock lives here: the daemon alone owns metadata and lifetimes (DESIGN.md §3).
+// Whatever a reader trusts about a sealed payload beyond these bytes (its checksum)
+// is daemon-private and travels in LOOKUP replies. No lock lives here: the daemon
+// alone owns metadata and lifetimes (DESIGN.md §3).
 // Bump the matching format_version whenever a layout changes.
 #pragma once
 
@@ -21,22 +24,29 @@
 namespace kvpark::shm {
 
 inline constexpr uint32_t arena_magic = 0x4150564b;  // "KVPA"
-inline constexpr uint16_t arena_format_version = 1;
+inline constexpr uint16_t arena_format_version = 2;  // 2: separate sealed header object
+
+// How the data region is backed (reported in status and metrics).
+enum class ArenaPages : uint32_t {
+  Small = 0,        // 4 KiB shmem pages
+  Transparent = 1,  // shmem with transparent huge pages
+  Hugetlb = 2,      // a hugetlb memfd (reserved huge pages, vm.nr_hugepages)
+};
 
 struct ArenaHeader {
   uint32_t magic;
   uint16_t format_version;
   uint16_t header_bytes;     // == limits::arena_header_bytes
-  uint64_t arena_bytes;      // whole object
-  uint64_t data_offset;      // == header_bytes
-  uint64_t data_bytes;       // arena_bytes - data_offset
+  uint64_t data_bytes;       // size of the data object
   uint64_t incarnation;      // random per daemon start; a client checks it against HELLO
   uint64_t created_unix_usec;
   uint32_t extent_align_bytes;
   uint32_t entry_header_bytes;
+  uint32_t pages;            // ArenaPages
+  uint32_t page_bytes;       // page size backing the data region (bytes)
 };
 static_assert(std::is_trivially_copyable_v<ArenaHeader>);
-static_assert(sizeof(ArenaHeader) == 56);
+static_assert(sizeof(ArenaHeader) == 48);
 static_assert(sizeof(ArenaHeader) <= limits::arena_header_bytes);
 
 inline constexpr uint32_t entry_magic = 0x4550564b;  // "KVPE"

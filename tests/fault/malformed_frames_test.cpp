@@ -325,10 +325,10 @@ class FrameFactory {
         break;
       }
       case 5:
-        wire::encode(wire::Verb::Seal, wire::ReservationRequest{rng_() | (1ull << 40)}, seq, m);
+        wire::encode(wire::Verb::Seal, wire::ReservationRequest{.reservation_id = rng_() | (1ull << 40)}, seq, m);
         break;
       case 6:
-        wire::encode(wire::Verb::Abort, wire::ReservationRequest{rng_() | (1ull << 40)}, seq, m);
+        wire::encode(wire::Verb::Abort, wire::ReservationRequest{.reservation_id = rng_() | (1ull << 40)}, seq, m);
         break;
       default:
         wire::encode(static_cast<uint16_t>(wire::Verb::Stats), 0, seq, m);

@@ -81,6 +81,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                                   [verb](const ReservationRequest& v, uint32_t seq,
                                          std::vector<uint8_t>& out) { encode(verb, v, seq, out); });
         break;
+      case Verb::ReportCorrupt:
+        check<CorruptReport>("CorruptReport", body, header, message, true, plain);
+        break;
       case Verb::Stats:
         if (body.empty()) {
           std::vector<uint8_t> out;
@@ -107,7 +110,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case Verb::ReleaseOneWay:
     case Verb::Seal:
     case Verb::Abort:
-      break;  // header-only replies (RELEASE_ONE_WAY has none)
+    case Verb::ReportCorrupt:
+      break;  // header-only replies (RELEASE_ONE_WAY and REPORT_CORRUPT have none)
   }
   return 0;
 }
@@ -131,7 +135,7 @@ int main(int argc, char** argv) {
     m.client_name = "seed";
     encode(m, 1, o);
   });
-  add("hello_reply", [](auto& o) { encode(HelloReply{.arena_bytes = 1 << 24, .chain_tokens = 16}, 1, o); });
+  add("hello_reply", [](auto& o) { encode(HelloReply{.data_bytes = 1 << 24, .chain_tokens = 16}, 1, o); });
   add("lookup", [](auto& o) {
     LookupRequest m;
     m.prompt_tokens = 35;
@@ -143,6 +147,7 @@ int main(int argc, char** argv) {
     LookupReply m;
     m.lease_id = 3;
     m.block_offsets = {0, 4096};
+    m.block_checksums = {1, 2};
     m.snapshots = {{.extent_offset = 8192, .position = 35, .anchor_chunks = 2, .reuse_kind = 1}};
     encode(m, 2, o);
   });

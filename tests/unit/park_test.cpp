@@ -30,6 +30,20 @@ std::vector<Hash128> chain(uint64_t chain_id, size_t count) {
   return out;
 }
 
+// A SEAL for a reservation: one payload checksum per reserved extent.
+wire::ReservationRequest sealing(const wire::ReserveBlocksReply& reply) {
+  wire::ReservationRequest req{.reservation_id = reply.reservation_id};
+  for (const wire::BlockGrant& g : reply.grants) {
+    if (g.disposition == static_cast<uint32_t>(wire::Disposition::Reserved)) {
+      req.payload_checksums.push_back(0x5eed + req.payload_checksums.size());
+    }
+  }
+  return req;
+}
+wire::ReservationRequest sealing(const wire::ReserveSnapshotReply& reply) {
+  return {.reservation_id = reply.reservation_id, .payload_checksums = {0x5eed}};
+}
+
 class ParkTest : public ::testing::Test {
  protected:
   void make(uint64_t data_blocks, uint64_t reservation_bytes_max = 0, size_t connections_max = 8) {
@@ -37,7 +51,7 @@ class ParkTest : public ::testing::Test {
     table_ = std::make_unique<EntryTable>(arena_.size(), granule);
     park_ = std::make_unique<Park>(
         ParkOptions{.arena_data = arena_.data(),
-                    .arena_bytes = arena_.size() + limits::arena_header_bytes,
+                    .arena_data_bytes = arena_.size(),
                     .incarnation = 0x1234,
                     .reservation_bytes_max =
                         reservation_bytes_max ? reservation_bytes_max : arena_.size(),
@@ -76,7 +90,7 @@ class ParkTest : public ::testing::Test {
     wire::ReserveBlocksReply reply;
     ASSERT_EQ(reserve(c, hashes, first_chunk, reply, session, cls), Status::Ok);
     if (reply.reservation_id != 0) {
-      ASSERT_EQ(park_->seal(c, {reply.reservation_id}), Status::Ok);
+      ASSERT_EQ(park_->seal(c, sealing(reply)), Status::Ok);
     }
   }
   Status reserve_snapshot(ConnectionId c, uint32_t anchor_chunks, const Hash128& anchor,
@@ -95,7 +109,7 @@ class ParkTest : public ::testing::Test {
     wire::ReserveSnapshotReply reply;
     ASSERT_EQ(reserve_snapshot(c, anchor_chunks, anchor, std::move(tail), reply), Status::Ok);
     ASSERT_EQ(reply.disposition, 0u);
-    ASSERT_EQ(park_->seal(c, {reply.reservation_id}), Status::Ok);
+    ASSERT_EQ(park_->seal(c, sealing(reply)), Status::Ok);
   }
   // A LOOKUP for a prompt of `whole` chunks of `hashes` plus `tail` tokens.
   Status lookup(ConnectionId c, const std::vector<Hash128>& hashes, std::vector<int32_t> tail,
@@ -133,7 +147,7 @@ TEST_F(ParkTest, StoresIdenticalBlocksOnceAcrossConnections) {
   ASSERT_EQ(reserve(b, hashes, 0, rb), Status::Ok);
   EXPECT_EQ(rb.reservation_id, 0u) << "nothing for b to write while a writes";
   for (const auto& g : rb.grants) EXPECT_EQ(g.disposition, uint32_t(wire::Disposition::InFlight));
-  ASSERT_EQ(park_->seal(a, {ra.reservation_id}), Status::Ok);
+  ASSERT_EQ(park_->seal(a, sealing(ra)), Status::Ok);
   ASSERT_EQ(reserve(b, hashes, 0, rb), Status::Ok);
   EXPECT_EQ(rb.reservation_id, 0u);
   for (const auto& g : rb.grants) EXPECT_EQ(g.disposition, uint32_t(wire::Disposition::Present));
@@ -177,7 +191,7 @@ TEST_F(ParkTest, WritesEntryHeaderAtReserveAndChecksItAtSeal) {
   EXPECT_EQ(h.token_count, block_tokens);
   EXPECT_EQ(h.payload_bytes, block_payload_bytes);
   arena_[r.grants[0].extent_offset + 20] ^= 1;  // a client scribbles on the header
-  EXPECT_EQ(park_->seal(a, {r.reservation_id}), Status::Corrupt);
+  EXPECT_EQ(park_->seal(a, sealing(r)), Status::Corrupt);
   EXPECT_FALSE(present(attention_ns, chain_hash(1, 0)));
   EXPECT_EQ(table_->bytes_free(), 16 * block_extent);
   EXPECT_EQ(park_->stats().reservations, 0u);
@@ -392,7 +406,7 @@ TEST_F(ParkTest, SnapshotDedupAndInFlight) {
   ASSERT_EQ(reserve_snapshot(b, 0, attention_ns, {1, 2}, rb), Status::Ok);
   EXPECT_EQ(rb.disposition, uint32_t(wire::Disposition::InFlight));
   EXPECT_EQ(rb.reservation_id, 0u);
-  ASSERT_EQ(park_->seal(a, {ra.reservation_id}), Status::Ok);
+  ASSERT_EQ(park_->seal(a, sealing(ra)), Status::Ok);
   ASSERT_EQ(reserve_snapshot(b, 0, attention_ns, {1, 2}, rb), Status::Ok);
   EXPECT_EQ(rb.disposition, uint32_t(wire::Disposition::Present));
   // Anchor 0 must name the namespace seed.
@@ -440,7 +454,7 @@ TEST_F(ParkTest, VerbsBeforeHelloAreBadState) {
   req.tail_tokens = {1};
   EXPECT_EQ(park_->lookup(50, req, l), Status::BadState);
   EXPECT_EQ(park_->release(50, {1}), Status::BadState);
-  EXPECT_EQ(park_->seal(50, {1}), Status::BadState);
+  EXPECT_EQ(park_->seal(50, {.reservation_id = 1}), Status::BadState);
   EXPECT_EQ(park_->abort(50, {1}), Status::BadState);
   wire::ReserveBlocksReply r;
   wire::ReserveBlocksRequest rreq;

@@ -30,7 +30,7 @@ HelloRequest sample_hello_request() {
   return m;
 }
 HelloReply sample_hello_reply() {
-  return {.arena_bytes = 1ull << 30, .incarnation = 0xdeadbeef, .connection_id = 9,
+  return {.data_bytes = 1ull << 30, .incarnation = 0xdeadbeef, .connection_id = 9,
           .chain_tokens = 64, .block_extent_bytes = 69632, .block_payload_offset = 512};
 }
 LookupRequest sample_lookup_request() {
@@ -48,10 +48,11 @@ LookupReply sample_lookup_reply() {
   m.reuse_kind = static_cast<uint8_t>(ReuseKind::PrivateTurnClosure);
   m.host_blocks = 1;
   m.block_offsets = {0, 69632};
+  m.block_checksums = {0x1111222233334444ull, 0xfedcba9876543210ull};
   m.snapshots = {{.extent_offset = 4096, .position = 130, .anchor_chunks = 2, .reuse_kind = 1,
-                  .ready = 1},
+                  .ready = 1, .payload_checksum = 0xabcdef0123456789ull},
                  {.extent_offset = 8192, .position = 10, .anchor_chunks = 0, .reuse_kind = 2,
-                  .ready = 0}};
+                  .ready = 0, .payload_checksum = 7}};
   return m;
 }
 ReserveBlocksRequest sample_reserve_blocks_request() {
@@ -120,10 +121,12 @@ std::vector<Sample> all_samples() {
       decoder<ReserveSnapshotRequest>());
   add("ReserveSnapshotReply", [](auto& o) { encode(sample_reserve_snapshot_reply(), 1, o); },
       decoder<ReserveSnapshotReply>());
-  add("SealRequest", [](auto& o) { encode(Verb::Seal, ReservationRequest{5}, 1, o); },
+  add("SealRequest", [](auto& o) { encode(Verb::Seal, ReservationRequest{.reservation_id = 5, .payload_checksums = {1, 2}}, 1, o); },
       decoder<ReservationRequest>());
-  add("AbortRequest", [](auto& o) { encode(Verb::Abort, ReservationRequest{6}, 1, o); },
+  add("AbortRequest", [](auto& o) { encode(Verb::Abort, ReservationRequest{.reservation_id = 6}, 1, o); },
       decoder<ReservationRequest>());
+  add("CorruptReport", [](auto& o) { encode(CorruptReport{.lease_id = 3, .extent_offset = 4096}, 1, o); },
+      decoder<CorruptReport>());
   add("StatsReply", [](auto& o) { encode(sample_stats_reply(), 1, o); }, decoder<StatsReply>());
   return s;
 }
@@ -188,7 +191,7 @@ TEST(FrameCodec, HelloReplyRoundTrips) {
   std::vector<uint8_t> m;
   encode(in, 1, m);
   const auto out = round_trip<HelloReply>(m, R(Verb::Hello));
-  EXPECT_EQ(out.arena_bytes, in.arena_bytes);
+  EXPECT_EQ(out.data_bytes, in.data_bytes);
   EXPECT_EQ(out.incarnation, in.incarnation);
   EXPECT_EQ(out.connection_id, in.connection_id);
   EXPECT_EQ(out.chain_tokens, in.chain_tokens);
@@ -217,6 +220,7 @@ TEST(FrameCodec, LookupReplyRoundTrips) {
   EXPECT_EQ(out.reuse_kind, in.reuse_kind);
   EXPECT_EQ(out.host_blocks, in.host_blocks);
   EXPECT_EQ(out.block_offsets, in.block_offsets);
+  EXPECT_EQ(out.block_checksums, in.block_checksums);
   ASSERT_EQ(out.snapshots.size(), in.snapshots.size());
   for (size_t i = 0; i < in.snapshots.size(); ++i) {
     EXPECT_EQ(out.snapshots[i].extent_offset, in.snapshots[i].extent_offset);
@@ -224,6 +228,7 @@ TEST(FrameCodec, LookupReplyRoundTrips) {
     EXPECT_EQ(out.snapshots[i].anchor_chunks, in.snapshots[i].anchor_chunks);
     EXPECT_EQ(out.snapshots[i].reuse_kind, in.snapshots[i].reuse_kind);
     EXPECT_EQ(out.snapshots[i].ready, in.snapshots[i].ready);
+    EXPECT_EQ(out.snapshots[i].payload_checksum, in.snapshots[i].payload_checksum);
   }
   // The same reply answers WAIT.
   m.clear();
@@ -248,11 +253,18 @@ TEST(FrameCodec, ReleaseSealAbortRoundTrip) {
   encode(ReleaseRequest{0x0102030405060708ull}, 1, m);
   EXPECT_EQ(round_trip<ReleaseRequest>(m, Q(Verb::Release)).lease_id, 0x0102030405060708ull);
   m.clear();
-  encode(Verb::Seal, ReservationRequest{11}, 1, m);
-  EXPECT_EQ(round_trip<ReservationRequest>(m, Q(Verb::Seal)).reservation_id, 11u);
+  encode(Verb::Seal, ReservationRequest{.reservation_id = 11, .payload_checksums = {3, 0xffffffffffffffffull}}, 1, m);
+  const auto sealed = round_trip<ReservationRequest>(m, Q(Verb::Seal));
+  EXPECT_EQ(sealed.reservation_id, 11u);
+  EXPECT_EQ(sealed.payload_checksums, (std::vector<uint64_t>{3, 0xffffffffffffffffull}));
   m.clear();
-  encode(Verb::Abort, ReservationRequest{12}, 1, m);
+  encode(Verb::Abort, ReservationRequest{.reservation_id = 12}, 1, m);
   EXPECT_EQ(round_trip<ReservationRequest>(m, Q(Verb::Abort)).reservation_id, 12u);
+  m.clear();
+  encode(CorruptReport{.lease_id = 9, .extent_offset = 0x3000}, 1, m);
+  const auto report = round_trip<CorruptReport>(m, Q(Verb::ReportCorrupt));
+  EXPECT_EQ(report.lease_id, 9u);
+  EXPECT_EQ(report.extent_offset, 0x3000u);
 }
 
 TEST(FrameCodec, ReserveBlocksRoundTrips) {
@@ -628,9 +640,10 @@ TEST(FrameDecoder, RejectsOutOfRangeEnumsAndPadding) {
   encode(sample_lookup_reply(), 1, m);
   LookupReply lr;
   EXPECT_EQ(decode(patched(12, reuse_kind_max + 1), lr), Status::ProtocolError);
-  const size_t first_candidate = lookup_reply_layout().fixed_bytes + 2 * 8;  // after 2 offsets
+  const size_t first_candidate = lookup_reply_layout().fixed_bytes + 2 * (8 + 8);  // after 2 offsets and checksums
   EXPECT_EQ(decode(patched(first_candidate + 16, reuse_kind_max + 1), lr), Status::ProtocolError);
   EXPECT_EQ(decode(patched(first_candidate + 20, 2), lr), Status::ProtocolError) << "ready is 0/1";
+  EXPECT_EQ(decode(patched(first_candidate + 24, 1), lr), Status::ProtocolError) << "padding is 0";
   // Dispositions.
   m.clear();
   encode(sample_reserve_blocks_reply(), 1, m);
