@@ -61,6 +61,8 @@ struct CopyConfig {
   int repetitions = 0;
 };
 struct CopyResult {
+  std::string huge_pages;   // the daemon's --huge-pages
+  std::string pages;        // what backed the arena: "4k", "thp", "hugetlb"
   uint64_t bytes = 0;
   int repetitions = 0;
   double memcpy_sec = 0;         // medians, seconds per pass
@@ -69,8 +71,21 @@ struct CopyResult {
   double restore_first_sec = 0;
   double restore_warm_sec = 0;
   bool warm_reused_extent = true;  // the warm publish landed on the pages of the first
+  // The daemon's loop while a 1 GiB entry is published and sealed: STATS round trips
+  // of another client, idle and during the publishes (microseconds).
+  Percentiles loop_idle;
+  Percentiles loop_during_publish;
 };
 bool run_copy_bench(const CopyConfig& config, CopyResult& ret_result, std::string& ret_error);
+
+// 5. Attaching to a large arena: connect time and page-table growth of the client.
+struct AttachResult {
+  uint64_t arena_bytes = 0;
+  double connect_msec = 0;        // median kvpark_connect (HELLO, both fds, both mappings)
+  int64_t page_table_kib = 0;     // VmPTE growth of this process across the connect
+};
+bool run_attach_bench(const std::string& socket_path, uint64_t arena_bytes, int repetitions,
+                      AttachResult& ret_result, std::string& ret_error);
 
 // 3. Chain hashing cost.
 struct HashResult {

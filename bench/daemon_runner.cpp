@@ -116,6 +116,7 @@ bool BenchDaemon::start(const DaemonSpec& spec, std::string& ret_error) {
                 std::to_string(instance_counter++);
   std::vector<std::string> argv = {spec.kvparkd, "--socket", socket_path_, "--arena-name",
                                    arena_name_, "--arena-size", std::to_string(spec.arena_bytes)};
+  if (!spec.huge_pages.empty()) argv.insert(argv.end(), {"--huge-pages", spec.huge_pages});
   if (spec.reservation_bytes_max != 0) {
     argv.insert(argv.end(), {"--reservation-max", std::to_string(spec.reservation_bytes_max)});
   }

@@ -14,6 +14,7 @@ struct DaemonSpec {
   std::string kvparkd;  // executable path
   uint64_t arena_bytes = 0;
   uint64_t reservation_bytes_max = 0;  // 0: the daemon's default
+  std::string huge_pages;              // --huge-pages value; empty: the daemon's default
 };
 
 class BenchDaemon {

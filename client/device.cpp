@@ -385,7 +385,10 @@ kvpark_status kvpark_device_restore(kvpark_device* dev, const kvpark_plan* plan,
   }
   const size_t first_block = first_token / bt;
   for (size_t i = 0; i < n_tokens / bt; ++i) {
+    // Verified in place against the daemon's checksum; a writer that changes the
+    // bytes after this check and before the copy lands is not caught (docs/kernels.md).
     const void* block = kvpark_plan_block(plan, first_block + i);
+    if (block == nullptr) return KVPARK_CORRUPT;
     assert_in_arena(*view.attachment, block, block_bytes(dev));
     job.images.push_back(const_cast<void*>(block));  // scatter only reads it
   }

@@ -120,21 +120,37 @@ const int32_t* entry_tokens(const Attachment& a, uint64_t offset) {
   return reinterpret_cast<const int32_t*>(a.mapping->data() + offset + limits::entry_header_bytes);
 }
 
-// Blocks of the reply whose header and token ids match the prompt exactly.
-size_t confirm_blocks(const kvpark_client* client, const Attachment& a,
-                      const wire::LookupReply& reply, const std::vector<Hash128>& hashes,
-                      const int32_t* tokens) {
+// Whether block `index` of a reply carries our block's header and the prompt's
+// exact token ids. The daemon found it by hash and wrote its header itself, so a
+// mismatch means another process wrote over it.
+bool block_intact(const kvpark_client* client, const Attachment& a, uint64_t offset,
+                  const Hash128& hash, const int32_t* block_tokens_ids) {
   const uint32_t block_tokens = client->geometry.block_tokens;
+  const shm::EntryHeader* h = entry_at(a, offset, a.hello.block_extent_bytes);
+  return h != nullptr && header_names(*h, client, kvpark::EntryKind::Block, hash) &&
+         h->token_count == block_tokens && h->payload_offset == a.hello.block_payload_offset &&
+         h->payload_bytes == client->geometry.block_payload_bytes &&
+         std::memcmp(entry_tokens(a, offset), block_tokens_ids, block_tokens * sizeof(int32_t)) == 0;
+}
+
+void report_corrupt(kvpark_plan* plan, uint64_t extent);
+
+// Blocks of the reply whose header and token ids match the prompt exactly. Past the
+// first that does not, every altered one is reported, so one re-publish repairs all.
+size_t confirm_blocks(kvpark_plan* plan, const wire::LookupReply& reply,
+                      const std::vector<Hash128>& hashes, const int32_t* tokens) {
+  const kvpark_client* client = plan->client;
+  const Attachment& a = plan->attachment;
+  const uint32_t block_tokens = client->geometry.block_tokens;
+  const size_t n = std::min(reply.block_offsets.size(), hashes.size());
   size_t confirmed = 0;
-  for (; confirmed < reply.block_offsets.size() && confirmed < hashes.size(); ++confirmed) {
-    const uint64_t offset = reply.block_offsets[confirmed];
-    const shm::EntryHeader* h = entry_at(a, offset, a.hello.block_extent_bytes);
-    if (h == nullptr || !header_names(*h, client, kvpark::EntryKind::Block, hashes[confirmed]) ||
-        h->token_count != block_tokens || h->payload_offset != a.hello.block_payload_offset ||
-        h->payload_bytes != client->geometry.block_payload_bytes ||
-        std::memcmp(entry_tokens(a, offset), tokens + confirmed * block_tokens,
-                    block_tokens * sizeof(int32_t)) != 0) {
-      break;
+  while (confirmed < n && block_intact(client, a, reply.block_offsets[confirmed], hashes[confirmed],
+                                       tokens + confirmed * block_tokens)) {
+    ++confirmed;
+  }
+  for (size_t i = confirmed; i < n; ++i) {
+    if (!block_intact(client, a, reply.block_offsets[i], hashes[i], tokens + i * block_tokens)) {
+      report_corrupt(plan, reply.block_offsets[i]);
     }
   }
   return confirmed;
@@ -152,7 +168,7 @@ void apply_reply(kvpark_plan* plan, const wire::LookupReply& reply,
   const bool snapshot_required = client->geometry.snapshot_required;
   wire::LookupReply ready = reply;
   ready.block_offsets.resize(reply.host_blocks);
-  const size_t confirmed = confirm_blocks(client, a, ready, hashes, tokens);
+  const size_t confirmed = confirm_blocks(plan, ready, hashes, tokens);
   const uint32_t block_restorable =
       snapshot_required ? 0 : static_cast<uint32_t>(confirmed * block_tokens);
   size_t blocks_used = snapshot_required ? 0 : confirmed;
@@ -186,8 +202,15 @@ void apply_reply(kvpark_plan* plan, const wire::LookupReply& reply,
     if (h == nullptr || !header_names(*h, client, kvpark::EntryKind::Snapshot, anchor) ||
         h->position != c.position || h->anchor_chunks != c.anchor_chunks ||
         h->token_count != tail || h->payload_offset != shm::payload_offset_for(h->token_count) ||
-        !a.mapping->contains(c.extent_offset, uint64_t{h->payload_offset} + h->payload_bytes) ||
-        std::memcmp(entry_tokens(a, c.extent_offset), tokens + uint64_t{c.anchor_chunks} * chain,
+        !a.mapping->contains(c.extent_offset, uint64_t{h->payload_offset} + h->payload_bytes)) {
+      // The daemon wrote this header and named the candidate: a mismatch is a header
+      // written over after seal.
+      report_corrupt(plan, c.extent_offset);
+      continue;
+    }
+    // A tail the daemon could not compare (the prompt runs past its chunk) may
+    // simply differ: a miss, not damage.
+    if (std::memcmp(entry_tokens(a, c.extent_offset), tokens + uint64_t{c.anchor_chunks} * chain,
                     tail * sizeof(int32_t)) != 0) {
       continue;
     }
@@ -265,8 +288,16 @@ void report_corrupt(kvpark_plan* plan, uint64_t extent) {
 
 // Block `index` failed: the plan keeps blocks [0, index) and no snapshot (it needs
 // every block before it); a namespace that restores only through snapshots keeps nothing.
+// The blocks after it are checked in place too, so every altered one is reported now
+// and a single re-publish repairs the chain.
 void truncate_at_block(kvpark_plan* plan, size_t index) {
   report_corrupt(plan, plan->block_extents[index]);
+  for (size_t i = index + 1; i < plan->blocks.size(); ++i) {
+    if (kvpark::client::payload_checksum(plan->blocks[i], plan->client->geometry.block_payload_bytes) !=
+        plan->block_checksums[i]) {
+      report_corrupt(plan, plan->block_extents[i]);
+    }
+  }
   const kvpark::Geometry& g = plan->client->geometry;
   const size_t keep = g.snapshot_required ? 0 : index;
   plan->blocks.resize(keep);

@@ -220,6 +220,8 @@ typedef struct kvpark_stats {
   uint64_t promotions;        /* disk -> host restores completed */
   uint64_t checksum_failures; /* disk records refused: never served */
   uint64_t corrupt_payloads;  /* host payloads found altered at restore: dropped */
+  uint64_t arena_pages;       /* 0: 4 KiB pages, 1: transparent huge pages, 2: hugetlb */
+  uint64_t arena_page_bytes;  /* page size backing the arena */
 } kvpark_stats;
 
 kvpark_status kvpark_get_stats(kvpark_client* client, kvpark_stats* ret_stats);

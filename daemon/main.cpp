@@ -147,6 +147,8 @@ int main(int argc, char** argv) {
   daemon::EntryTable table(arena->data_bytes(), limits::extent_align_bytes);
   daemon::Park park({.arena_data = arena->data(),
                      .arena_data_bytes = arena->data_bytes(),
+                     .arena_pages = static_cast<uint32_t>(arena->pages()),
+                     .arena_page_bytes = arena->page_bytes(),
                      .incarnation = incarnation,
                      .reservation_bytes_max = options.reservation_bytes_max,
                      .connections_max = limits::connections_max,

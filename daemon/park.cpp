@@ -397,6 +397,8 @@ wire::StatsReply Park::stats() const {
   s.promotions = counters_.promotions;
   s.checksum_failures = counters_.checksum_failures;
   s.corrupt_payloads = counters_.corrupt_payloads;
+  s.arena_pages = options_.arena_pages;
+  s.arena_page_bytes = options_.arena_page_bytes;
   return s;
 }
 

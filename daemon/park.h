@@ -39,6 +39,8 @@ namespace kvpark::daemon {
 struct ParkOptions {
   uint8_t* arena_data = nullptr;  // the daemon's mapping of the data region
   uint64_t arena_data_bytes = 0;  // the data object, for HELLO replies
+  uint32_t arena_pages = 0;       // shm::ArenaPages, for STATS
+  uint32_t arena_page_bytes = 0;
   uint64_t incarnation = 0;
   uint64_t reservation_bytes_max = 0;  // one reservation's extents, bytes
   size_t connections_max = 0;

@@ -167,6 +167,8 @@ struct StatsReply {
   uint64_t promotions = 0;          // disk -> host, completed
   uint64_t checksum_failures = 0;   // records refused on read
   uint64_t corrupt_payloads = 0;    // host payloads that failed their checksum at restore
+  uint64_t arena_pages = 0;         // what backs the arena: 0 4 KiB, 1 transparent huge, 2 hugetlb
+  uint64_t arena_page_bytes = 0;
 };
 
 // Encoding appends one whole message (header + body) to `out`.

@@ -130,13 +130,18 @@ void restore(Engine& e, const Request& q, const kvpark_plan* plan, Result& r) {
   if (e.private_blocks.size() < blocks * e.block_bytes) e.private_blocks.resize(blocks * e.block_bytes);
   if (e.private_snapshot.size() < snapshot_bytes) e.private_snapshot.resize(snapshot_bytes);
   const double start = now_ms();
-  for (size_t i = 0; i < blocks; ++i) {
-    std::memcpy(e.private_blocks.data() + i * e.block_bytes, kvpark_plan_block(plan, i), e.block_bytes);
+  // The verifying copies: what lands in private memory is what was sealed, or a miss.
+  auto* p = const_cast<kvpark_plan*>(plan);
+  bool verified = true;
+  for (size_t i = 0; verified && i < blocks; ++i) {
+    verified = kvpark_plan_copy_block(p, i, e.private_blocks.data() + i * e.block_bytes) == KVPARK_OK;
   }
-  if (snapshot != nullptr) std::memcpy(e.private_snapshot.data(), snapshot, snapshot_bytes);
+  if (verified && snapshot != nullptr) {
+    verified = kvpark_plan_copy_snapshot(p, e.private_snapshot.data(), snapshot_bytes) == KVPARK_OK;
+  }
   r.restore_ms = now_ms() - start;
   // The strict serial reference: the same prefix computed from scratch.
-  bool same = blocks <= q.hashes.size();
+  bool same = verified && blocks <= q.hashes.size();
   for (size_t i = 0; same && i < blocks; ++i) {
     same = payload_matches(block_key(q.hashes[i]), e.private_blocks.data() + i * e.block_bytes, e.block_bytes);
   }

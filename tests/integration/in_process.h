@@ -88,7 +88,8 @@ inline bool plan_blocks_match(const kvpark_plan* plan, uint64_t ns_low, uint64_t
   const auto hashes = block_hashes(ns_low, tokens, chain_tokens);
   if (kvpark_plan_block_count(plan) > hashes.size()) return false;
   for (size_t i = 0; i < kvpark_plan_block_count(plan); ++i) {
-    if (!payload_matches(payload_key(hashes[i]), kvpark_plan_block(plan, i), block_bytes)) {
+    const void* block = kvpark_plan_block(plan, i);  // verified against its checksum
+    if (block == nullptr || !payload_matches(payload_key(hashes[i]), block, block_bytes)) {
       return false;
     }
   }

@@ -76,30 +76,36 @@ class RawClient {
   }
 
   enum class Received { Message, Eof, Timeout, Error };
-  // Waits up to timeout_msec for one message; closes any fd that came with it
-  // (or hands it over through ret_fd).
+  // Waits up to timeout_msec for one message; closes any fds that came with it
+  // (or hands the first ones over through ret_fds, which has room for `fds_max`).
   Received receive(std::vector<uint8_t>& ret_message, int timeout_msec = 5000,
-                   int* ret_fd = nullptr) {
+                   int* ret_fds = nullptr, size_t fds_max = 1) {
     pollfd p{fd_, POLLIN, 0};
     const int ready = ::poll(&p, 1, timeout_msec);
     if (ready == 0) return Received::Timeout;
     if (ready < 0) return Received::Error;
     ret_message.resize(limits::frame_bytes_max + 1);
     iovec iov{ret_message.data(), ret_message.size()};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    alignas(cmsghdr) char control[CMSG_SPACE(4 * sizeof(int))] = {};
     msghdr msg{};
     msg.msg_iov = &iov;
     msg.msg_iovlen = 1;
     msg.msg_control = control;
     msg.msg_controllen = sizeof control;
     const ssize_t n = ::recvmsg(fd_, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    size_t handed = 0;
     if (n < 0) return errno == ECONNRESET ? Received::Eof : Received::Error;
     for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < count; ++i) {
         int fd = -1;
-        std::memcpy(&fd, CMSG_DATA(c), sizeof fd);
-        if (ret_fd != nullptr) *ret_fd = fd;
-        else ::close(fd);
+        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+        if (ret_fds != nullptr && handed < fds_max) {
+          ret_fds[handed++] = fd;
+        } else {
+          ::close(fd);
+        }
       }
     }
     if (n == 0) return Received::Eof;
@@ -127,6 +133,30 @@ class RawClient {
     if (wire::decode_header(m, ret_header, body) != Status::Ok) return false;
     ret_body.assign(body.begin(), body.end());
     return true;
+  }
+
+  // HELLO for `ns` keeping what an attached client is handed: the arena's header
+  // and data fds (-1 when absent) and the reply. The daemon's status, or Unavailable.
+  Status hello_with_arena(const NamespaceId& ns, const Geometry& geometry, int& ret_header_fd,
+                          int& ret_data_fd, wire::HelloReply* ret_reply = nullptr) {
+    wire::HelloRequest req;
+    req.protocol_version = limits::protocol_version;
+    req.namespace_id = ns;
+    req.geometry = geometry;
+    req.client_name = "raw";
+    std::vector<uint8_t> frame, m;
+    wire::encode(req, 1, frame);
+    int fds[2] = {-1, -1};
+    if (!send(frame) || receive(m, 5000, fds, 2) != Received::Message) return Status::Unavailable;
+    ret_header_fd = fds[0];
+    ret_data_fd = fds[1];
+    wire::FrameHeader h;
+    std::span<const uint8_t> body;
+    if (wire::decode_header(m, h, body) != Status::Ok) return Status::ProtocolError;
+    if (ret_reply != nullptr && h.status == 0 && wire::decode(body, *ret_reply) != Status::Ok) {
+      return Status::ProtocolError;
+    }
+    return static_cast<Status>(h.status);
   }
 
   // HELLO for `ns`; returns the daemon's status (Unavailable if no reply came).

@@ -142,14 +142,19 @@ int verify(kvpark_client* c, const Options& o, const std::vector<int32_t>& token
     if (s != KVPARK_OK && s != KVPARK_TIMEOUT) fail("wait", s);
   }
   const auto hashes = hashes_of(o, tokens, chain);
+  // Copied out through the verifying copy, as an engine would.
   bool good = true;
+  std::vector<uint8_t> copy(o.block_bytes);
   for (size_t i = 0; i < kvpark_plan_block_count(plan); ++i) {
-    good = good && payload_matches(payload_key(hashes[i]), kvpark_plan_block(plan, i), o.block_bytes);
+    good = good && kvpark_plan_copy_block(plan, i, copy.data()) == KVPARK_OK &&
+           payload_matches(payload_key(hashes[i]), copy.data(), o.block_bytes);
   }
   uint64_t snapshot_bytes = 0;
   uint32_t position = 0;
-  if (const void* snap = kvpark_plan_snapshot(plan, &snapshot_bytes, &position)) {
-    good = good && payload_matches(snapshot_key(o, tokens, position), snap, snapshot_bytes);
+  if (kvpark_plan_snapshot(plan, &snapshot_bytes, &position) != nullptr) {
+    copy.resize(snapshot_bytes);
+    good = good && kvpark_plan_copy_snapshot(plan, copy.data(), snapshot_bytes) == KVPARK_OK &&
+           payload_matches(snapshot_key(o, tokens, position), copy.data(), snapshot_bytes);
   }
   if (kvpark_plan_capture_hint(plan) > 0) printf("hint %u\n", kvpark_plan_capture_hint(plan));
   printf("restored %u %d\n", kvpark_plan_restorable_tokens(plan), kvpark_plan_reuse_kind(plan));
