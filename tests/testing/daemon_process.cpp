@@ -13,10 +13,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <string_view>
 
 #include "tests/testing/wait.h"
 
@@ -117,8 +120,9 @@ int wait_with_timeout(pid_t pid, int timeout_msec) {
     return waitpid(pid, &status, 0) == pid ? status : -1;
   }
   // No pidfd (an old kernel): ask again until the deadline.
-  const bool exited = wait_until([&] { return waitpid(pid, &status, WNOHANG) != 0; }, timeout_msec);
-  return exited ? status : -1;
+  pid_t r = 0;
+  wait_until([&] { return (r = waitpid(pid, &status, WNOHANG)) != 0; }, timeout_msec);
+  return r == pid ? status : -1;
 }
 
 std::string built_binary(const char* env_name) {
