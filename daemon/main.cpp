@@ -214,14 +214,16 @@ int main(int argc, char** argv) {
     notifier.reloaded(message);
   });
   daemon::HttpAdapter http(control);
+  std::string http_bound;  // "HOST:PORT" once listening (port 0 resolved), for READY's STATUS=
   if (!options.http_listen.empty()) {
     std::string host;
     uint16_t port = 0;
     std::string http_error;
     daemon::parse_listen_address(options.http_listen, host, port);
     if (http.start(host, port, http_error)) {
-      log_info("kvparkd: http listening on %s%s%s:%u", host.find(':') != std::string::npos ? "[" : "",
-               host.c_str(), host.find(':') != std::string::npos ? "]" : "", http.port());
+      const bool v6 = host.find(':') != std::string::npos;
+      http_bound = (v6 ? "[" + host + "]" : host) + ":" + std::to_string(http.port());
+      log_info("kvparkd: http listening on %s", http_bound.c_str());
     } else {
       log_error("kvparkd: no HTTP status or metrics: %s", http_error.c_str());
     }
@@ -237,7 +239,8 @@ int main(int argc, char** argv) {
            options.socket_path.c_str(), options.arena_name.c_str(),
            static_cast<unsigned long long>(arena->data_bytes() >> 20), shm::arena_pages_name(arena->pages()),
            static_cast<unsigned long long>(incarnation));
-  notifier.ready("serving on " + options.socket_path);
+  notifier.ready("serving on " + options.socket_path +
+                 (http_bound.empty() ? "" : ", http on " + http_bound));
   Ticker ticker{.park = park, .control = control, .notifier = notifier};
   if (server.run(daemon::watchdog_tick_msec(options.watchdog_usec, tick_msec), Ticker::run,
                  &ticker) != Status::Ok) {

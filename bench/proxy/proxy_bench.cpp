@@ -30,6 +30,7 @@
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/llama_server_process.h"
 #include "tests/testing/openai_http.h"
+#include "tests/testing/wait.h"
 
 using namespace kvpark::testing;
 
@@ -228,17 +229,17 @@ class Bench {
   }
 
   // Through the proxy, waits until it has parked what the last response left: the
-  // publish count has grown past `before` and stays put for a few polls.
+  // publish count has grown past `before` and every slot is back (a slot is given
+  // back once its turn is parked, after the response).
   void settle(const std::string& url, int64_t before) {
     if (proxy_ == nullptr || url != proxy_->url()) return;
-    int64_t last = -1;
-    int steady = 0;
-    for (int waited = 0; waited < publish_wait_msec_max && steady < 3; waited += 100) {
-      usleep(100'000);
-      const int64_t now = get_proxy_status(url).publishes;
-      steady = now > before && now == last ? steady + 1 : 0;
-      last = now;
-    }
+    wait_until(
+        [&] {
+          const ProxyStatus status = get_proxy_status(url);
+          return status.publishes > before &&
+                 status.body.find("\"busy_slots\":0") != std::string::npos;
+        },
+        publish_wait_msec_max);
   }
 
   bool stream(const std::string& url, std::vector<ChatMessage> messages, ChatResult* ret) {

@@ -204,6 +204,10 @@ Result serve(Engine& e, const Event& event, const Job& job) {
       r.promote_ms += now_ms() - start;
     }
     cached = kvpark_plan_restorable_tokens(plan);
+    // Promotions slower than the prefill they save are left to land for later
+    // requests: the daemon offered these tokens, this machine was too slow to take them.
+    const uint32_t offered = kvpark_plan_pending_tokens(plan);
+    r.promoting_tokens = offered > cached ? offered - cached : 0;
     r.capture_hint = kvpark_plan_capture_hint(plan);
     pending.clear();
     for (const Candidate& c : q.prompt.candidates) {

@@ -39,6 +39,7 @@ struct Result {
   int32_t failed = 0;            // nonzero: error holds why
   uint32_t prompt_tokens = 0;
   uint32_t cached_tokens = 0;    // restored
+  uint32_t promoting_tokens = 0; // parked on disk, still being promoted when the wait gave up
   uint32_t reuse_kind = 0;       // kvpark_reuse_kind
   uint32_t inflight_tokens = 0;  // seen at the first lookup
   uint32_t capture_hint = 0;

@@ -4,12 +4,12 @@
 #pragma once
 
 #include <gtest/gtest.h>
-#include <time.h>
 
 #include <vector>
 
 #include "client/kvpark.h"
 #include "tests/testing/content.h"
+#include "tests/testing/wait.h"
 
 namespace kvpark::testing {
 
@@ -17,12 +17,6 @@ inline constexpr kvpark_hash128 observer_ns_id{0x0b5e7e7, 0xfa017};
 inline constexpr uint32_t observer_block_tokens = 16;
 inline constexpr uint64_t observer_block_bytes = 4096;
 inline constexpr size_t observer_blocks = 4;
-
-inline uint64_t monotonic_msec() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return uint64_t(ts.tv_sec) * 1000 + uint64_t(ts.tv_nsec) / 1'000'000;
-}
 
 class Observer {
  public:
@@ -78,15 +72,15 @@ class Observer {
 
   // Waits until the daemon has closed every connection but `connections`, then
   // checks that leases, reservations and arena bytes are back to `baseline`.
-  void expect_back_to(const kvpark_stats& baseline, int timeout_msec = 5000) {
-    const uint64_t deadline = monotonic_msec() + timeout_msec;
-    kvpark_stats now = stats();
-    while ((now.connections != baseline.connections || now.leases != baseline.leases ||
-            now.reservations != baseline.reservations) &&
-           monotonic_msec() < deadline) {
-      usleep(2000);
-      now = stats();
-    }
+  void expect_back_to(const kvpark_stats& baseline, int timeout_msec = wait_timeout_msec_default) {
+    kvpark_stats now{};
+    wait_until(
+        [&] {
+          now = stats();
+          return now.connections == baseline.connections && now.leases == baseline.leases &&
+                 now.reservations == baseline.reservations;
+        },
+        timeout_msec);
     EXPECT_EQ(now.connections, baseline.connections);
     EXPECT_EQ(now.leases, baseline.leases);
     EXPECT_EQ(now.reservations, baseline.reservations);

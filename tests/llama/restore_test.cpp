@@ -17,6 +17,7 @@
 
 #include "integrations/llama/snapshot_format.h"
 #include "tests/testing/daemon_process.h"
+#include "tests/testing/eventually.h"
 
 namespace kvpark::testing {
 namespace {
@@ -204,8 +205,7 @@ TEST_F(LlamaRestore, DiskCopySurvivesDaemonCrashAndACorruptOneIsRefused) {
     const std::string published = on(first, {"--tail-seed", "1", "--plan"});
     ASSERT_NE(published.find("parked"), std::string::npos) << published;
     // The shared head is written through at seal; wait for its record.
-    for (int i = 0; i < 500 && records().empty(); ++i) usleep(10'000);
-    ASSERT_FALSE(records().empty()) << "the shared head never reached disk";
+    ASSERT_TRUE(eventually("the shared head reached disk", [&] { return !records().empty(); }));
     first.kill_hard();
   }
   {

@@ -105,14 +105,11 @@ inline int run_as(uid_t uid, gid_t gid, const std::vector<std::string>& argv, in
     output.append(buffer, static_cast<size_t>(n));
   }
   close(fds[0]);
-  int status = 0;
-  for (int waited = 0; waitpid(pid, &status, WNOHANG) == 0; waited += 10) {
-    if (waited > timeout_msec) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &status, 0);
-      return -1;
-    }
-    usleep(10'000);
+  const int status = wait_with_timeout(pid, timeout_msec);
+  if (status == -1) {
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+    return -1;
   }
   if (ret_output != nullptr) *ret_output = output;
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);

@@ -7,15 +7,14 @@
 #include <signal.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
-#include <thread>
 
 #include "tests/integration/in_process.h"
 #include "tests/ops/prometheus_parser.h"
 #include "tests/testing/daemon_process.h"
+#include "tests/testing/wait.h"
 
 namespace kvpark::testing {
 namespace {
@@ -29,19 +28,6 @@ std::string read_file(const std::string& path) {
   std::stringstream s;
   s << in.rdbuf();
   return s.str();
-}
-
-// The port from the daemon's "http listening on 127.0.0.1:PORT" line.
-int wait_http_port(const DaemonProcess& daemon) {
-  const std::string marker = "http listening on 127.0.0.1:";
-  for (int i = 0; i < 500; ++i) {
-    const std::string log = read_file(daemon.log_path());
-    if (const size_t at = log.find(marker); at != std::string::npos) {
-      return std::atoi(log.c_str() + at + marker.size());
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return -1;
 }
 
 struct Fetched {
@@ -82,7 +68,7 @@ class HttpTest : public ::testing::Test {
     daemon_ = std::make_unique<DaemonProcess>(DaemonConfig{
         .extra_args = {"--config", "/dev/null", "--dbus", "off", "--http-listen", "127.0.0.1:0"}});
     ASSERT_TRUE(daemon_->start()) << read_file(daemon_->log_path());
-    port_ = wait_http_port(*daemon_);
+    port_ = daemon_->http_port();  // bound to port 0; the daemon names it at READY=1
     ASSERT_GT(port_, 0) << read_file(daemon_->log_path());
   }
 
@@ -235,20 +221,19 @@ TEST(HttpReload, SighupAppliesRuntimeKeysAndNamesTheRest) {
   DaemonProcess daemon(
       DaemonConfig{.extra_args = {"--config", conf, "--http-listen", "127.0.0.1:0"}});
   ASSERT_TRUE(daemon.start()) << read_file(daemon.log_path());
-  const int port = wait_http_port(daemon);
+  const int port = daemon.http_port();
   ASSERT_GT(port, 0);
   EXPECT_EQ(json(fetch(port, "GET", "/v1/status").body)["arena_low_water_bytes"].GetUint64(), 0u);
 
   std::ofstream(conf) << "arena_low_water = 4M\nreservation_max = 8M\nhttp_listen = 127.0.0.1:0\n"
                          "dbus = off\nattach_group = nobody\n";
+  // A reload ends with READY=1 again (the notify protocol's reload cycle).
   ASSERT_EQ(kill(daemon.pid(), SIGHUP), 0);
-  uint64_t low_water = 0;
-  for (int i = 0; i < 200 && low_water != (4u << 20); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    low_water = json(fetch(port, "GET", "/v1/status").body)["arena_low_water_bytes"].GetUint64();
-  }
-  EXPECT_EQ(low_water, 4u << 20);
+  std::string reloaded;
+  ASSERT_TRUE(daemon.wait_notify("READY=1", wait_timeout_msec_default, &reloaded))
+      << read_file(daemon.log_path());
   const rapidjson::Document s = json(fetch(port, "GET", "/v1/status").body);
+  EXPECT_EQ(s["arena_low_water_bytes"].GetUint64(), 4u << 20);
   EXPECT_EQ(s["reservation_bytes_max"].GetUint64(), 8u << 20);
   const std::string log = read_file(daemon.log_path());
   EXPECT_NE(log.find("needs a restart: attach_group"), std::string::npos) << log;
@@ -256,11 +241,10 @@ TEST(HttpReload, SighupAppliesRuntimeKeysAndNamesTheRest) {
   // A broken file changes nothing and says where it is broken.
   std::ofstream(conf) << "arena_low_water = 2M\nbogus = 1\n";
   ASSERT_EQ(kill(daemon.pid(), SIGHUP), 0);
-  std::string after;
-  for (int i = 0; i < 200 && after.find("not reloaded") == std::string::npos; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    after = read_file(daemon.log_path());
-  }
+  ASSERT_TRUE(daemon.wait_notify("READY=1", wait_timeout_msec_default, &reloaded))
+      << read_file(daemon.log_path());
+  EXPECT_NE(reloaded.find("not reloaded"), std::string::npos) << reloaded;
+  const std::string after = read_file(daemon.log_path());  // logged before READY=1 was sent
   EXPECT_NE(after.find(conf + ":2: unknown key 'bogus'"), std::string::npos) << after;
   EXPECT_EQ(json(fetch(port, "GET", "/v1/status").body)["arena_low_water_bytes"].GetUint64(),
             4u << 20);

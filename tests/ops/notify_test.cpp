@@ -2,6 +2,7 @@
 // READY=1 only once the engine socket accepts, STATUS= lines, WATCHDOG=1 pings at
 // about half of WATCHDOG_USEC, STOPPING=1 at SIGTERM.
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -64,7 +65,7 @@ class NotifyTest : public ::testing::Test {
     std::filesystem::remove_all(directory_, ec);
   }
 
-  void start(const char* watchdog_usec) {
+  void start(const char* watchdog_usec, const std::string& http_listen = "off") {
     setenv("NOTIFY_SOCKET", notify_path_.c_str(), 1);
     unsetenv("WATCHDOG_PID");
     if (watchdog_usec != nullptr)
@@ -73,7 +74,7 @@ class NotifyTest : public ::testing::Test {
       unsetenv("WATCHDOG_USEC");
     daemon_ = std::make_unique<ChildProcess>(spawn_process(
         {built_binary("KVPARKD"), "--config", "/dev/null", "--socket", socket_path_, "--arena-name",
-         arena_name_, "--arena-size", "16M", "--dbus", "off", "--http-listen", "off"}));
+         arena_name_, "--arena-size", "16M", "--dbus", "off", "--http-listen", http_listen}));
     ASSERT_GT(daemon_->pid, 0);
   }
 
@@ -130,6 +131,43 @@ TEST_F(NotifyTest, ReadyOnlyOnceTheEngineSocketAccepts) {
   std::vector<std::string> stopping;
   EXPECT_TRUE(receive_until("STOPPING=1", 10'000, &stopping));
   EXPECT_EQ(daemon_->wait_exit(10'000), 0);
+}
+
+TEST_F(NotifyTest, ReadyStatusNamesTheHttpPortBoundForPortZero) {
+  start(nullptr, "127.0.0.1:0");
+  std::vector<std::string> seen;
+  ASSERT_TRUE(receive_until("READY=1", 10'000, &seen));
+  const std::string ready = seen.back();
+  EXPECT_NE(ready.find("STATUS=serving on " + socket_path_ + ", http on 127.0.0.1:"),
+            std::string::npos)
+      << ready;
+  const int port = http_port_in_ready_message(ready);
+  ASSERT_GT(port, 0) << ready;
+  // The port named is the one serving: a plain HTTP/1.0 GET gets a status line.
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  const std::string request = "GET /v1/status HTTP/1.0\r\n\r\n";
+  ASSERT_EQ(write(fd, request.data(), request.size()), static_cast<ssize_t>(request.size()));
+  char reply[64] = {};
+  pollfd p{fd, POLLIN, 0};
+  ASSERT_EQ(poll(&p, 1, 10'000), 1);
+  ASSERT_GT(read(fd, reply, sizeof reply - 1), 0);
+  close(fd);
+  EXPECT_EQ(std::string(reply).rfind("HTTP/1.1 200", 0), 0u) << reply;
+  ASSERT_EQ(kill(daemon_->pid, SIGTERM), 0);
+  EXPECT_EQ(daemon_->wait_exit(10'000), 0);
+}
+
+TEST_F(NotifyTest, ReadyStatusNamesNoHttpWhenItIsOff) {
+  start(nullptr);
+  std::vector<std::string> seen;
+  ASSERT_TRUE(receive_until("READY=1", 10'000, &seen));
+  EXPECT_EQ(seen.back().find("http on"), std::string::npos) << seen.back();
+  EXPECT_EQ(http_port_in_ready_message(seen.back()), -1);
 }
 
 TEST_F(NotifyTest, WatchdogPingsAtAboutHalfTheInterval) {

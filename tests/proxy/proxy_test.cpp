@@ -29,6 +29,7 @@
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/llama_server_process.h"
 #include "tests/testing/openai_http.h"
+#include "tests/testing/wait.h"
 
 namespace kvpark::testing {
 namespace {
@@ -39,8 +40,8 @@ constexpr size_t user_words = 30;
 // always re-evaluates, tokenizer merges at a boundary. A head is ~2000 tokens.
 constexpr int64_t token_slack = 16;
 constexpr size_t fan_out_requests = 6;
-constexpr int publish_wait_msec_max = 15'000;
-constexpr int reconnect_wait_msec_max = 20'000;
+constexpr int publish_wait_msec_max = wait_timeout_msec_default;
+constexpr int reconnect_wait_msec_max = 2 * wait_timeout_msec_default;
 
 std::string lower(std::string s) {
   for (char& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
@@ -206,11 +207,12 @@ class ProxyE2E : public ::testing::Test {
   // a response may still be in flight when the client has it.
   static ProxyStatus wait_for_publishes(const ProxyProcess& proxy, int64_t count) {
     ProxyStatus status;
-    for (int waited = 0; waited < publish_wait_msec_max; waited += 50) {
-      status = get_proxy_status(proxy.url());
-      if (status.publishes >= count) break;
-      usleep(50'000);
-    }
+    wait_until(
+        [&] {
+          status = get_proxy_status(proxy.url());
+          return status.publishes >= count;
+        },
+        publish_wait_msec_max);
     return status;
   }
 
@@ -478,15 +480,18 @@ TEST_F(ProxyE2E, RequestsSucceedUncachedWhenKvparkdIsDown) {
   // kvparkd back on the same socket: the proxy reconnects and parks again.
   ASSERT_TRUE(daemon_.start());
   const int64_t publishes_down = status.publishes;
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::milliseconds(reconnect_wait_msec_max);
-  for (uint64_t n = 60; std::chrono::steady_clock::now() < deadline; ++n) {
-    const ChatResult r = post_chat(proxy.url(), chat(conversation(system, user_text(n))));
-    ASSERT_EQ(r.http.status, 200) << describe(r);
-    status = get_proxy_status(proxy.url());
-    if (status.kvparkd_connected && status.publishes > publishes_down) break;
-    usleep(200'000);
-  }
+  // The proxy reconnects on a request: keep asking until one is parked again.
+  uint64_t n = 60;
+  ChatResult last;
+  wait_until(
+      [&] {
+        last = post_chat(proxy.url(), chat(conversation(system, user_text(n++))));
+        status = get_proxy_status(proxy.url());
+        return last.http.status != 200 ||
+               (status.kvparkd_connected && status.publishes > publishes_down);
+      },
+      reconnect_wait_msec_max);
+  ASSERT_EQ(last.http.status, 200) << describe(last);
   EXPECT_TRUE(status.kvparkd_connected) << status.body;
   EXPECT_GT(status.publishes, publishes_down) << status.body;
 }
@@ -699,11 +704,12 @@ TEST_F(ProxyE2E, ClientsThatHangUpMidStreamGiveTheirSlotsBack) {
   EXPECT_EQ(after.content, direct.content);
   // The last request gives its slot back once its turn is parked, after its response.
   HttpResult status;
-  for (int waited = 0; waited < publish_wait_msec_max; waited += 50) {
-    status = http_get(proxy.url(), "/kvpark/status");
-    if (status.body.find("\"busy_slots\":0") != std::string::npos) break;
-    usleep(50'000);
-  }
+  wait_until(
+      [&] {
+        status = http_get(proxy.url(), "/kvpark/status");
+        return status.body.find("\"busy_slots\":0") != std::string::npos;
+      },
+      publish_wait_msec_max);
   EXPECT_NE(status.body.find("\"busy_slots\":0"), std::string::npos) << status.body;
 }
 

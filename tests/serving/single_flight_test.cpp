@@ -2,14 +2,18 @@
 // followers that find a prefix being prefilled wait for its leader instead of
 // prefilling it again, are woken when the leader dies, and never wait longer than
 // their own prefill would take; sessions that share a head get a capture hint.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <string>
 #include <vector>
 
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/engine_runner.h"
+#include "tests/testing/wait.h"
 
 namespace kvpark::testing {
 namespace {
@@ -48,25 +52,37 @@ std::vector<std::string> head(std::vector<std::string> more) {
 TEST(SingleFlight, EightFollowersInThreeProcessesWaitForOneLeaderAndPrefillNothing) {
   DaemonProcess daemon;
   ASSERT_TRUE(daemon.start());
+  // The leader's prefill lasts until the test has seen every follower waiting.
+  const std::string prefill_end = daemon.log_path() + ".prefill";
+  ASSERT_EQ(mkfifo(prefill_end.c_str(), 0600), 0);
   ChildProcess leader =
-      spawn_engine(daemon, head({"--shared", "--prefill-msec", "1500", "publish"}));
-  ASSERT_TRUE(leader.wait_for_line("reserved", 10'000));
+      spawn_engine(daemon, head({"--shared", "--prefill-until-closed", prefill_end, "publish"}));
+  ASSERT_TRUE(leader.wait_for_line("reserved", wait_timeout_msec_default));
   std::vector<ChildProcess> followers;
   const std::vector<int> connections = {3, 3, 2};
   for (size_t p = 0; p < connections.size(); ++p) {
-    followers.push_back(spawn_engine(
-        daemon, head({"--session", std::to_string(10 + p), "--wait-msec", "20000",
-                      "--connections", std::to_string(connections[p]), "verify"})));
+    followers.push_back(
+        spawn_engine(daemon, head({"--session", std::to_string(10 + p), "--wait-msec", "120000",
+                                   "--connections", std::to_string(connections[p]), "verify"})));
   }
-  size_t following = 0, restored_fully = 0;
+  size_t following = 0;
+  for (size_t p = 0; p < followers.size(); ++p) {
+    for (int c = 0; c < connections[p]; ++c) {
+      following += followers[p].wait_for_line("following " + std::to_string(full),
+                                              wait_timeout_msec_default);
+    }
+  }
+  EXPECT_EQ(following, 8u) << "every follower found the head in flight";
+  const int end_fd = open(prefill_end.c_str(), O_WRONLY | O_CLOEXEC);  // the leader reads it
+  ASSERT_GE(end_fd, 0);
+  close(end_fd);
+  size_t restored_fully = 0;
   for (size_t p = 0; p < followers.size(); ++p) {
     const std::string out = read_all(followers[p]);
-    EXPECT_EQ(followers[p].wait_exit(20'000), 0) << "bytes differ: " << out;
-    following += count_lines(out, "following ");
+    EXPECT_EQ(followers[p].wait_exit(wait_timeout_msec_default), 0) << "bytes differ: " << out;
     for (const Restore& r : restores_in(out)) restored_fully += r.tokens == full ? 1 : 0;
   }
-  EXPECT_EQ(leader.wait_exit(20'000), 0);
-  EXPECT_EQ(following, 8u) << "every follower found the head in flight";
+  EXPECT_EQ(leader.wait_exit(wait_timeout_msec_default), 0);
   EXPECT_EQ(restored_fully, 8u) << "every follower restored the whole head";
   StatsClient stats(daemon.socket_path());
   EXPECT_EQ(stats.get().blocks, head_tokens / 64) << "the head is stored once";
@@ -76,14 +92,16 @@ TEST(SingleFlight, LeaderCrashWakesItsFollowersAtOnce) {
   DaemonProcess daemon;
   ASSERT_TRUE(daemon.start());
   ChildProcess leader = spawn_engine(daemon, head({"hang-in-reserve"}));
-  ASSERT_TRUE(leader.wait_for_line("ready", 10'000));
+  ASSERT_TRUE(leader.wait_for_line("ready", wait_timeout_msec_default));
+  // The follower would wait 10 minutes: "followed ok" (not "followed timeout")
+  // within the test's wait shows the crash woke it.
   ChildProcess follower =
-      spawn_engine(daemon, head({"--session", "2", "--wait-msec", "30000", "verify"}));
-  ASSERT_TRUE(follower.wait_for_line("following " + std::to_string(full), 10'000));
-  const uint64_t killed_at = now_msec();
+      spawn_engine(daemon, head({"--session", "2", "--wait-msec", "600000", "verify"}));
+  ASSERT_TRUE(
+      follower.wait_for_line("following " + std::to_string(full), wait_timeout_msec_default));
   leader.kill_hard();
-  ASSERT_TRUE(follower.wait_for_line("followed ok", 10'000));
-  EXPECT_LT(now_msec() - killed_at, 3'000u) << "the follower was not woken by the crash";
+  ASSERT_TRUE(follower.wait_for_line("followed ok", wait_timeout_msec_default))
+      << "the follower was not woken by the crash";
   const std::string rest = read_all(follower);
   EXPECT_EQ(follower.wait_exit(10'000), 0);
   ASSERT_FALSE(restores_in(rest).empty());
@@ -94,21 +112,21 @@ TEST(SingleFlight, FollowerTimeoutEndsTheWait) {
   DaemonProcess daemon;
   ASSERT_TRUE(daemon.start());
   ChildProcess leader = spawn_engine(daemon, head({"hang-in-reserve"}));
-  ASSERT_TRUE(leader.wait_for_line("ready", 10'000));
+  ASSERT_TRUE(leader.wait_for_line("ready", wait_timeout_msec_default));
   const uint64_t start = now_msec();
   const EngineRun run = run_engine(daemon, head({"--session", "2", "--wait-msec", "400", "verify"}));
   const uint64_t took = now_msec() - start;
   EXPECT_EQ(run.exit_code, 0);
   EXPECT_EQ(count_lines(run.output, "followed timeout"), 1u) << run.output;
-  EXPECT_GE(took, 350u);
-  EXPECT_LT(took, 5'000u);
+  EXPECT_GE(took, 350u) << "the wait ended before its deadline";
+  // The leader hangs forever: that the run ended at all is the timeout's doing.
 }
 
 TEST(SingleFlight, FollowerNeverWaitsLongerThanItsOwnPrefillWouldTake) {
   DaemonProcess daemon;
   ASSERT_TRUE(daemon.start());
   ChildProcess leader = spawn_engine(daemon, head({"hang-in-reserve"}));
-  ASSERT_TRUE(leader.wait_for_line("ready", 10'000));
+  ASSERT_TRUE(leader.wait_for_line("ready", wait_timeout_msec_default));
   // 960 tokens in flight at a declared 2000 tokens/s: at most ~480 ms of waiting,
   // although the engine asked for 30 s.
   const uint64_t start = now_msec();
@@ -116,7 +134,8 @@ TEST(SingleFlight, FollowerNeverWaitsLongerThanItsOwnPrefillWouldTake) {
       daemon, head({"--session", "2", "--prefill-rate", "2000", "--wait-msec", "30000", "verify"}));
   const uint64_t took = now_msec() - start;
   EXPECT_EQ(count_lines(run.output, "followed timeout"), 1u) << run.output;
-  EXPECT_LT(took, 5'000u);
+  // Capped at ~480 ms of the 30 s asked: far below the cap's absence, on any machine.
+  EXPECT_LT(took, 15'000u);
 }
 
 TEST(Recurrence, TwoSessionsSharingAnUnparkedHeadGetACaptureHint) {

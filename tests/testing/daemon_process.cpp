@@ -7,34 +7,69 @@
 #include <spawn.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <string_view>
+
+#include "tests/testing/wait.h"
 
 extern char** environ;
 
 namespace kvpark::testing {
 namespace {
 
+// A kvparkd has this long to be ready: a large arena takes a while to commit on
+// one core shared with a CPU hog.
+constexpr int daemon_ready_msec_max = 60'000;
+constexpr int daemon_stop_msec_max = 30'000;
+
 std::atomic<int> instance_counter{0};
 
-bool socket_accepts(const std::string& path) {
-  int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+// A descriptor that polls readable once `pid` has exited; -1 where pidfds are missing.
+int open_pidfd(pid_t pid) {
+#ifdef SYS_pidfd_open
+  return static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+#else
+  (void)pid;
+  return -1;
+#endif
+}
+
+// A datagram socket bound at `path` for the notify protocol; -1 on failure.
+int bind_notify_socket(const std::string& path) {
+  const int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   std::strncpy(addr.sun_path, path.c_str(), sizeof addr.sun_path - 1);
-  bool ok = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
-  close(fd);
-  return ok;
+  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    if (fd >= 0) close(fd);
+    return -1;
+  }
+  return fd;
 }
 
 }  // namespace
+
+int http_port_in_ready_message(const std::string& message) {
+  const std::string marker = "http on ";  // "STATUS=serving on SOCKET, http on HOST:PORT"
+  const size_t at = message.find(marker);
+  if (at == std::string::npos) return -1;
+  const size_t end = message.find('\n', at);
+  const std::string address =
+      message.substr(at + marker.size(), end == std::string::npos ? end : end - at - marker.size());
+  const size_t colon = address.rfind(':');
+  return colon == std::string::npos ? -1 : std::atoi(address.c_str() + colon + 1);
+}
 
 uint64_t now_msec() {
   timespec ts{};
@@ -42,31 +77,52 @@ uint64_t now_msec() {
   return uint64_t(ts.tv_sec) * 1000 + uint64_t(ts.tv_nsec) / 1'000'000;
 }
 
-pid_t spawn(const std::vector<std::string>& argv, int stdout_fd, int stderr_fd) {
+pid_t spawn(const std::vector<std::string>& argv, int stdout_fd, int stderr_fd,
+            const std::vector<std::string>& env_overrides) {
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
+  std::vector<char*> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string_view variable(*e);
+    const std::string_view name = variable.substr(0, variable.find('='));
+    bool replaced = false;
+    for (const std::string& o : env_overrides)
+      replaced |= o.compare(0, name.size() + 1, std::string(name) + "=") == 0;
+    if (!replaced) env.push_back(*e);
+  }
+  for (const std::string& o : env_overrides) env.push_back(const_cast<char*>(o.c_str()));
+  env.push_back(nullptr);
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   if (stdout_fd >= 0) posix_spawn_file_actions_adddup2(&actions, stdout_fd, STDOUT_FILENO);
   if (stderr_fd >= 0) posix_spawn_file_actions_adddup2(&actions, stderr_fd, STDERR_FILENO);
   pid_t pid = -1;
-  if (posix_spawn(&pid, args[0], &actions, nullptr, args.data(), environ) != 0) pid = -1;
+  if (posix_spawn(&pid, args[0], &actions, nullptr, args.data(), env.data()) != 0) pid = -1;
   posix_spawn_file_actions_destroy(&actions);
   return pid;
 }
 
 // waitpid with a deadline; -1 if the child is still running at the deadline.
 int wait_with_timeout(pid_t pid, int timeout_msec) {
-  const uint64_t deadline = now_msec() + timeout_msec;
-  for (;;) {
-    int status = 0;
-    pid_t r = waitpid(pid, &status, WNOHANG);
-    if (r == pid) return status;
-    if (r < 0) return -1;
-    if (now_msec() >= deadline) return -1;
-    usleep(2000);
+  int status = 0;
+  const pid_t reaped = waitpid(pid, &status, WNOHANG);
+  if (reaped == pid) return status;
+  if (reaped < 0) return -1;
+  if (const int pidfd = open_pidfd(pid); pidfd >= 0) {
+    pollfd p{pidfd, POLLIN, 0};
+    const Deadline deadline(timeout_msec);
+    int ready = 0;
+    while ((ready = poll(&p, 1, deadline.left_msec())) < 0 && errno == EINTR) {
+    }
+    close(pidfd);
+    if (ready <= 0) return -1;
+    return waitpid(pid, &status, 0) == pid ? status : -1;
   }
+  // No pidfd (an old kernel): ask again until the deadline.
+  pid_t r = 0;
+  wait_until([&] { return (r = waitpid(pid, &status, WNOHANG)) != 0; }, timeout_msec);
+  return r == pid ? status : -1;
 }
 
 std::string built_binary(const char* env_name) {
@@ -81,10 +137,12 @@ DaemonProcess::DaemonProcess(DaemonConfig config) : config_(std::move(config)) {
   socket_path_ = directory_ + "/kvparkd.sock";
   arena_name_ = "/kvpark-test-" + std::to_string(getpid()) + "-" + std::to_string(n);
   log_path_ = directory_ + "/kvparkd.log";
+  notify_path_ = directory_ + "/notify";
 }
 
 DaemonProcess::~DaemonProcess() {
   if (pid_ > 0) kill_hard();
+  if (notify_fd_ >= 0) close(notify_fd_);
   std::error_code ec;
   std::filesystem::remove_all(directory_, ec);
   shm_unlink(arena_name_.c_str());
@@ -102,27 +160,58 @@ bool DaemonProcess::start() {
     argv.push_back(std::to_string(config_.reservation_bytes_max));
   }
   argv.insert(argv.end(), config_.extra_args.begin(), config_.extra_args.end());
+  if (notify_fd_ < 0) notify_fd_ = bind_notify_socket(notify_path_);
+  if (notify_fd_ < 0) return false;
+  char drained[512];
+  while (recv(notify_fd_, drained, sizeof drained, 0) >= 0) {  // what an earlier run sent
+  }
+  http_port_ = -1;
   int log_fd = open(log_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  pid_ = spawn(argv, -1, log_fd);
+  pid_ = spawn(argv, -1, log_fd, {"NOTIFY_SOCKET=" + notify_path_});
   close(log_fd);
   if (pid_ <= 0) return false;
-  const uint64_t deadline = now_msec() + 10'000;
-  while (now_msec() < deadline) {
-    if (socket_accepts(socket_path_)) return true;
-    int status = 0;
-    if (waitpid(pid_, &status, WNOHANG) == pid_) {
-      pid_ = -1;
-      return false;
+  return wait_ready(daemon_ready_msec_max);
+}
+
+bool DaemonProcess::wait_ready(int timeout_msec) {
+  std::string message;
+  if (!wait_notify("READY=1", timeout_msec, &message)) return false;
+  http_port_ = http_port_in_ready_message(message);
+  return true;
+}
+
+bool DaemonProcess::wait_notify(const std::string& field, int timeout_msec,
+                                std::string* ret_message) {
+  if (pid_ <= 0 || notify_fd_ < 0) return false;
+  const int pidfd = open_pidfd(pid_);
+  const Deadline deadline(timeout_msec);
+  bool seen = false;
+  bool exited = false;
+  while (!seen && !exited && !deadline.passed()) {
+    pollfd p[2] = {{notify_fd_, POLLIN, 0}, {pidfd, POLLIN, 0}};
+    // Without a pidfd, wake now and then to ask waitpid.
+    const int wait_msec = pidfd >= 0 ? deadline.left_msec() : std::min(deadline.left_msec(), 50);
+    if (poll(p, pidfd >= 0 ? 2 : 1, wait_msec) < 0 && errno != EINTR) break;
+    char buffer[4096];
+    ssize_t n = 0;
+    while (!seen && (n = recv(notify_fd_, buffer, sizeof buffer, 0)) > 0) {
+      const std::string message(buffer, static_cast<size_t>(n));
+      if (("\n" + message + "\n").find("\n" + field + "\n") == std::string::npos) continue;
+      seen = true;
+      if (ret_message != nullptr) *ret_message = message;
     }
-    usleep(5000);
+    int status = 0;
+    if (!seen && waitpid(pid_, &status, WNOHANG) == pid_) exited = true;
   }
-  return false;
+  if (pidfd >= 0) close(pidfd);
+  if (exited) pid_ = -1;
+  return seen;
 }
 
 int DaemonProcess::stop() {
   if (pid_ <= 0) return -1;
   ::kill(pid_, SIGTERM);
-  int status = wait_with_timeout(pid_, 10'000);
+  int status = wait_with_timeout(pid_, daemon_stop_msec_max);
   if (status == -1) kill_hard();
   pid_ = -1;
   return status;

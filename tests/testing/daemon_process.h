@@ -1,5 +1,10 @@
 // A real kvparkd for tests: its own socket directory and arena name, started as
 // a child process and stopped (or killed) by the test.
+//
+// The daemon says when it is ready the way it tells systemd: each DaemonProcess
+// owns a NOTIFY_SOCKET and start() returns at READY=1, whose STATUS= also names
+// the bound HTTP address when the daemon listens (so --http-listen 127.0.0.1:0
+// works without reading the log). Child exits are waited for on a pidfd.
 #pragma once
 
 #include <sys/types.h>
@@ -21,7 +26,8 @@ class DaemonProcess {
   explicit DaemonProcess(DaemonConfig config = {});
   ~DaemonProcess();  // SIGKILLs a daemon still running and removes its files
 
-  // Starts kvparkd and waits until its socket accepts connections.
+  // Starts kvparkd and waits for its READY=1 (the engine socket then accepts,
+  // the D-Bus name is claimed and HTTP listens); false if it exits first.
   bool start();
   // SIGTERM and wait; returns the exit status (as from waitpid), -1 on timeout.
   int stop();
@@ -37,10 +43,21 @@ class DaemonProcess {
   const std::string& arena_name() const { return arena_name_; }
   const std::string& log_path() const { return log_path_; }
   pid_t pid() const { return pid_; }
+  // The HTTP port the running daemon reported at READY=1; -1 when it serves no HTTP.
+  int http_port() const { return http_port_; }
+  // Waits for the next notify message holding the line `field` (e.g. "READY=1",
+  // sent again when a reload finished); false if the daemon exits or time runs out.
+  // The whole message goes to ret_message.
+  bool wait_notify(const std::string& field, int timeout_msec, std::string* ret_message = nullptr);
 
  private:
+  bool wait_ready(int timeout_msec);
+
   DaemonConfig config_;
   std::string directory_;
+  std::string notify_path_;
+  int notify_fd_ = -1;
+  int http_port_ = -1;
   std::string socket_path_;
   std::string arena_name_;
   std::string log_path_;
@@ -55,10 +72,16 @@ std::string built_binary(const char* env_name);
 uint64_t now_msec();
 
 // posix_spawn of argv[0] (a path) with stdout/stderr on the given descriptors
-// (-1: inherited); -1 when it cannot be started.
-pid_t spawn(const std::vector<std::string>& argv, int stdout_fd, int stderr_fd);
+// (-1: inherited) and this environment plus `env_overrides` ("NAME=value", which
+// replace variables of the same name); -1 when it cannot be started.
+pid_t spawn(const std::vector<std::string>& argv, int stdout_fd, int stderr_fd,
+            const std::vector<std::string>& env_overrides = {});
 
-// waitpid with a deadline: the status, or -1 if the child still runs at the deadline.
+// The "http on HOST:PORT" port of a kvparkd READY=1 notify message; -1 if absent.
+int http_port_in_ready_message(const std::string& message);
+
+// waitpid with a deadline (a pidfd, no polling): the status, or -1 if the child
+// still runs at the deadline.
 int wait_with_timeout(pid_t pid, int timeout_msec);
 
 // Runs a child to completion; returns its exit code, or -1 if it did not exit

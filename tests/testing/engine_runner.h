@@ -2,8 +2,6 @@
 // read what it printed, and watch the daemon's counters from an in-process client.
 #pragma once
 
-#include <time.h>
-
 #include <cstdint>
 #include <cstdio>
 #include <functional>
@@ -13,6 +11,7 @@
 
 #include "client/kvpark.h"
 #include "tests/testing/daemon_process.h"
+#include "tests/testing/wait.h"
 
 namespace kvpark::testing {
 
@@ -105,31 +104,20 @@ class StatsClient {
   }
   kvpark_status last_status() const { return last_; }
 
-  // Polls STATS until `done` holds or `timeout_msec` passes; the last stats read.
+  // Reads STATS until `done` holds or `timeout_msec` passes; the last stats read.
   // Cleanup after a client dies is asynchronous to its death, so tests wait for it.
   bool wait_until(const std::function<bool(const kvpark_stats&)>& done, int timeout_msec,
                   kvpark_stats* ret_last = nullptr) {
-    const uint64_t deadline = now_msec() + timeout_msec;
-    for (;;) {
-      kvpark_stats s = get();
-      if (ret_last != nullptr) *ret_last = s;
-      if (last_ == KVPARK_OK && done(s)) return true;
-      if (now_msec() >= deadline) return false;
-      usleep_msec(5);
-    }
+    return kvpark::testing::wait_until(
+        [&] {
+          const kvpark_stats s = get();
+          if (ret_last != nullptr) *ret_last = s;
+          return last_ == KVPARK_OK && done(s);
+        },
+        timeout_msec);
   }
 
  private:
-  static uint64_t now_msec() {
-    timespec ts{};
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return uint64_t(ts.tv_sec) * 1000 + uint64_t(ts.tv_nsec) / 1'000'000;
-  }
-  static void usleep_msec(int msec) {
-    timespec ts{0, msec * 1'000'000L};
-    nanosleep(&ts, nullptr);
-  }
-
   kvpark_client* client_ = nullptr;
   kvpark_status status_ = KVPARK_UNAVAILABLE;
   kvpark_status last_ = KVPARK_UNAVAILABLE;

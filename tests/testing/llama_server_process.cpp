@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "tests/testing/openai_http.h"
+#include "tests/testing/wait.h"
 
 extern char** environ;
 
@@ -24,6 +25,8 @@ namespace {
 constexpr int llama_server_ready_msec_max = 120'000;  // model load + warmup on a busy box
 constexpr int proxy_ready_msec_max = 60'000;
 constexpr int stop_msec_max = 15'000;
+constexpr int port_attempts_max = 3;            // fresh ports tried when a picked one was taken
+constexpr int exit_after_eof_msec_max = 5'000;  // a child that closed its stdout is exiting
 
 int open_log(const std::string& path) {
   return open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
@@ -94,41 +97,56 @@ std::string LlamaServerProcess::log_tail(size_t bytes_max) const {
 bool LlamaServerProcess::start(int port) {
   if (pid_ > 0) return false;
   if (port != 0) port_ = port;
-  if (port_ == 0) port_ = free_tcp_port();
-  std::vector<std::string> argv = {config_.binary,
-                                   "-m",
-                                   config_.model,
-                                   "--host",
-                                   "127.0.0.1",
-                                   "--port",
-                                   std::to_string(port_),
-                                   "--slot-save-path",
-                                   config_.slot_dir + "/",
-                                   "-np",
-                                   std::to_string(config_.slots),
-                                   "-c",
-                                   std::to_string(config_.context_tokens),
-                                   "-t",
-                                   std::to_string(config_.threads),
-                                   "--metrics",
-                                   "--no-webui"};
-  argv.insert(argv.end(), config_.extra_args.begin(), config_.extra_args.end());
-  append_log(log_path_, "=== " + join(argv));
-  const int log_fd = open_log(log_path_);
-  pid_ = spawn(argv, log_fd, log_fd);
-  close(log_fd);
-  if (pid_ <= 0) return false;
-  const uint64_t deadline = now_msec() + llama_server_ready_msec_max;
-  while (now_msec() < deadline) {
-    if (http_get(url(), "/health", /*timeout_msec=*/2000).status == 200) return true;
-    int status = 0;
-    if (waitpid(pid_, &status, WNOHANG) == pid_) {
-      pid_ = -1;
+  // A port picked here was free a moment ago; if another process took it since,
+  // the server exits at bind and a fresh port is tried.
+  const bool picked = port_ == 0;
+  for (int attempt = 0; attempt < port_attempts_max; ++attempt) {
+    if (picked) port_ = free_tcp_port();
+    std::vector<std::string> argv = {config_.binary,
+                                     "-m",
+                                     config_.model,
+                                     "--host",
+                                     "127.0.0.1",
+                                     "--port",
+                                     std::to_string(port_),
+                                     "--slot-save-path",
+                                     config_.slot_dir + "/",
+                                     "-np",
+                                     std::to_string(config_.slots),
+                                     "-c",
+                                     std::to_string(config_.context_tokens),
+                                     "-t",
+                                     std::to_string(config_.threads),
+                                     "--metrics",
+                                     "--no-webui"};
+    argv.insert(argv.end(), config_.extra_args.begin(), config_.extra_args.end());
+    append_log(log_path_, "=== " + join(argv));
+    const int log_fd = open_log(log_path_);
+    pid_ = spawn(argv, log_fd, log_fd);
+    close(log_fd);
+    if (pid_ <= 0) return false;
+    bool exited = false;
+    const auto alive = [&] {
+      int status = 0;
+      exited = exited || waitpid(pid_, &status, WNOHANG) == pid_;
+      return !exited;
+    };
+    // Healthy, and still alive after answering: the answer was this server's, not
+    // another one's that holds the port.
+    const bool ready = wait_until(
+        [&] {
+          return !alive() ||
+                 (http_get(url(), "/health", /*timeout_msec=*/2000).status == 200 && alive());
+        },
+        llama_server_ready_msec_max);
+    if (ready && !exited) return true;
+    if (!exited) {
+      kill_hard();
       return false;
     }
-    usleep(50'000);
+    pid_ = -1;
+    if (!picked) return false;
   }
-  kill_hard();
   return false;
 }
 
@@ -167,32 +185,39 @@ std::string ProxyProcess::log_tail(size_t bytes_max) const {
 bool ProxyProcess::start(int port) {
   if (running()) return false;
   if (port != 0) port_ = port;
-  if (port_ == 0) port_ = free_tcp_port();
-  std::vector<std::string> argv = {config_.binary, "--listen",
-                                   "127.0.0.1:" + std::to_string(port_)};
-  for (const ProxyUpstream& u : config_.upstreams) {
-    argv.push_back("--upstream");
-    argv.push_back(u.name + "=" + u.url);
-  }
-  argv.insert(argv.end(), {"--slot-dir", config_.slot_dir, "--socket", config_.kvparkd_socket});
-  argv.insert(argv.end(), config_.extra_args.begin(), config_.extra_args.end());
-  append_log(log_path_, "=== " + join(argv));
+  const bool picked = port_ == 0;  // as for llama-server: a taken port gets a fresh one
+  for (int attempt = 0; attempt < port_attempts_max; ++attempt) {
+    if (picked) port_ = free_tcp_port();
+    std::vector<std::string> argv = {config_.binary, "--listen",
+                                     "127.0.0.1:" + std::to_string(port_)};
+    for (const ProxyUpstream& u : config_.upstreams) {
+      argv.push_back("--upstream");
+      argv.push_back(u.name + "=" + u.url);
+    }
+    argv.insert(argv.end(), {"--slot-dir", config_.slot_dir, "--socket", config_.kvparkd_socket});
+    argv.insert(argv.end(), config_.extra_args.begin(), config_.extra_args.end());
+    append_log(log_path_, "=== " + join(argv));
 
-  int pipe_fds[2];
-  if (pipe2(pipe_fds, O_CLOEXEC) != 0) return false;
-  const int log_fd = open_log(log_path_);
-  child_.reset();
-  child_.emplace();
-  child_->pid = spawn(argv, pipe_fds[1], log_fd);
-  child_->stdout_fd = pipe_fds[0];
-  close(pipe_fds[1]);
-  close(log_fd);
-  if (child_->pid <= 0) {
+    int pipe_fds[2];
+    if (pipe2(pipe_fds, O_CLOEXEC) != 0) return false;
+    const int log_fd = open_log(log_path_);
     child_.reset();
-    return false;
+    child_.emplace();
+    child_->pid = spawn(argv, pipe_fds[1], log_fd);
+    child_->stdout_fd = pipe_fds[0];
+    close(pipe_fds[1]);
+    close(log_fd);
+    if (child_->pid <= 0) {
+      child_.reset();
+      return false;
+    }
+    if (child_->wait_for_line("kvpark-proxy: ready", proxy_ready_msec_max)) return true;
+    // Exited before "ready" (its stdout closed): maybe the port; else it hangs.
+    const bool exited = wait_with_timeout(child_->pid, exit_after_eof_msec_max) != -1;
+    if (exited) child_->pid = -1;
+    kill_hard();
+    if (!exited || !picked) return false;
   }
-  if (child_->wait_for_line("kvpark-proxy: ready", proxy_ready_msec_max)) return true;
-  kill_hard();
   return false;
 }
 

@@ -1,7 +1,9 @@
 // A real llama-server and a real kvpark-proxy for end-to-end tests and the proxy
 // bench: each a child process on its own 127.0.0.1 port, its log in a file, started
 // and stopped (or killed) by the caller. Ports are picked free at start and kept
-// across a restart, so a proxy's upstream URL stays valid.
+// across a restart, so a proxy's upstream URL stays valid; a picked port another
+// process took before the child bound it makes the child exit, and start() tries
+// a fresh one (neither binary reports a port it bound itself).
 #pragma once
 
 #include <sys/types.h>

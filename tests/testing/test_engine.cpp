@@ -6,11 +6,12 @@
 // the point of interest and then wait forever.
 //
 // Exit codes: 0 ok, 2 usage, 3 restored bytes differ, 4 a libkvpark call failed.
+#include <fcntl.h>
 #include <getopt.h>
 #include <unistd.h>
 
 #include <atomic>
-#include <chrono>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -37,7 +38,8 @@ struct Options {
   int iterations = 1;
   int shared = 0;
   uint32_t wait_msec = 0;  // verify: wait this long for promotions or another engine's prefill
-  uint32_t prefill_msec = 0;    // publish: modeled prefill between reserve and write
+  std::string prefill_until;    // publish: a modeled prefill between reserve and write that
+                                // lasts until the writer of this FIFO closes it
   uint32_t prefill_rate = 0;    // tokens/s declared at HELLO (0: unknown)
   int connections = 1;          // verify: this many connections at once, one thread each
 };
@@ -51,6 +53,20 @@ struct Options {
   printf("ready\n");
   fflush(stdout);
   for (;;) pause();
+}
+
+// Blocks until the writer of the FIFO at `path` has opened and closed it: a test
+// ends a modeled prefill exactly when it has seen what it waits for.
+void wait_until_closed(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    perror(path.c_str());
+    exit(2);
+  }
+  char c;
+  while (read(fd, &c, 1) > 0 || errno == EINTR) {
+  }
+  close(fd);
 }
 
 std::vector<int32_t> prompt(const Options& o, uint64_t body_seed) {
@@ -89,10 +105,10 @@ int publish(kvpark_client* c, const Options& o, const std::vector<int32_t>& toke
     kvpark_status s = kvpark_reserve_blocks(c, &options, tokens.data(), tokens.size(), 0, blocks, &r);
     if (s != KVPARK_OK) fail("reserve blocks", s);
     if (stop_at == "reserve") wait_forever();
-    if (o.prefill_msec > 0) {
+    if (!o.prefill_until.empty()) {
       printf("reserved\n");  // a leader: followers may now find its prefix in flight
       fflush(stdout);
-      std::this_thread::sleep_for(std::chrono::milliseconds(o.prefill_msec));
+      wait_until_closed(o.prefill_until);
     }
     for (size_t i = 0; i < blocks; ++i) {
       void* p = kvpark_reservation_block(r, i);
@@ -181,7 +197,7 @@ int main(int argc, char** argv) {
       {"iterations", required_argument, nullptr, 'i'},
       {"shared", no_argument, nullptr, 'c'},
       {"wait-msec", required_argument, nullptr, 'w'},
-      {"prefill-msec", required_argument, nullptr, 'P'},
+      {"prefill-until-closed", required_argument, nullptr, 'U'},
       {"prefill-rate", required_argument, nullptr, 'R'},
       {"connections", required_argument, nullptr, 'C'},
       {nullptr, 0, nullptr, 0}};
@@ -201,7 +217,7 @@ int main(int argc, char** argv) {
       case 'i': o.iterations = atoi(optarg); break;
       case 'c': o.shared = 1; break;
       case 'w': o.wait_msec = static_cast<uint32_t>(strtoul(optarg, nullptr, 0)); break;
-      case 'P': o.prefill_msec = static_cast<uint32_t>(strtoul(optarg, nullptr, 0)); break;
+      case 'U': o.prefill_until = optarg; break;
       case 'R': o.prefill_rate = static_cast<uint32_t>(strtoul(optarg, nullptr, 0)); break;
       case 'C': o.connections = atoi(optarg); break;
       default: return 2;

@@ -14,6 +14,7 @@
 
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/engine_runner.h"
+#include "tests/testing/eventually.h"
 
 namespace kvpark::testing {
 namespace {
@@ -243,6 +244,8 @@ TEST_F(DiskTierTest, SigkillDuringSpillsNeverServesBadBytesAndKeepsCompletedSpil
     }
     interrupted = 1000 + round;
     ChildProcess publisher = spawn_engine(*daemon_, head_args(interrupted, {"--shared", "publish"}));
+    // The fault lands at a random point of the publish (not a wait for anything):
+    // early kills interrupt nothing, later ones a spill; both must leave no bad bytes.
     usleep(std::uniform_int_distribution<int>(0, 40'000)(random));
     daemon_->kill_hard();
     publisher.wait_exit(10'000);
@@ -283,6 +286,9 @@ TEST_F(DiskTierTest, EngineWaitingOnAPromotionGetsAnErrorWhenTheDaemonDies) {
   EXPECT_GT(errors, 0) << "every promotion finished before the kill; nothing was shown";
 }
 
+// How long a test watches for a spill that must never come.
+constexpr int budget_watch_msec = 300;
+
 // One 64-token block of 64 KiB: a 68 KiB extent, a 76 KiB record file.
 constexpr uint64_t block_extent_bytes = 4096 + 65536;
 constexpr uint64_t block_record_bytes = 4096 + 4096 + block_extent_bytes;
@@ -291,9 +297,13 @@ TEST_F(DiskTierTest, DailyWriteBudgetStopsBackgroundSpillsButNotAFlush) {
   restart_with({"--disk-write-budget-per-day", std::to_string(4 * block_extent_bytes + 100)});
   ASSERT_EQ(publish(7, true).exit_code, 0);  // shared: written through, within budget
   wait_for([](const kvpark_stats& s) { return s.disk_entries == 4; });
-  usleep(300'000);
+  // Every write-through was decided at seal, before the engine exited: nothing may
+  // land after. An absence has no event to wait for; it is watched for a while and
+  // a slow machine only makes the watch weaker, never the test fail.
   StatsClient stats(daemon_->socket_path());
-  EXPECT_EQ(stats.get().disk_entries, 4u) << "the budget was overrun";
+  EXPECT_FALSE(wait_until([&] { return stats.get().disk_entries > 4; }, budget_watch_msec))
+      << "the budget was overrun";
+  EXPECT_EQ(stats.get().disk_entries, 4u);
   // A planned shutdown is the operator's request: it writes the rest regardless.
   ASSERT_EQ(daemon_->stop(), 0);
   EXPECT_EQ(disk_.records().size(), blocks_per_head);
@@ -310,7 +320,10 @@ TEST_F(DiskTierTest, DiskCapacityEvictsTheColdestRecords) {
                                20'000, &s)) << "spills=" << s.spills;
   EXPECT_LE(s.disk_bytes, capacity_records * block_record_bytes);
   EXPECT_EQ(s.disk_entries, capacity_records);
-  usleep(200'000);  // removals are asynchronous unlinks
+  // Removals are asynchronous unlinks: wait for them, then nothing more goes.
+  EXPECT_TRUE(eventually("the evicted records are unlinked",
+                         [&] { return disk_.records().size() <= capacity_records; }))
+      << disk_.records().size() << " records";
   EXPECT_EQ(disk_.records().size(), capacity_records);
   for (uint64_t seed : {8, 9}) EXPECT_EQ(verify(seed).exit_code, 0);
 }

@@ -13,6 +13,8 @@
 #include "proxy/route.h"
 #include "proxy/slot_file.h"
 #include "proxy/slot_pool.h"
+#include "tests/testing/eventually.h"
+#include "tests/testing/thread_state.h"
 
 namespace kvpark::proxy {
 namespace {
@@ -189,14 +191,19 @@ TEST(SlotPool, AcquireWaitsForARelease) {
   pool.resize(1);
   size_t common = 0;
   const uint32_t only = pool.acquire({1}, &common);
+  std::atomic<pid_t> waiter_tid{0};
   std::atomic<bool> got{false};
   std::thread waiter([&] {
+    waiter_tid = testing::current_thread_id();
     size_t c = 0;
     EXPECT_EQ(pool.acquire({1}, &c), only);
     EXPECT_EQ(c, 1u);
     got = true;
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  // The waiter is inside acquire and asleep there, not merely not yet started.
+  EXPECT_TRUE(testing::eventually("the waiter sleeps in acquire()", [&] {
+    return waiter_tid != 0 && testing::thread_blocked_in_futex(waiter_tid);
+  }));
   EXPECT_FALSE(got.load());
   pool.release(only, {1});
   waiter.join();
@@ -214,13 +221,20 @@ TEST(HeadFlights, OneLeadsTheOthersWaitUntilItFinishes) {
   ASSERT_TRUE(flights.lead_or_wait(42, 10'000));
   EXPECT_TRUE(flights.lead_or_wait(43, 10'000));  // another head: its own leader
   std::atomic<int> returned{0};
+  std::vector<std::atomic<pid_t>> tids(3);
   std::vector<std::thread> followers;
   for (int i = 0; i < 3; ++i)
-    followers.emplace_back([&] {
-      EXPECT_FALSE(flights.lead_or_wait(42, 10'000));
+    followers.emplace_back([&, i] {
+      tids[i] = testing::current_thread_id();
+      EXPECT_FALSE(flights.lead_or_wait(42, 60'000));
       ++returned;
     });
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  // Every follower is asleep in lead_or_wait, so "none returned" means they wait.
+  EXPECT_TRUE(testing::eventually("three followers sleep in lead_or_wait()", [&] {
+    for (const auto& tid : tids)
+      if (tid == 0 || !testing::thread_blocked_in_futex(tid)) return false;
+    return true;
+  }));
   EXPECT_EQ(returned.load(), 0);
   flights.finish(42);
   for (auto& t : followers) t.join();
