@@ -28,7 +28,7 @@
 extern "C" {
 #endif
 
-#define KVPARK_PROTOCOL_VERSION 1
+#define KVPARK_PROTOCOL_VERSION 2
 
 typedef enum kvpark_status {
   KVPARK_OK = 0,
