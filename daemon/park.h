@@ -229,7 +229,8 @@ class Park {
   double value_density(const Entry& e) const;
   // Whether reading a disk-only entry beats recomputing it at the engine's rate.
   bool load_beats_recompute(const Entry& e) const;
-  bool start_spill(EntrySlot slot, uint64_t flush_job);
+  // A flush's spills (and their predecessors') are exempt from the write budget.
+  bool start_spill(EntrySlot slot, uint64_t flush_job, bool budget_exempt);
   bool start_promotion(EntrySlot slot);  // false: could not place it on the host
   void remove_from_disk(EntrySlot slot);
   void enforce_disk_capacity();

@@ -102,13 +102,13 @@ bool Park::spill_chain(EntrySlot slot, uint64_t flush_job) {
     if (e.on_disk || spilling(*it)) continue;
     // Only the entry asked for counts toward a flush; its predecessors are counted
     // where the flush meets them (already written by then, or not part of it).
-    if (!start_spill(*it, *it == slot ? flush_job : 0)) return started;
+    if (!start_spill(*it, *it == slot ? flush_job : 0, flush_job != 0)) return started;
     started = true;
   }
   return started;
 }
 
-bool Park::start_spill(EntrySlot slot, uint64_t flush_job) {
+bool Park::start_spill(EntrySlot slot, uint64_t flush_job, bool budget_exempt) {
   DiskTier* disk = options_.disk;
   const Entry& e = table_.entry(slot);
   if (disk == nullptr || disk->read_only() || !table_.host_readable(e) || e.on_disk ||
@@ -123,7 +123,7 @@ bool Park::start_spill(EntrySlot slot, uint64_t flush_job) {
     return false;
   }
   // A flush is the operator's explicit request; only background spills obey the budget.
-  if (flush_job == 0 && !disk->budget_allows(e.extent_bytes)) {
+  if (!budget_exempt && !disk->budget_allows(e.extent_bytes)) {
     ++counters_.budget_refusals;
     return false;
   }
