@@ -73,6 +73,10 @@ static_assert(http_connections_per_peer_max < http_connections_max);
 inline constexpr size_t http_status_body_bytes_max = 4 * 1024;
 // kvpark-proxy forwards chat requests: a 1 Mi-token prompt of JSON fits.
 inline constexpr size_t http_proxy_body_bytes_max = 64ull * 1024 * 1024;
+// Its clients are agent harnesses on the same machine, fanning out in parallel from one
+// address: room for every request it serves at once (64) and as many arriving.
+inline constexpr size_t http_proxy_connections_per_peer_max = 128;
+static_assert(http_proxy_connections_per_peer_max < http_connections_max);
 
 static_assert(frame_bytes_max >= 64 + lookup_chunks_max * 16,
               "a LOOKUP of lookup_chunks_max hashes must fit one frame");

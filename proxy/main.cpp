@@ -19,6 +19,8 @@ namespace {
 
 // Requests served at once (followers of a single flight wait on a worker).
 constexpr size_t front_worker_threads = 64;
+static_assert(front_worker_threads < kvpark::limits::http_proxy_connections_per_peer_max,
+              "a client fanning out to every worker still has room to send more");
 
 // SIGTERM/SIGINT: a thread waits for them and stops the listener (no work in a
 // signal handler).
@@ -88,7 +90,8 @@ int main(int argc, char** argv) {
       server, {.host = proxy.options.listen_host,
                .port = proxy.options.listen_port,
                .worker_threads = front_worker_threads,
-               .body_bytes_max = kvpark::limits::http_proxy_body_bytes_max});
+               .body_bytes_max = kvpark::limits::http_proxy_body_bytes_max,
+               .connections_per_peer_max = kvpark::limits::http_proxy_connections_per_peer_max});
   if (std::string listen_error; !listener.bind(listen_error)) {
     std::fprintf(stderr, "kvpark-proxy: %s\n", listen_error.c_str());
     return 1;
