@@ -32,7 +32,7 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr uint32_t block_tokens = 64;    // kvpark-test-engine's default
-constexpr uint64_t block_bytes = 16384;
+constexpr uint64_t block_bytes = 256 * 1024;  // a few prompts fill the arena: demotions, evictions
 constexpr kvpark_hash128 engine_ns{1, 0};  // kvpark-test-engine's default --ns 1
 constexpr uint32_t head_tokens = 512;    // 8 blocks, shared by many prompts
 constexpr int heads = 4;
@@ -277,7 +277,7 @@ TEST_F(Torture, DaemonKilledInALoopWhilePublishersPublishAndSpillsRun) {
   uint64_t cycles = 0, daemon_kills = 0, engine_kills = 0, records_max = 0;
   const uint64_t deadline = now_msec() + torture_msec();
   while (now_msec() < deadline || cycles < 2) {
-    DaemonProcess daemon(DaemonConfig{.arena_bytes = 32ull << 20, .extra_args = {"--disk-dir", disk}});
+    DaemonProcess daemon(DaemonConfig{.arena_bytes = 16ull << 20, .extra_args = {"--disk-dir", disk}});
     ASSERT_TRUE(daemon.start()) << read_file(daemon.log_path());
     if (cycles == 0 && read_file(daemon.log_path()).find("disk tier off") != std::string::npos) {
       GTEST_SKIP() << "no disk tier here: " << read_file(daemon.log_path());
@@ -317,7 +317,7 @@ TEST_F(Torture, DaemonKilledInALoopWhilePublishersPublishAndSpillsRun) {
   }
   // One last restart to check what the last kill left.
   {
-    DaemonProcess daemon(DaemonConfig{.arena_bytes = 32ull << 20, .extra_args = {"--disk-dir", disk}});
+    DaemonProcess daemon(DaemonConfig{.arena_bytes = 16ull << 20, .extra_args = {"--disk-dir", disk}});
     ASSERT_TRUE(daemon.start()) << read_file(daemon.log_path());
     StatsClient stats(daemon.socket_path());
     kvpark_stats s = stats.get();
