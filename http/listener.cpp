@@ -476,6 +476,7 @@ bool Listener::bind(std::string& ret_error) {
   ev.events = EPOLLIN;
   ev.data.u64 = listen_token;
   epoll_ctl(m.epoll_fd, EPOLL_CTL_ADD, m.listen_fd, &ev);
+  m.routes.set_listening_socket(m.listen_fd);
   ev.data.u64 = wake_token;
   epoll_ctl(m.epoll_fd, EPOLL_CTL_ADD, m.wake_fd, &ev);
   return true;
@@ -502,6 +503,7 @@ void Listener::run() {
     }
     m.expire(monotonic_usec());
   }
+  m.routes.set_listening_socket(-1);  // streamed responses end
   {
     std::lock_guard lock(m.mutex);
     m.workers_stop = true;

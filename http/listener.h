@@ -35,6 +35,9 @@ class RouteServer : public httplib::Server {
  public:
   // Serves one buffered request on `stream`; false when the connection must close.
   bool serve(httplib::Stream& stream);
+  // httplib ends streamed responses (content providers) once its own listening socket
+  // is gone; the Listener lends it its socket while it serves, -1 when it stops.
+  void set_listening_socket(int fd) { svr_sock_ = fd; }
 };
 
 struct ListenerOptions {
