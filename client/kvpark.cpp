@@ -540,6 +540,7 @@ kvpark_status kvpark_reserve_blocks(kvpark_client* client, const kvpark_publish_
                      .entry_class = static_cast<uint8_t>(options->entry_class),
                      .evidence = static_cast<uint8_t>(options->evidence)};
   request.first_chunk = static_cast<uint32_t>(first_block);
+  request.parent_hash = first_block == 0 ? client->namespace_id : hashes[first_block - 1];
   request.chunk_hashes.assign(hashes.begin() + first_block, hashes.end());
   std::vector<uint8_t> frame, body;
   wire::encode(request, 0, frame);

@@ -258,10 +258,10 @@ int verb_status(Park& park, const Options& o) {
          format_bytes(u64(s, "arena_low_water_bytes")).c_str(), str(s, "arena_pages").c_str(),
          format_bytes(u64(s, "arena_page_bytes")).c_str());
   if (flag(s, "disk_enabled")) {
-    printf("       Disk: %s of %s in %s, written today %s of %s/day\n",
+    printf("       Disk: %s of %s in %s%s, written today %s of %s/day\n",
            format_bytes(u64(s, "disk_bytes")).c_str(),
            format_bytes(u64(s, "disk_capacity_bytes")).c_str(),
-           str(s, "disk_directory").c_str(),
+           str(s, "disk_directory").c_str(), flag(s, "disk_read_only") ? " (read-only)" : "",
            format_bytes(u64(s, "disk_written_today_bytes")).c_str(),
            format_bytes(u64(s, "disk_write_budget_bytes_per_day")).c_str());
   } else {

@@ -52,6 +52,7 @@ struct StatusInfo {
   uint64_t arena_page_bytes = 0;
   // Disk tier (zero / false when it is off).
   bool disk_enabled = false;
+  bool disk_read_only = false;  // records are served, nothing is written
   std::string disk_directory;
   uint64_t disk_bytes = 0;
   uint64_t disk_capacity_bytes = 0;
@@ -75,6 +76,7 @@ struct StatusInfo {
   uint64_t evictions = 0;
   uint64_t dedup_hits = 0;
   uint64_t protocol_errors = 0;
+  uint64_t handshake_timeouts = 0;  // connections closed for no HELLO in time
   uint64_t seal_corrupt = 0;
   uint64_t spills = 0;
   uint64_t spill_bytes = 0;

@@ -52,6 +52,7 @@ StatusInfo ControlPlane::status_in_loop() const {
   s.evictions = table_.evictions();
   s.dedup_hits = c.dedup_hits;
   s.protocol_errors = c.protocol_errors;
+  s.handshake_timeouts = c.handshake_timeouts;
   s.seal_corrupt = c.seal_corrupt;
   s.spills = c.spills;
   s.spill_bytes = c.spill_bytes;
@@ -65,6 +66,7 @@ StatusInfo ControlPlane::status_in_loop() const {
     const disk::DiskStats d = disk->store().stats();
     s.disk_enabled = true;
     s.disk_directory = disk->directory();
+    s.disk_read_only = disk->read_only();
     s.disk_bytes = table_.disk_bytes();
     s.disk_capacity_bytes = disk->capacity_bytes();
     s.disk_write_budget_bytes_per_day = disk->write_budget_bytes_per_day();

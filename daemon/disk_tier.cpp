@@ -6,6 +6,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <cassert>
 #include <chrono>
 #include <cstring>
 
@@ -71,6 +72,7 @@ disk::RecordHeader DiskTier::meta_for(const Entry& e, const NamespaceInfo& ns,
   h.token_count = e.kind == EntryKind::Block ? ns.geometry.block_tokens
                                              : static_cast<uint32_t>(e.tail_tokens.size());
   h.key_hash = e.key_hash;
+  h.parent_hash = e.kind == EntryKind::Block ? e.parent_hash : Hash128{};
   h.tail_digest = e.kind == EntryKind::Block ? Hash128{} : tail_digest(e.tail_tokens);
   h.position = e.position;
   h.anchor_chunks = e.anchor_chunks;
@@ -85,6 +87,7 @@ disk::RecordHeader DiskTier::meta_for(const Entry& e, const NamespaceInfo& ns,
 
 uint64_t DiskTier::spill(const Entry& e, const NamespaceInfo& ns, uint64_t payload_bytes,
                          const uint8_t* image) {
+  assert(!read_only() && "spill on a read-only disk tier (a daemon bug)");
   uint64_t job = 0;
   (void)store_->spill(meta_for(e, ns, payload_bytes), image, &job);
   return job;

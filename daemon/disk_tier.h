@@ -51,6 +51,8 @@ class DiskTier {
   uint64_t write_budget_bytes_per_day() const { return options_.write_budget_bytes_per_day; }
   void set_write_budget_bytes_per_day(uint64_t bytes) { options_.write_budget_bytes_per_day = bytes; }
   const std::string& directory() const { return options_.directory; }
+  // Served read-only (the directory is not writable): restores only, no spills.
+  bool read_only() const { return store_->read_only(); }
 
   disk::DiskStore& store() { return *store_; }
 

@@ -88,6 +88,7 @@ EntrySlot EntryTable::new_slot(const NewEntry& n) {
   Entry& e = slots_[slot];
   e = Entry{};
   e.key_hash = n.key_hash;
+  e.parent_hash = n.parent_hash;
   e.tail_tokens.assign(n.tail_tokens.begin(), n.tail_tokens.end());
   e.extent_bytes = n.extent_bytes;
   e.creator_session = n.creator_session;
@@ -440,6 +441,22 @@ void EntryTable::disk_unlink(EntrySlot slot) {
   assert(slots_[slot].on_disk_lru);
   unlink(disk_head_, disk_tail_, &Entry::disk_prev, &Entry::disk_next, slot);
   slots_[slot].on_disk_lru = false;
+}
+
+bool EntryTable::upgrade(EntrySlot slot, EntryClass entry_class, Evidence evidence) {
+  Entry& e = slots_.at(slot);
+  bool changed = false;
+  if (entry_class == EntryClass::Shared && e.entry_class != EntryClass::Shared) {
+    e.entry_class = EntryClass::Shared;
+    changed = true;
+  }
+  // Any evidence beats the default; explicit breakpoints beat everything.
+  if (evidence != e.evidence && (e.evidence == Evidence::DefaultAutomatic ||
+                                 evidence == Evidence::ExplicitBreakpoint)) {
+    e.evidence = evidence;
+    changed = true;
+  }
+  return changed;
 }
 
 }  // namespace kvpark::daemon

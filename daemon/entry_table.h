@@ -54,6 +54,7 @@ struct NamespaceInfo {
 
 struct Entry {
   Hash128 key_hash;                  // block chain hash, or snapshot anchor hash
+  Hash128 parent_hash;               // block: h[i-1] (the namespace id for block 0)
   std::vector<int32_t> tail_tokens;  // snapshots only
   uint64_t extent_offset = 0;        // data-region offset, valid when on_host
   uint64_t extent_bytes = 0;         // the entry's image size, whatever its tier
@@ -91,6 +92,7 @@ struct NewEntry {
   NamespaceIndex ns = 0;
   EntryKind kind = EntryKind::Block;
   Hash128 key_hash;
+  Hash128 parent_hash;                   // blocks: the predecessor's chain hash
   std::span<const int32_t> tail_tokens;  // snapshots
   uint64_t extent_bytes = 0;
   uint32_t position = 0;
@@ -168,6 +170,10 @@ class EntryTable {
   uint64_t entry_id(EntrySlot slot) const { return (uint64_t{generations_.at(slot)} << 32) | slot; }
   EntrySlot slot_for_id(uint64_t id) const;
   size_t slot_count() const { return slots_.size(); }  // iterate, skipping !in_use
+  // A parked entry presented again with a stronger class or evidence keeps the
+  // stronger of each (Present must not freeze what was first said about it).
+  // True when anything changed.
+  bool upgrade(EntrySlot slot, EntryClass entry_class, Evidence evidence);
   // Pinned entries are never evicted.
   void set_pinned(EntrySlot slot, bool pinned);
   uint64_t pinned() const { return pinned_; }

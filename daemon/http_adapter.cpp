@@ -7,10 +7,11 @@
 #include <unistd.h>
 
 #include <charconv>
-#include <chrono>
 #include <cinttypes>
 #include <cstdio>
-#include <thread>
+
+#include "http/listener.h"
+#include "proto/limits.h"
 
 namespace kvpark::daemon {
 namespace {
@@ -181,6 +182,7 @@ void write_status(JsonWriter& w, const StatusInfo& s) {
       {"evictions", s.evictions},
       {"dedup_hits", s.dedup_hits},
       {"protocol_errors", s.protocol_errors},
+      {"handshake_timeouts", s.handshake_timeouts},
       {"seal_corrupt", s.seal_corrupt},
       {"spills", s.spills},
       {"spill_bytes", s.spill_bytes},
@@ -196,6 +198,8 @@ void write_status(JsonWriter& w, const StatusInfo& s) {
   }
   w.Key("disk_enabled");
   w.Bool(s.disk_enabled);
+  w.Key("disk_read_only");
+  w.Bool(s.disk_read_only);
   w.Key("disk_directory");
   w.String(s.disk_directory.c_str());
   w.EndObject();
@@ -385,6 +389,10 @@ std::string render_metrics(const StatusInfo& s, const std::vector<NamespaceSumma
         s.dedup_hits);
   m.one("kvpark_protocol_errors_total", "counter", "Malformed frames (connection closed).",
         s.protocol_errors);
+  m.one("kvpark_handshake_timeouts_total", "counter",
+        "Engine connections closed for sending no HELLO in time.", s.handshake_timeouts);
+  m.one("kvpark_disk_read_only", "gauge", "1 when the disk tier is served read-only.",
+        s.disk_read_only ? 1 : 0);
   m.one("kvpark_seal_corrupt_total", "counter", "Seals refused for a damaged entry header.",
         s.seal_corrupt);
   m.histogram("kvpark_spill_duration_seconds",
@@ -406,8 +414,8 @@ std::string render_metrics(const StatusInfo& s, const std::vector<NamespaceSumma
 }
 
 struct HttpAdapter::Impl {
-  httplib::Server server;
-  std::thread thread;
+  http::RouteServer server;
+  std::unique_ptr<http::Listener> listener;
 };
 
 HttpAdapter::HttpAdapter(Control& control) : control_(control) {}
@@ -418,9 +426,8 @@ HttpAdapter::~HttpAdapter() {
 
 bool HttpAdapter::start(const std::string& host, uint16_t port, std::string& ret_error) {
   auto impl = std::make_unique<Impl>();
-  httplib::Server& server = impl->server;
-  server.new_task_queue = [] { return new httplib::ThreadPool(http_worker_threads); };
-  server.set_keep_alive_max_count(100);
+  http::RouteServer& server = impl->server;
+  server.set_payload_max_length(limits::http_status_body_bytes_max);
 
   server.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     const StatusInfo status = control_.status();
@@ -480,31 +487,22 @@ bool HttpAdapter::start(const std::string& host, uint16_t port, std::string& ret
                res.status == 404 ? "no such path: " + req.path : std::string("bad request"));
   });
 
-  int bound = port;
-  if (port == 0) {
-    bound = server.bind_to_any_port(host);
-    if (bound <= 0) {
-      ret_error = "cannot bind " + host + ":0";
-      return false;
-    }
-  } else if (!server.bind_to_port(host, port)) {
-    ret_error = "cannot bind " + host + ":" + std::to_string(port) + ": " + strerror(errno);
-    return false;
-  }
-  port_ = static_cast<uint16_t>(bound);
-  impl->thread = std::thread([&server] { server.listen_after_bind(); });
-  // stop() before the thread marks the server running would be lost; wait for it.
-  for (int i = 0; i < 2000 && !server.is_running(); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
+  // Slow or oversized clients are held off in front of the workers (http/listener.h).
+  impl->listener = std::make_unique<http::Listener>(
+      server, http::ListenerOptions{.host = host,
+                                    .port = port,
+                                    .worker_threads = http_worker_threads,
+                                    .body_bytes_max = limits::http_status_body_bytes_max});
+  if (!impl->listener->bind(ret_error)) return false;
+  port_ = impl->listener->port();
+  impl->listener->start();
   impl_ = std::move(impl);
   return true;
 }
 
 void HttpAdapter::stop() {
   if (!impl_) return;
-  impl_->server.stop();
-  if (impl_->thread.joinable()) impl_->thread.join();
+  impl_->listener->stop();
   impl_.reset();
 }
 

@@ -37,6 +37,10 @@ constexpr int tick_msec = 50;  // WAIT deadlines are honoured to this resolution
 constexpr uint64_t shutdown_flush_timeout_usec = 120'000'000;
 constexpr uint64_t arena_low_water_divisor_with_disk = 8;  // default low water: 1/8 of the arena
 constexpr const char* version = "0.1.0";
+// Exit codes (kvparkd(8)): 1 a start or loop failure, 2 a bad flag or config file,
+// 3 another kvparkd already serves this socket.
+constexpr int exit_failure = 1;
+constexpr int exit_already_running = 3;
 
 uint64_t random_incarnation() {
   uint64_t value = 0;
@@ -93,9 +97,30 @@ int main(int argc, char** argv) {
   sigprocmask(SIG_BLOCK, &mask, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
+  // First, before the arena name or the disk directory is touched: they may be
+  // another live daemon's.
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(options.socket_path).parent_path(),
+                                      ec);
+  daemon::SocketClaim claim;
+  int err = 0;
+  if (Status s = daemon::claim_socket_path(options.socket_path, claim, err); s != Status::Ok) {
+    if (s == Status::AlreadyPresent) {
+      if (claim.other_pid > 0) {
+        log_error("kvparkd: %s is served by another kvparkd (pid %d); not starting",
+                  options.socket_path.c_str(), static_cast<int>(claim.other_pid));
+      } else {
+        log_error("kvparkd: %s is served by another kvparkd; not starting",
+                  options.socket_path.c_str());
+      }
+      return exit_already_running;
+    }
+    log_error("kvparkd: cannot lock %s.lock: %s", options.socket_path.c_str(), strerror(err));
+    return exit_failure;
+  }
+
   const uint64_t incarnation = random_incarnation();
   std::unique_ptr<shm::ArenaOwner> arena;
-  int err = 0;
   shm::ArenaOptions arena_options{.name = options.arena_name,
                                   .data_bytes = options.arena_bytes,
                                   .incarnation = incarnation,
@@ -111,7 +136,7 @@ int main(int argc, char** argv) {
                 static_cast<unsigned long long>(options.arena_bytes), options.arena_name.c_str(),
                 std::string(status_name(s)).c_str(), strerror(err));
     }
-    return 1;
+    return exit_failure;
   }
   if (options.huge_pages == shm::HugePages::Try && creation.pages != shm::ArenaPages::Hugetlb) {
     log_notice("kvparkd: arena on %s pages: no hugetlb pages (%s; vm.nr_hugepages reserves them)%s",
@@ -121,10 +146,6 @@ int main(int argc, char** argv) {
                                             : ", and transparent huge pages are off for shmem "
                                               "(/sys/kernel/mm/transparent_hugepage/shmem_enabled)");
   }
-
-  std::error_code ec;
-  std::filesystem::create_directories(std::filesystem::path(options.socket_path).parent_path(),
-                                      ec);
 
   // The disk tier is optional: without it (or if it cannot start) the host tier serves.
   std::unique_ptr<daemon::DiskTier> disk;
@@ -156,17 +177,23 @@ int main(int argc, char** argv) {
                     table);
   if (disk) {
     const uint64_t skipped = park.recover(recovery);
-    log_info("kvparkd: disk tier at %s: %zu records recovered in %llu ms (%llu skipped, %llu "
-             "interrupted writes removed, %llu damaged files removed, %llu of another format "
-             "version left alone)%s",
+    log_info("kvparkd: disk tier at %s: %zu records recovered in %llu ms (%llu skipped, of "
+             "which %llu unreachable and removed; %llu interrupted writes removed, %llu damaged "
+             "files removed, %llu of another format version left alone)%s",
              disk->directory().c_str(), recovery.records.size() - skipped,
              static_cast<unsigned long long>(recovery.scan_usec / 1000),
              static_cast<unsigned long long>(skipped),
+             static_cast<unsigned long long>(park.counters().unreachable_records_removed),
              static_cast<unsigned long long>(recovery.temp_files_removed),
              static_cast<unsigned long long>(recovery.garbage_removed),
              static_cast<unsigned long long>(recovery.other_version_records),
              recovery.fixed_buffers_registered ? "" : "; arena not registered with io_uring");
     for (const std::string& note : recovery.engine_notes) log_notice("kvparkd: io_uring: %s", note.c_str());
+    if (disk->read_only()) {
+      log_warning("kvparkd: disk tier at %s is read-only: its records are served, nothing is "
+                  "spilled or removed there",
+                  disk->directory().c_str());
+    }
   }
   park.set_low_water_bytes(options.arena_low_water_bytes);
   if (disk && options.arena_low_water_bytes == 0) {
@@ -178,13 +205,14 @@ int main(int argc, char** argv) {
     attach_gid = g->gr_gid;
   }
   daemon::Server server({.socket_path = options.socket_path,
+                         .lock_fd = claim.lock_fd,
                          .arena_header_fd = arena->header_fd(),
                          .arena_data_fd = arena->data_fd(),
                          .attach_gid = attach_gid},
                         park);
   if (Status s = server.listen(err); s != Status::Ok) {
     log_error("kvparkd: cannot listen on %s: %s", options.socket_path.c_str(), strerror(err));
-    return 1;
+    return exit_failure;
   }
   daemon::LoopQueue loop;
   server.watch(loop.event_fd(), [&loop] { loop.drain(); });
@@ -245,7 +273,7 @@ int main(int argc, char** argv) {
   if (server.run(daemon::watchdog_tick_msec(options.watchdog_usec, tick_msec), Ticker::run,
                  &ticker) != Status::Ok) {
     log_error("kvparkd: event loop failed: %s", strerror(errno));
-    return 1;
+    return exit_failure;
   }
   notifier.stopping("stopping");
   server.close_connections();

@@ -49,6 +49,14 @@ Status Park::hello(ConnectionId id, const wire::HelloRequest& req, wire::HelloRe
   Connection& c = connections_.at(id);
   if (c.greeted) return Status::BadState;  // one namespace per connection
   if (req.protocol_version != limits::protocol_version) return Status::InvalidArgument;
+  // A block no reservation can ever hold (bigger than the largest reservation, itself
+  // at most the arena) is refused here, not at every RESERVE.
+  if (req.geometry.block_tokens != 0 && req.geometry.block_tokens <= limits::block_tokens_max &&
+      req.geometry.block_payload_bytes <= limits::block_payload_bytes_max &&
+      shm::extent_bytes_for(req.geometry.block_tokens, req.geometry.block_payload_bytes) >
+          std::min(options_.reservation_bytes_max, table_.data_bytes())) {
+    return Status::LimitExceeded;
+  }
   NamespaceIndex ns = 0;
   if (Status s = table_.register_namespace(req.namespace_id, req.geometry,
                                            req.prefill_tokens_per_second, ns);
@@ -155,9 +163,16 @@ Status Park::reserve_blocks(ConnectionId id, const wire::ReserveBlocksRequest& r
     return Status::LimitExceeded;
   }
   counters_.dedup_hits += present.size();
-  // Present blocks are part of this chain: keep them from being evicted for it.
+  // Present blocks are part of this chain: keep them from being evicted for it. A
+  // block presented again as shared (or marked) is upgraded and written through now,
+  // with whatever of its chain is not on disk yet.
+  const auto request_class = static_cast<EntryClass>(req.options.entry_class);
+  const auto request_evidence = static_cast<Evidence>(req.options.evidence);
   for (EntrySlot slot : present) {
     table_.touch(slot);
+    if (table_.upgrade(slot, request_class, request_evidence) && write_through(table_.entry(slot))) {
+      (void)spill_chain(slot, 0);
+    }
     table_.acquire_lease(slot);
   }
   Reservation r;
@@ -171,6 +186,9 @@ Status Park::reserve_blocks(ConnectionId id, const wire::ReserveBlocksRequest& r
     NewEntry n{.ns = c->ns,
                .kind = EntryKind::Block,
                .key_hash = req.chunk_hashes[i],
+               .parent_hash = i > 0             ? req.chunk_hashes[i - 1]
+                              : req.first_chunk == 0 ? info.id
+                                                     : req.parent_hash,
                .tail_tokens = {},
                .extent_bytes = info.block_extent_bytes,
                .position = static_cast<uint32_t>((req.first_chunk + i + 1) * block_tokens),
@@ -226,6 +244,11 @@ Status Park::reserve_snapshot(ConnectionId id, const wire::ReserveSnapshotReques
     if (sealed) {
       table_.touch(slot);
       ++counters_.dedup_hits;
+      if (table_.upgrade(slot, static_cast<EntryClass>(req.options.entry_class),
+                         static_cast<Evidence>(req.options.evidence)) &&
+          write_through(table_.entry(slot))) {
+        (void)spill_chain(slot, 0);
+      }
     }
     ret.disposition = static_cast<uint32_t>(sealed ? wire::Disposition::Present
                                                    : wire::Disposition::InFlight);
@@ -284,12 +307,10 @@ Status Park::seal(ConnectionId id, const wire::ReservationRequest& req) {
   if (intact) {
     // Deepest first, so a chain's root ends up the most recently used.
     for (size_t i = r.slots.size(); i-- > 0;) table_.seal(r.slots[i], req.payload_checksums[i]);
-    // Shared heads and explicit breakpoints are written through to disk.
+    // Shared heads and explicit breakpoints are written through to disk, chain order
+    // (a block's predecessors first; see spill_chain).
     for (EntrySlot slot : r.slots) {
-      const Entry& e = table_.entry(slot);
-      if (e.entry_class == EntryClass::Shared || e.evidence == Evidence::ExplicitBreakpoint) {
-        (void)start_spill(slot, 0);
-      }
+      if (write_through(table_.entry(slot))) (void)spill_chain(slot, 0);
     }
     keep_low_water();  // demote now rather than at the next tick: bursts outrun ticks
   } else {

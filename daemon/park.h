@@ -19,6 +19,7 @@
 #include <functional>
 #include <map>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "daemon/control.h"
@@ -33,6 +34,7 @@ using ConnectionId = uint32_t;
 }  // namespace kvpark::daemon
 namespace kvpark::disk {
 struct RecoveryReport;
+struct RecordInfo;
 }
 namespace kvpark::daemon {
 
@@ -69,6 +71,7 @@ struct Counters {
   uint64_t lookup_hit_tokens = 0;
   uint64_t dedup_hits = 0;
   uint64_t protocol_errors = 0;
+  uint64_t handshake_timeouts = 0;
   uint64_t seal_corrupt = 0;
   uint64_t reuse[reuse_kind_max + 1] = {};
   uint64_t spills = 0;           // completed
@@ -79,6 +82,8 @@ struct Counters {
   uint64_t promotion_failures = 0;
   uint64_t checksum_failures = 0;
   uint64_t corrupt_payloads = 0;  // host payloads engines found altered (REPORT_CORRUPT)
+  uint64_t unreachable_records_removed = 0;  // at recovery: their chain did not reach them
+  uint64_t chain_spills_dropped = 0;  // written, but the predecessor's spill failed
   uint64_t budget_refusals = 0;  // spills skipped: daily write budget spent
   uint64_t recompute_instead = 0;  // disk entries not promoted: recomputing is faster
   LatencyHistogram spill_seconds;
@@ -141,10 +146,12 @@ class Park {
   bool disk_idle() const { return jobs_.empty(); }
 
   const Counters& counters() const { return counters_; }
+  size_t spills_waiting_for_predecessor() const { return waiting_spills_.size(); }
   size_t connection_count() const { return connections_.size(); }
   uint64_t leases_open() const { return leases_open_; }
   uint64_t reservations_open() const { return reservations_open_; }
   void count_protocol_error() { ++counters_.protocol_errors; }
+  void count_handshake_timeout() { ++counters_.handshake_timeouts; }
 
  private:
   struct Reservation {
@@ -205,11 +212,32 @@ class Park {
 
   // Disk (park_disk.cpp).
   bool worth_keeping(const Entry& e) const;
+  // Shared entries and explicit breakpoints are written through at seal.
+  static bool write_through(const Entry& e) {
+    return e.entry_class == EntryClass::Shared || e.evidence == Evidence::ExplicitBreakpoint;
+  }
+  // The durability invariant (docs/disk.md): a block's record is written only once its
+  // predecessor is durable or being written, and reported durable (on_disk) only once
+  // its predecessor is. chain_parent: the predecessor's slot; no_slot for a chain's
+  // first block, a snapshot, or a predecessor that is gone (then *ret_gone is set).
+  EntrySlot chain_parent(const Entry& e, bool* ret_gone) const;
+  bool spilling(EntrySlot slot) const { return spilling_.contains(slot); }
+  // Spills `slot` and first whatever of its chain lacks a disk copy; false when the
+  // chain cannot become whole (a predecessor is gone or unreadable) or nothing started.
+  bool spill_chain(EntrySlot slot, uint64_t flush_job);
+  // A spill that completed (or failed): attach, account, demote.
+  void finish_spill(const DiskJob& job, Status status, uint64_t bytes, int err);
+  // Settles spills that completed before their predecessor did.
+  void settle_waiting_spills();
+  // Recovery: the records a lookup can reach, in chain order; the rest in ret_unreachable.
+  static std::vector<const disk::RecordInfo*> reachable_records(
+      const disk::RecoveryReport& report, std::vector<const disk::RecordInfo*>& ret_unreachable);
   // Expected saved prefill seconds per arena byte (the value model; see park_disk.cpp).
   double value_density(const Entry& e) const;
   // Whether reading a disk-only entry beats recomputing it at the engine's rate.
   bool load_beats_recompute(const Entry& e) const;
-  bool start_spill(EntrySlot slot, uint64_t flush_job);
+  // A flush's spills (and their predecessors') are exempt from the write budget.
+  bool start_spill(EntrySlot slot, uint64_t flush_job, bool budget_exempt);
   bool start_promotion(EntrySlot slot);  // false: could not place it on the host
   void remove_from_disk(EntrySlot slot);
   void enforce_disk_capacity();
@@ -225,6 +253,13 @@ class Park {
   size_t recurrence_next_ = 0;
   ReplySink reply_sink_;
   std::unordered_map<uint64_t, DiskJob> jobs_;  // by disk job id
+  // Slots with a spill in flight, or written and waiting for their predecessor.
+  std::unordered_set<EntrySlot> spilling_;
+  struct WaitingSpill {
+    DiskJob job;
+    uint64_t bytes = 0;  // record file bytes
+  };
+  std::vector<WaitingSpill> waiting_spills_;
   size_t spills_in_flight_ = 0;
   // Disk read bandwidth seen by promotions: bytes over the time any were in flight.
   double disk_read_bytes_per_second_ = 0;  // EWMA over busy periods; 0: not measured

@@ -72,14 +72,58 @@ bool Park::load_beats_recompute(const Entry& e) const {
   return static_cast<double>(e.extent_bytes) / disk_read_bytes_per_second_ < tokens / rate;
 }
 
-bool Park::start_spill(EntrySlot slot, uint64_t flush_job) {
+EntrySlot Park::chain_parent(const Entry& e, bool* ret_gone) const {
+  if (ret_gone != nullptr) *ret_gone = false;
+  if (e.kind != EntryKind::Block || e.anchor_chunks == 0) return no_slot;
+  const EntrySlot parent = table_.find_block(e.ns, e.parent_hash);
+  const bool gone = parent == no_slot || table_.entry(parent).dead || !table_.entry(parent).sealed;
+  if (ret_gone != nullptr) *ret_gone = gone;
+  return gone ? no_slot : parent;
+}
+
+bool Park::spill_chain(EntrySlot slot, uint64_t flush_job) {
+  DiskTier* disk = options_.disk;
+  if (disk == nullptr || disk->read_only()) return false;
+  // Walk up to the first predecessor that is durable or being written; spill the
+  // rest top-down so each record's predecessor is ahead of it.
+  std::vector<EntrySlot> chain = {slot};
+  for (EntrySlot cur = slot;;) {
+    bool gone = false;
+    const EntrySlot parent = chain_parent(table_.entry(cur), &gone);
+    if (gone) return false;  // nothing could ever reach it on disk
+    if (parent == no_slot || table_.entry(parent).on_disk || spilling(parent)) break;
+    if (!table_.host_readable(table_.entry(parent))) return false;
+    chain.push_back(parent);
+    cur = parent;
+  }
+  bool started = false;
+  for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
+    const Entry& e = table_.entry(*it);
+    if (e.on_disk || spilling(*it)) continue;
+    // Only the entry asked for counts toward a flush; its predecessors are counted
+    // where the flush meets them (already written by then, or not part of it).
+    if (!start_spill(*it, *it == slot ? flush_job : 0, flush_job != 0)) return started;
+    started = true;
+  }
+  return started;
+}
+
+bool Park::start_spill(EntrySlot slot, uint64_t flush_job, bool budget_exempt) {
   DiskTier* disk = options_.disk;
   const Entry& e = table_.entry(slot);
-  if (disk == nullptr || !table_.host_readable(e) || e.on_disk || e.io_pins > 0 || e.dead) {
+  if (disk == nullptr || disk->read_only() || !table_.host_readable(e) || e.on_disk ||
+      e.io_pins > 0 || e.dead) {
+    return false;
+  }
+  // The chain first: a record its predecessor's record does not lead to is unreachable.
+  bool parent_gone = false;
+  const EntrySlot parent = chain_parent(e, &parent_gone);
+  if (parent_gone ||
+      (parent != no_slot && !table_.entry(parent).on_disk && !spilling(parent))) {
     return false;
   }
   // A flush is the operator's explicit request; only background spills obey the budget.
-  if (flush_job == 0 && !disk->budget_allows(e.extent_bytes)) {
+  if (!budget_exempt && !disk->budget_allows(e.extent_bytes)) {
     ++counters_.budget_refusals;
     return false;
   }
@@ -99,6 +143,7 @@ bool Park::start_spill(EntrySlot slot, uint64_t flush_job) {
                                    options_.arena_data + e.extent_offset);
   jobs_[job] = DiskJob{.spill = true, .start_usec = monotonic_usec(), .slot = slot,
                        .entry_id = table_.entry_id(slot), .flush_job = flush_job};
+  spilling_.insert(slot);
   ++spills_in_flight_;
   return true;
 }
@@ -123,13 +168,13 @@ bool Park::start_promotion(EntrySlot slot) {
 void Park::remove_from_disk(EntrySlot slot) {
   const Entry& e = table_.entry(slot);
   assert(e.on_disk && options_.disk != nullptr);
-  options_.disk->remove(e, table_.namespace_info(e.ns));
+  options_.disk->remove(e, table_.namespace_info(e.ns));  // a no-op when read-only
   (void)table_.detach_disk_record(slot);  // erases an entry left on no tier
 }
 
 void Park::enforce_disk_capacity() {
   DiskTier* disk = options_.disk;
-  if (disk == nullptr || disk->capacity_bytes() == 0) return;
+  if (disk == nullptr || disk->capacity_bytes() == 0 || disk->read_only()) return;
   while (table_.disk_bytes() > disk->capacity_bytes()) {
     const EntrySlot slot = table_.disk_lru_tail();
     if (slot == no_slot) break;
@@ -150,33 +195,20 @@ void Park::on_disk_completions() {
     const DiskJob job = it->second;
     jobs_.erase(it);
     assert(table_.entry_id(job.slot) == job.entry_id && "pinned entries keep their slot");
-    table_.unpin_io(job.slot);
     if (job.spill) {
       --spills_in_flight_;
-      if (d.status == Status::Ok) {
-        table_.attach_disk_record(job.slot, d.bytes);
-        counters_.spill_seconds.observe(static_cast<double>(monotonic_usec() - job.start_usec) / 1e6);
-        ++counters_.spills;
-        counters_.spill_bytes += d.bytes;
-      } else {
-        ++counters_.spill_failures;
-        log_warning_limited("kvparkd: spill of entry %llx failed: %s (%s); it stays in memory",
-                            static_cast<unsigned long long>(job.entry_id),
-                            std::string(status_name(d.status)).c_str(), strerror(d.err));
-      }
-      if (job.flush_job != 0 && job.flush_job == flush_.job_id) {
-        ++flush_.entries_done;
-        flush_.bytes_done += table_.entry(job.slot).extent_bytes;
-        if (d.status != Status::Ok) flush_.status = d.status;
-      }
-      // Demotion under pressure: once the copy is safe, the host copy can go.
       const Entry& e = table_.entry(job.slot);
-      if (d.status == Status::Ok && table_.bytes_free() < low_water_bytes_ && e.on_lru) {
-        table_.evict_host(job.slot);
+      const EntrySlot parent = chain_parent(e, nullptr);
+      if (d.status == Status::Ok && parent != no_slot && !table_.entry(parent).on_disk) {
+        // Durable before its predecessor: not reported until that one is (or is dropped
+        // if that one fails). It stays pinned meanwhile.
+        waiting_spills_.push_back({.job = job, .bytes = d.bytes});
+        continue;
       }
-      enforce_disk_capacity();
+      finish_spill(job, d.status, d.bytes, d.err);
       continue;
     }
+    table_.unpin_io(job.slot);
     promotions_finished = true;
     if (--promotions_in_flight_ == 0 && promotion_busy_bytes_ + table_.entry(job.slot).extent_bytes >=
                                             bandwidth_sample_bytes_min) {
@@ -229,8 +261,66 @@ void Park::on_disk_completions() {
                           std::string(status_name(d.status)).c_str(), strerror(d.err));
     }
   }
+  settle_waiting_spills();
+  enforce_disk_capacity();
   if (promotions_finished) answer_waiters(false);
   advance_flush();
+}
+
+void Park::finish_spill(const DiskJob& job, Status status, uint64_t bytes, int err) {
+  table_.unpin_io(job.slot);
+  spilling_.erase(job.slot);
+  bool parent_gone = false;
+  const EntrySlot parent = chain_parent(table_.entry(job.slot), &parent_gone);
+  if (status == Status::Ok && (parent_gone || (parent != no_slot && !table_.entry(parent).on_disk))) {
+    // Its predecessor never became durable: the record could not be reached after a
+    // restart, so it goes now.
+    const Entry& e = table_.entry(job.slot);
+    options_.disk->remove(e, table_.namespace_info(e.ns));
+    ++counters_.chain_spills_dropped;
+    status = Status::NotFound;
+  }
+  if (status == Status::Ok) {
+    table_.attach_disk_record(job.slot, bytes);
+    counters_.spill_seconds.observe(static_cast<double>(monotonic_usec() - job.start_usec) / 1e6);
+    ++counters_.spills;
+    counters_.spill_bytes += bytes;
+  } else if (status != Status::NotFound) {
+    ++counters_.spill_failures;
+    log_warning_limited("kvparkd: spill of entry %llx failed: %s (%s); it stays in memory",
+                        static_cast<unsigned long long>(job.entry_id),
+                        std::string(status_name(status)).c_str(), strerror(err));
+  }
+  if (job.flush_job != 0 && job.flush_job == flush_.job_id) {
+    ++flush_.entries_done;
+    flush_.bytes_done += table_.entry(job.slot).extent_bytes;
+    if (status != Status::Ok && status != Status::NotFound) flush_.status = status;
+  }
+  // Demotion under pressure: once the copy is safe, the host copy can go.
+  const Entry& e = table_.entry(job.slot);
+  if (status == Status::Ok && table_.bytes_free() < low_water_bytes_ && e.on_lru) {
+    table_.evict_host(job.slot);
+  }
+}
+
+void Park::settle_waiting_spills() {
+  // Each pass settles the entries whose predecessor settled in the last one.
+  for (bool progress = true; progress && !waiting_spills_.empty();) {
+    progress = false;
+    for (size_t i = 0; i < waiting_spills_.size();) {
+      const WaitingSpill w = waiting_spills_[i];
+      bool gone = false;
+      const EntrySlot parent = chain_parent(table_.entry(w.job.slot), &gone);
+      if (!gone && parent != no_slot && !table_.entry(parent).on_disk && spilling(parent)) {
+        ++i;  // its predecessor is still being written
+        continue;
+      }
+      waiting_spills_[i] = waiting_spills_.back();
+      waiting_spills_.pop_back();
+      finish_spill(w.job, Status::Ok, w.bytes, 0);
+      progress = true;
+    }
+  }
 }
 
 void Park::keep_low_water() {
@@ -240,9 +330,10 @@ void Park::keep_low_water() {
   while (slot != no_slot && table_.bytes_free() < low_water_bytes_) {
     const EntrySlot older_than_next = table_.host_lru_prev(slot);
     const Entry& e = table_.entry(slot);
-    if (disk != nullptr && !e.on_disk && worth_keeping(e)) {
-      // Worth a disk write: demote (the host copy goes when the spill completes).
-      if (spills_in_flight_ < spills_in_flight_max) (void)start_spill(slot, 0);
+    if (disk != nullptr && !disk->read_only() && !e.on_disk && worth_keeping(e)) {
+      // Worth a disk write: demote (the host copy goes when the spill completes),
+      // predecessors first so the record stays reachable.
+      if (spills_in_flight_ < spills_in_flight_max) (void)spill_chain(slot, 0);
     } else {
       table_.evict_host(slot);
     }
@@ -278,21 +369,82 @@ void Park::advance_flush() {
     flush_queue_.pop_back();
     const Entry& e = table_.entry(slot);
     // Evicted or written meanwhile: nothing left to do for it.
-    if (!e.in_use || !start_spill(slot, flush_.job_id)) {
+    if (!e.in_use || e.on_disk || spilling(slot) || !spill_chain(slot, flush_.job_id)) {
       ++flush_.entries_done;
       flush_.bytes_done += e.extent_bytes;
     }
   }
   bool flush_spills = false;
   for (const auto& [id, job] : jobs_) flush_spills = flush_spills || job.flush_job == flush_.job_id;
+  for (const WaitingSpill& w : waiting_spills_) {
+    flush_spills = flush_spills || w.job.flush_job == flush_.job_id;
+  }
   if (flush_queue_.empty() && !flush_spills) flush_.done = true;
+}
+
+std::vector<const disk::RecordInfo*> Park::reachable_records(const disk::RecoveryReport& report,
+                                                             std::vector<const disk::RecordInfo*>& ret_unreachable) {
+  // Chain order: a block is reachable when its predecessor's record is (the chain's
+  // first block: when its parent is the namespace seed); a snapshot of a block
+  // namespace when its anchor block is; snapshot-only namespaces hash their chain
+  // from the prompt alone, so their snapshots always are.
+  std::vector<const disk::RecordInfo*> order;
+  order.reserve(report.records.size());
+  for (const disk::RecordInfo& r : report.records) order.push_back(&r);
+  std::sort(order.begin(), order.end(), [](const disk::RecordInfo* a, const disk::RecordInfo* b) {
+    const bool a_block = a->header.kind == static_cast<uint8_t>(EntryKind::Block);
+    const bool b_block = b->header.kind == static_cast<uint8_t>(EntryKind::Block);
+    if (a_block != b_block) return a_block;  // blocks first, snapshots after
+    return a->header.anchor_chunks < b->header.anchor_chunks;
+  });
+  struct Key {
+    NamespaceId ns;
+    Hash128 hash;
+    bool operator==(const Key&) const = default;
+  };
+  struct KeyHasher {
+    size_t operator()(const Key& k) const noexcept {
+      return Hash128Hasher{}(k.hash) ^ Hash128Hasher{}(k.ns);
+    }
+  };
+  std::unordered_map<Key, uint32_t, KeyHasher> blocks;  // reachable block -> its chain index
+  std::vector<const disk::RecordInfo*> reachable;
+  for (const disk::RecordInfo* r : order) {
+    const disk::RecordHeader& h = r->header;
+    bool ok = false;
+    if (h.kind == static_cast<uint8_t>(EntryKind::Block)) {
+      if (h.anchor_chunks == 0) {
+        ok = h.parent_hash == h.namespace_id;
+      } else {
+        auto it = blocks.find({h.namespace_id, h.parent_hash});
+        ok = it != blocks.end() && it->second + 1 == h.anchor_chunks;
+      }
+      if (ok) blocks.emplace(Key{h.namespace_id, h.key_hash}, h.anchor_chunks);
+    } else if (h.block_tokens == 0 || h.anchor_chunks == 0) {
+      ok = true;
+    } else {
+      auto it = blocks.find({h.namespace_id, h.key_hash});
+      ok = it != blocks.end() && it->second + 1 == h.anchor_chunks;
+    }
+    (ok ? reachable : ret_unreachable).push_back(r);
+  }
+  return reachable;
 }
 
 uint64_t Park::recover(const disk::RecoveryReport& report) {
   DiskTier* disk = options_.disk;
   assert(disk != nullptr);
   uint64_t skipped = 0;
-  for (const disk::RecordInfo& record : report.records) {
+  std::vector<const disk::RecordInfo*> unreachable;
+  const std::vector<const disk::RecordInfo*> reachable = reachable_records(report, unreachable);
+  for (const disk::RecordInfo* r : unreachable) {
+    // No lookup can get to it: the crash came between its write and its predecessor's.
+    if (!disk->read_only()) disk->store().remove(r->id);
+    ++counters_.unreachable_records_removed;
+    ++skipped;
+  }
+  for (const disk::RecordInfo* reachable_record : reachable) {
+    const disk::RecordInfo& record = *reachable_record;
     const disk::RecordHeader& h = record.header;
     const Geometry geometry{.block_tokens = h.block_tokens,
                             .block_payload_bytes = h.block_payload_bytes,
@@ -318,6 +470,7 @@ uint64_t Park::recover(const disk::RecoveryReport& report) {
     NewEntry n{.ns = ns,
                .kind = static_cast<EntryKind>(h.kind),
                .key_hash = h.key_hash,
+               .parent_hash = h.parent_hash,
                .tail_tokens = tail,
                .extent_bytes = h.image_bytes,
                .position = h.position,

@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/epoll.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
@@ -16,6 +17,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "daemon/clock.h"
 #include "daemon/log.h"
 #include "proto/limits.h"
 
@@ -44,6 +46,22 @@ bool process_in_group(pid_t pid, gid_t gid) {
   return false;
 }
 
+// Whether something accepts connections on the socket file at `addr`.
+bool socket_answers(const sockaddr_un& addr) {
+  const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  const bool answers =
+      connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) == 0 || errno == EAGAIN;
+  close(fd);
+  return answers;
+}
+
+pid_t read_pid(int fd) {
+  char text[32] = {};
+  const ssize_t n = pread(fd, text, sizeof text - 1, 0);
+  return n > 0 ? static_cast<pid_t>(atol(text)) : 0;
+}
+
 }  // namespace
 
 Server::Server(const ServerOptions& options, Park& park)
@@ -63,10 +81,49 @@ Server::~Server() {
   close_connections();
   if (listen_fd_ >= 0) {
     close(listen_fd_);
-    unlink(options_.socket_path.c_str());
+    // Only our own socket file: never one another daemon bound after us.
+    struct stat st {};
+    if (socket_inode_ != 0 && stat(options_.socket_path.c_str(), &st) == 0 &&
+        st.st_ino == socket_inode_) {
+      unlink(options_.socket_path.c_str());
+    }
   }
+  if (options_.lock_fd >= 0) close(options_.lock_fd);  // the lock file stays: unlinking it races a successor
   if (signal_fd_ >= 0) close(signal_fd_);
   if (epoll_fd_ >= 0) close(epoll_fd_);
+}
+
+Status claim_socket_path(const std::string& socket_path, SocketClaim& ret_claim,
+                         int& ret_errno) {
+  ret_claim = SocketClaim{};
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (socket_path.empty() || socket_path.size() >= sizeof addr.sun_path) {
+    ret_errno = ENAMETOOLONG;
+    return Status::InvalidArgument;
+  }
+  std::memcpy(addr.sun_path, socket_path.c_str(), socket_path.size());
+  const std::string lock_path = socket_path + ".lock";
+  const int fd = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd < 0) {
+    ret_errno = errno;
+    return Status::IoError;
+  }
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    ret_errno = errno;
+    ret_claim.other_pid = read_pid(fd);
+    close(fd);
+    return ret_errno == EWOULDBLOCK ? Status::AlreadyPresent : Status::IoError;
+  }
+  // The lock is ours; a daemon that predates the lock file (or whose lock file was
+  // removed) may still answer on the path. Only a file nobody answers on is stale.
+  if (socket_answers(addr)) {
+    close(fd);
+    ret_errno = EADDRINUSE;
+    return Status::AlreadyPresent;
+  }
+  ret_claim.lock_fd = fd;
+  return Status::Ok;
 }
 
 Status Server::listen(int& ret_errno) {
@@ -77,6 +134,7 @@ Status Server::listen(int& ret_errno) {
     return Status::InvalidArgument;
   }
   std::memcpy(addr.sun_path, options_.socket_path.c_str(), options_.socket_path.size());
+  assert(options_.lock_fd >= 0 && "claim_socket_path() first");
   listen_fd_ = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (listen_fd_ < 0) {
     ret_errno = errno;
@@ -84,11 +142,23 @@ Status Server::listen(int& ret_errno) {
   }
   // A socket file left by a crashed daemon would make bind fail; nobody listens on it.
   (void)unlink(options_.socket_path.c_str());
+  struct stat st {};
   if (bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-      chmod(options_.socket_path.c_str(), 0660) != 0 ||
+      stat(options_.socket_path.c_str(), &st) != 0) {
+    ret_errno = errno;
+    return Status::IoError;
+  }
+  socket_inode_ = st.st_ino;
+  if (chmod(options_.socket_path.c_str(), 0660) != 0 ||
       ::listen(listen_fd_, listen_backlog) != 0) {
     ret_errno = errno;
     return Status::IoError;
+  }
+  const std::string pid_text = std::to_string(getpid()) + "\n";
+  if (ftruncate(options_.lock_fd, 0) != 0 ||
+      pwrite(options_.lock_fd, pid_text.data(), pid_text.size(), 0) != static_cast<ssize_t>(pid_text.size())) {
+    log_warning("kvparkd: cannot write the pid to %s.lock: %s", options_.socket_path.c_str(),
+                strerror(errno));
   }
   epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
   sigset_t mask;
@@ -140,6 +210,7 @@ Status Server::run(int tick_msec, void (*on_tick)(void*), void* tick_context) {
         }
       }
     }
+    expire_handshakes();
     if (on_tick != nullptr) on_tick(tick_context);
   }
   return Status::Ok;
@@ -177,6 +248,11 @@ void Server::accept_all() {
       refusal = Status::PermissionDenied;
     }
     const ConnectionId id = next_id_++;
+    if (refusal == Status::Ok &&
+        (per_uid_[cred.uid] >= limits::connections_per_uid_max ||
+         per_pid_[cred.pid] >= limits::connections_per_process_max)) {
+      refusal = Status::LimitExceeded;  // this user's share is taken; others still get in
+    }
     if (refusal == Status::Ok) refusal = park_.open(id, static_cast<uint32_t>(cred.pid));
     if (refusal != Status::Ok) {
       // Tell the peer why before closing; its HELLO reads this reply.
@@ -185,11 +261,16 @@ void Server::accept_all() {
                    static_cast<uint16_t>(refusal), 0, frame);
       (void)send(fd, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
       close(fd);
-      log_warning("kvparkd: refused pid %d uid %u: %s", cred.pid, cred.uid,
-                  std::string(status_name(refusal)).c_str());
+      if (per_uid_[cred.uid] == 0) per_uid_.erase(cred.uid);
+      if (per_pid_[cred.pid] == 0) per_pid_.erase(cred.pid);
+      log_warning_limited("kvparkd: refused pid %d uid %u: %s", cred.pid, cred.uid,
+                          std::string(status_name(refusal)).c_str());
       continue;
     }
-    connections_.emplace(id, Connection{.fd = fd, .pid = cred.pid, .uid = cred.uid});
+    ++per_uid_[cred.uid];
+    ++per_pid_[cred.pid];
+    connections_.emplace(id, Connection{.fd = fd, .pid = cred.pid, .uid = cred.uid,
+                                        .accepted_usec = monotonic_usec()});
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.u64 = id;
@@ -310,6 +391,7 @@ bool Server::handle_frame(ConnectionId id, std::span<const uint8_t> message) {
       if (status == Status::Ok) {
         wire::encode(rep, seq, out);
         with_fd = true;
+        connections_.at(id).greeted = true;
       }
       break;
     }
@@ -391,8 +473,25 @@ void Server::close_connection(ConnectionId id) {
   if (it == connections_.end()) return;
   epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, it->second.fd, nullptr);
   close(it->second.fd);
+  if (--per_uid_[it->second.uid] == 0) per_uid_.erase(it->second.uid);
+  if (--per_pid_[it->second.pid] == 0) per_pid_.erase(it->second.pid);
   connections_.erase(it);
   park_.close(id);
+}
+
+void Server::expire_handshakes() {
+  const uint64_t now = monotonic_usec();
+  std::vector<ConnectionId> late;
+  for (const auto& [id, c] : connections_) {
+    if (!c.greeted && now - c.accepted_usec >= limits::hello_timeout_usec) late.push_back(id);
+  }
+  for (ConnectionId id : late) {
+    log_warning_limited("kvparkd: pid %d sent no HELLO within %llu ms, closing its connection",
+                        connections_.at(id).pid,
+                        static_cast<unsigned long long>(limits::hello_timeout_usec / 1000));
+    park_.count_handshake_timeout();
+    close_connection(id);
+  }
 }
 
 }  // namespace kvpark::daemon

@@ -5,6 +5,15 @@
 // decode closes that connection only, and Park::close() runs its cleanup. A reply
 // the peer is not reading waits in a one-frame outbox while reading from that
 // peer pauses, so a stuck client costs one frame of memory, never a stall.
+//
+// One daemon per socket path: listen() takes an flock on "<socket>.lock" (which
+// holds the owner's pid) and probes the path with a connect; a live daemon on
+// either means AlreadyPresent, and the socket file is left alone. The daemon only
+// ever unlinks the socket file it bound itself (same inode).
+//
+// Admission: a peer past limits::connections_per_uid_max or
+// connections_per_process_max is refused at accept; one that has not completed
+// HELLO within limits::hello_timeout_usec is closed (Park counts it).
 #pragma once
 
 #include <sys/socket.h>
@@ -20,8 +29,19 @@
 
 namespace kvpark::daemon {
 
+// The right to serve one socket path: an flock on "<socket>.lock", held until exit.
+struct SocketClaim {
+  int lock_fd = -1;
+  pid_t other_pid = 0;  // AlreadyPresent: the daemon holding it (0: unknown)
+};
+// Takes the lock beside `socket_path` and checks nobody answers on the path. Call it
+// before touching anything another daemon may own (arena name, disk directory).
+// AlreadyPresent when a live daemon holds either; IoError with errno otherwise.
+Status claim_socket_path(const std::string& socket_path, SocketClaim& ret_claim, int& ret_errno);
+
 struct ServerOptions {
   std::string socket_path;
+  int lock_fd = -1;  // from claim_socket_path(); the server owns it from here
   int arena_header_fd = -1;  // sealed against writes
   int arena_data_fd = -1;    // sealed against shrink and grow
   gid_t attach_gid = static_cast<gid_t>(-1);  // members may attach; -1: owner and root only
@@ -34,7 +54,7 @@ class Server {
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
 
-  // Binds and listens; errno in ret_errno on failure.
+  // Binds and listens (after claim_socket_path()); errno in ret_errno on failure.
   Status listen(int& ret_errno);
   // Runs until SIGTERM or SIGINT (which the caller has blocked) arrives.
   // `on_tick` runs at least every tick_msec.
@@ -53,6 +73,8 @@ class Server {
     std::vector<uint8_t> outbox;  // a reply waiting for the peer to read
     bool send_fd_with_outbox = false;
     bool waiting_writable = false;  // epoll interest is EPOLLOUT
+    bool greeted = false;           // HELLO answered Ok
+    uint64_t accepted_usec = 0;     // CLOCK_MONOTONIC
   };
 
   void accept_all();
@@ -64,10 +86,15 @@ class Server {
   bool send_reply(ConnectionId id, std::vector<uint8_t>& frame, bool with_arena_fd);
   void close_connection(ConnectionId id);
   void update_interest(ConnectionId id);
+  // Closes connections that did not complete HELLO in time.
+  void expire_handshakes();
 
   ServerOptions options_;
   Park& park_;
   int listen_fd_ = -1;
+  ino_t socket_inode_ = 0;  // the socket file this daemon bound
+  std::unordered_map<uid_t, size_t> per_uid_;
+  std::unordered_map<pid_t, size_t> per_pid_;
   int epoll_fd_ = -1;
   int signal_fd_ = -1;
   ConnectionId next_id_ = 1;

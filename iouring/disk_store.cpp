@@ -54,6 +54,7 @@ void AlignedBuffer::reset() {
 
 RecordId DiskStore::spill(const RecordHeader& meta, const uint8_t* image, uint64_t* ret_job_id) {
   assert(record_meta_valid(meta) && "spill: invalid record metadata (a daemon bug)");
+  assert(!read_only_ && "spill: the store is read-only (a daemon bug)");
   assert(image != nullptr);
   Command cmd{Command::Type::Spill};
   cmd.id = record_id_for(meta);
@@ -77,6 +78,7 @@ uint64_t DiskStore::restore(RecordId id, uint8_t* image_dest, uint64_t image_byt
 }
 
 void DiskStore::remove(RecordId id) {
+  if (read_only_) return;
   Command cmd{Command::Type::Remove};
   cmd.id = id;
   post(std::move(cmd));
@@ -205,17 +207,25 @@ Status DiskStore::open(DiskStoreOptions options, std::unique_ptr<DiskStore>& ret
   } else if (!S_ISDIR(st.st_mode)) {
     return fail_open(ret_error, ENOTDIR, "directory " + dir + ": exists and is not a directory");
   }
-  if (access(dir.c_str(), W_OK | X_OK) != 0)
-    return fail_open(ret_error, errno, "directory " + dir + ": not writable: " + strerror(errno));
-  Status status = probe_direct_io(dir, ret_error);
-  if (status != Status::Ok) return status;
-  for (uint32_t d = 0; d < fanout_dirs; ++d) {
-    std::string sub = dir + "/" + internal::fanout_dir_name(d);
-    if (mkdir(sub.c_str(), 0750) != 0 && errno != EEXIST)
-      return fail_open(ret_error, errno, "directory " + sub + ": cannot create: " + strerror(errno));
+  RecoveryReport report;
+  if (access(dir.c_str(), W_OK | X_OK) != 0) {
+    const int e = errno;
+    // Readable but not writable: serve what is there, write nothing.
+    if ((e != EACCES && e != EPERM && e != EROFS) || access(dir.c_str(), R_OK | X_OK) != 0)
+      return fail_open(ret_error, e, "directory " + dir + ": not writable: " + strerror(e));
+    report.read_only = true;
+  }
+  Status status = Status::Ok;
+  if (!report.read_only) {
+    status = probe_direct_io(dir, ret_error);
+    if (status != Status::Ok) return status;
+    for (uint32_t d = 0; d < fanout_dirs; ++d) {
+      std::string sub = dir + "/" + internal::fanout_dir_name(d);
+      if (mkdir(sub.c_str(), 0750) != 0 && errno != EEXIST)
+        return fail_open(ret_error, errno, "directory " + sub + ": cannot create: " + strerror(errno));
+    }
   }
 
-  RecoveryReport report;
   std::unique_ptr<IoEngine> engine = std::move(options.engine);
   if (!engine) {
     std::unique_ptr<UringEngine> uring;
@@ -235,15 +245,21 @@ Status DiskStore::open(DiskStoreOptions options, std::unique_ptr<DiskStore>& ret
 
   std::unique_ptr<DiskStore> store(new DiskStore());
   store->directory_ = dir;
+  store->read_only_ = report.read_only;
   store->worker_ = std::make_unique<Worker>(*store, std::move(engine), options);
   Worker& w = *store->worker_;
   for (uint32_t d = 0; d < fanout_dirs; ++d) {
     std::string sub = dir + "/" + internal::fanout_dir_name(d);
     int fd = ::open(sub.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0 && report.read_only && errno == ENOENT) {
+      w.dir_fds.push_back(-1);  // nothing was ever written there
+      continue;
+    }
     if (fd < 0) return fail_open(ret_error, errno, "directory " + sub + ": " + strerror(errno));
     w.dir_fds.push_back(fd);
   }
-  status = internal::scan_records(dir, *w.engine, w.dir_fds, w.index, report, ret_error);
+  status = internal::scan_records(dir, *w.engine, w.dir_fds, report.read_only, w.index, report,
+                                  ret_error);
   if (status != Status::Ok) return status;
   store->counters_.records = w.index.size();
   store->counters_.bytes_on_disk = report.bytes_on_disk;

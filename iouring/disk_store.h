@@ -7,6 +7,9 @@
 //    leaves records of another format version alone (counted, never indexed).
 //  - spill()/restore()/remove() only queue a job and return; the worker runs it and posts
 //    a DiskCompletion; notify_fd() becomes readable; take_completions() collects them.
+//  - A directory the daemon may read but not write (a read-only mount, no write
+//    permission) opens read-only: records are indexed and restored, nothing is
+//    removed or written (spill() must not be called; remove() does nothing).
 //  - Restores go ahead of spills: while a restore is queued or running, spills keep at
 //    most spill_ops_while_restoring operations in flight.
 //  - A spill is durable when it completes Ok (temp file, fdatasync, rename, directory
@@ -59,6 +62,7 @@ struct RecoveryReport {
   std::vector<std::string> other_version_paths;  // the first few, for the log line
   uint64_t scan_usec = 0;                // time open() spent scanning
   bool fixed_buffers_registered = false;
+  bool read_only = false;                // the directory is not writable: served read-only
   std::vector<std::string> engine_notes;  // what the ring lacks, what fell back
 };
 
@@ -124,6 +128,7 @@ class DiskStore {
   void shutdown(bool drain);
 
   const std::string& directory() const { return directory_; }
+  bool read_only() const { return read_only_; }
   std::string record_path(const RecordId& id) const;
 
  private:
@@ -136,6 +141,7 @@ class DiskStore {
   void complete(std::vector<DiskCompletion>&& done);
 
   std::string directory_;
+  bool read_only_ = false;
   int event_fd_ = -1;
   std::unique_ptr<Worker> worker_;
   std::thread thread_;

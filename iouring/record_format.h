@@ -21,7 +21,7 @@
 namespace kvpark::disk {
 
 inline constexpr uint32_t record_magic = 0x5250564b;  // "KVPR"
-inline constexpr uint16_t record_format_version = 2;   // 2: payload_checksum; bump when the layout changes
+inline constexpr uint16_t record_format_version = 2;   // 2: parent_hash, payload_checksum; bump when the layout changes
 inline constexpr uint64_t record_header_page_bytes = io_align_bytes;
 
 struct RecordHeader {
@@ -47,6 +47,7 @@ struct RecordHeader {
   uint64_t payload_checksum;    // XXH3-64 of the payload as sealed (engines verify restores)
   uint64_t hits;
   uint64_t created_unix_usec;
+  Hash128 parent_hash;          // block: h[anchor_chunks-1], the namespace id at 0; snapshot: zero
   uint32_t checksum_chunk_bytes;  // image bytes per table entry (power of two)
   uint32_t chunk_count;           // table entries: ceil(image_bytes / checksum_chunk_bytes)
   uint64_t table_checksum;        // XXH3-64 of the chunk_count table entries
@@ -54,7 +55,7 @@ struct RecordHeader {
 };
 static_assert(std::is_trivially_copyable_v<RecordHeader>);
 static_assert(std::is_standard_layout_v<RecordHeader>);
-static_assert(sizeof(RecordHeader) == 160);
+static_assert(sizeof(RecordHeader) == 176);
 static_assert(sizeof(RecordHeader) <= record_header_page_bytes);
 
 // Identity of a record on disk: XXH3-128 of (namespace, kind, key_hash, tail_digest).

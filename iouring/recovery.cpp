@@ -47,10 +47,15 @@ std::string fanout_dir_name(uint32_t dir) {
 }
 
 Status scan_records(const std::string& directory, IoEngine& engine, const std::vector<int>& dir_fds,
-                    RecordIndex& ret_index, RecoveryReport& report, OpenError* ret_error) {
+                    bool read_only, RecordIndex& ret_index, RecoveryReport& report, OpenError* ret_error) {
   // 1. List: remove temp files and unknown names now; collect record candidates.
   std::vector<Candidate> candidates;
+  // Read-only: what would be removed is only skipped.
+  const auto remove_at = [read_only](int dir_fd, const char* name) {
+    return !read_only && unlinkat(dir_fd, name, 0) == 0;
+  };
   for (uint32_t d = 0; d < fanout_dirs; ++d) {
+    if (dir_fds[d] < 0) continue;
     std::string path = directory + "/" + fanout_dir_name(d);
     int list_fd = openat(dir_fds[d], ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     DIR* dir = list_fd < 0 ? nullptr : fdopendir(list_fd);
@@ -65,14 +70,14 @@ Status scan_records(const std::string& directory, IoEngine& engine, const std::v
       if (name == "." || name == "..") continue;
       if (entry->d_type != DT_REG && entry->d_type != DT_UNKNOWN) continue;  // leave foreign dirs alone
       if (ends_with(name, temp_suffix)) {
-        if (unlinkat(dir_fds[d], entry->d_name, 0) == 0) ++report.temp_files_removed;
+        if (remove_at(dir_fds[d], entry->d_name)) ++report.temp_files_removed;
         continue;
       }
       Candidate c;
       c.dir = d;
       c.name = name;
       if (!ends_with(name, record_suffix) || !parse_record_id_hex(name.substr(0, name.size() - 4), c.named)) {
-        if (unlinkat(dir_fds[d], entry->d_name, 0) == 0) ++report.garbage_removed;
+        if (remove_at(dir_fds[d], entry->d_name)) ++report.garbage_removed;
         continue;
       }
       candidates.push_back(std::move(c));
@@ -124,7 +129,7 @@ Status scan_records(const std::string& directory, IoEngine& engine, const std::v
       if (defect == HeaderDefect::None && (id != c.named || record_fanout_dir(id) != c.dir))
         defect = HeaderDefect::BadFields;  // a valid record under the wrong name is unreachable
       if (defect != HeaderDefect::None) {
-        if (unlinkat(dir_fds[c.dir], c.name.c_str(), 0) == 0) ++report.garbage_removed;
+        if (remove_at(dir_fds[c.dir], c.name.c_str())) ++report.garbage_removed;
         continue;
       }
       report.bytes_on_disk += c.file_bytes;

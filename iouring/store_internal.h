@@ -35,8 +35,10 @@ inline constexpr const char* temp_suffix = ".tmp";
 std::string fanout_dir_name(uint32_t dir);  // "00".."ff"
 
 // Scans the tree (dir_fds: the open fanout dirs), fills ret_index and the report's counts.
-// Uses `engine` (idle, nothing in flight) to read header pages in parallel.
+// Uses `engine` (idle, nothing in flight) to read header pages in parallel. read_only:
+// removes nothing (temp files and garbage are skipped, not unlinked); a dir fd of -1 is
+// a fanout directory that does not exist.
 Status scan_records(const std::string& directory, IoEngine& engine, const std::vector<int>& dir_fds,
-                    RecordIndex& ret_index, RecoveryReport& report, OpenError* ret_error);
+                    bool read_only, RecordIndex& ret_index, RecoveryReport& report, OpenError* ret_error);
 
 }  // namespace kvpark::disk::internal

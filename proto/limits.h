@@ -12,7 +12,8 @@ namespace kvpark::limits {
 
 // Wire protocol.
 // 2: the arena is two sealed memfds (header, data); SEAL carries payload checksums
-// and LOOKUP replies return them; REPORT_CORRUPT.
+// and LOOKUP replies return them; REPORT_CORRUPT; RESERVE names the parent of its
+// first block (the disk tier keeps chains whole).
 inline constexpr uint16_t protocol_version = 2;
 // One SOCK_SEQPACKET message. Must fit the default unix socket send buffer
 // (net.core.wmem_default = 212992 bytes) so no client needs privileged tuning.
@@ -33,8 +34,18 @@ inline constexpr uint32_t snapshot_chain_tokens = 64;
 inline constexpr uint64_t block_payload_bytes_max = 256ull * 1024 * 1024;
 inline constexpr uint64_t snapshot_payload_bytes_max = 64ull * 1024 * 1024 * 1024;
 
-// Per connection.
+// Connection admission. One uid, or one process, cannot take every slot: a peer
+// that connects and never says HELLO is closed after hello_timeout_usec, and a uid
+// past its share is refused at accept (LimitExceeded) while other users still get in.
 inline constexpr size_t connections_max = 256;
+inline constexpr size_t connections_per_uid_max = 128;
+inline constexpr size_t connections_per_process_max = 64;
+inline constexpr uint64_t hello_timeout_usec = 2'000'000;
+static_assert(connections_per_uid_max < connections_max,
+              "another user must still find a free slot when one uid holds its share");
+static_assert(connections_per_process_max <= connections_per_uid_max);
+
+// Per connection.
 inline constexpr size_t leases_per_connection_max = 1024;
 inline constexpr size_t reservations_per_connection_max = 256;
 inline constexpr size_t reserve_blocks_max = 1024;  // blocks in one RESERVE
@@ -52,6 +63,26 @@ inline constexpr size_t arena_name_bytes_max = 200;  // memfd names: the kernel 
 // Fused copy-and-checksum works in pieces this size: the piece just copied is hashed
 // while it is still in the L1/L2 cache, so verifying costs no second pass over memory.
 inline constexpr size_t checksum_piece_bytes = 16 * 1024;
+
+// HTTP listeners (kvparkd's status and metrics, kvpark-proxy's front): a peer must
+// send its whole request head within http_head_timeout_usec and its body within
+// http_body_timeout_usec, or it is closed; workers only ever see complete requests.
+inline constexpr uint64_t http_head_timeout_usec = 5'000'000;
+inline constexpr uint64_t http_body_timeout_usec = 30'000'000;
+inline constexpr size_t http_head_bytes_max = 16 * 1024;
+// A worker waits this long for room to write its response (a client not reading).
+inline constexpr uint64_t http_write_timeout_usec = 5'000'000;
+inline constexpr size_t http_connections_max = 256;          // connections held, all peers
+inline constexpr size_t http_connections_per_peer_max = 16;  // from one peer address
+static_assert(http_connections_per_peer_max < http_connections_max);
+// kvparkd's API is read-only: a request body is never needed.
+inline constexpr size_t http_status_body_bytes_max = 4 * 1024;
+// kvpark-proxy forwards chat requests: a 1 Mi-token prompt of JSON fits.
+inline constexpr size_t http_proxy_body_bytes_max = 64ull * 1024 * 1024;
+// Its clients are agent harnesses on the same machine, fanning out in parallel from one
+// address: room for every request it serves at once (64) and as many arriving.
+inline constexpr size_t http_proxy_connections_per_peer_max = 128;
+static_assert(http_proxy_connections_per_peer_max < http_connections_max);
 
 static_assert(frame_bytes_max >= 64 + lookup_chunks_max * 16,
               "a LOOKUP of lookup_chunks_max hashes must fit one frame");

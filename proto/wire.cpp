@@ -261,6 +261,7 @@ void encode(const ReserveBlocksRequest& m, uint32_t seq, std::vector<uint8_t>& o
   frame(request(Verb::ReserveBlocks), 0, seq, out, [&](Writer& w) {
     put_options(w, m.options);
     w.put(m.first_chunk);
+    w.put(m.parent_hash);
     w.put(static_cast<uint32_t>(m.chunk_hashes.size()));
     w.put_array(m.chunk_hashes);
   });
@@ -269,8 +270,8 @@ void encode(const ReserveBlocksRequest& m, uint32_t seq, std::vector<uint8_t>& o
 Status decode(std::span<const uint8_t> body, ReserveBlocksRequest& m) {
   Reader r(body);
   uint32_t count = 0;
-  bool ok = get_options(r, m.options) && r.get(m.first_chunk) && r.get(count) &&
-            r.get_array(count, limits::reserve_blocks_max, m.chunk_hashes);
+  bool ok = get_options(r, m.options) && r.get(m.first_chunk) && r.get(m.parent_hash) &&
+            r.get(count) && r.get_array(count, limits::reserve_blocks_max, m.chunk_hashes);
   return finish(r, ok);
 }
 

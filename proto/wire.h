@@ -105,6 +105,7 @@ struct PublishOptions {
 struct ReserveBlocksRequest {
   PublishOptions options;
   uint32_t first_chunk = 0;  // chain index of chunk_hashes[0]
+  Hash128 parent_hash;       // h[first_chunk-1], or the namespace seed when 0
   std::vector<Hash128> chunk_hashes;
 };
 enum class Disposition : uint32_t { Reserved = 0, Present = 1, InFlight = 2 };

@@ -11,21 +11,28 @@
 #include <cstring>
 #include <thread>
 
+#include "http/listener.h"
+#include "proto/limits.h"
 #include "proxy/front.h"
 
 namespace {
 
-// SIGTERM/SIGINT: a thread waits for them and stops the server (no work in a
+// Requests served at once (followers of a single flight wait on a worker).
+constexpr size_t front_worker_threads = 64;
+static_assert(front_worker_threads < kvpark::limits::http_proxy_connections_per_peer_max,
+              "a client fanning out to every worker still has room to send more");
+
+// SIGTERM/SIGINT: a thread waits for them and stops the listener (no work in a
 // signal handler).
-void stop_on_signals(httplib::Server& server) {
+void stop_on_signals(kvpark::http::Listener& listener) {
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
-  std::thread([signals, &server] {
+  std::thread([signals, &listener] {
     int received = 0;
     sigwait(&signals, &received);
-    server.stop();
+    listener.stop();
   }).detach();
 }
 
@@ -74,20 +81,28 @@ int main(int argc, char** argv) {
     proxy.routes.push_back(std::make_unique<Route>(proxy.options.upstreams[i], proxy.options, i));
   for (auto& route : proxy.routes) route->refresh(true);  // status is complete at "ready"
 
-  httplib::Server server;
+  // Slow or oversized clients are held off in front of the workers (http/listener.h);
+  // a port in use fails here ("address already in use"), never shared.
+  kvpark::http::RouteServer server;
   install_routes(proxy, server);
-  if (!server.bind_to_port(proxy.options.listen_host, proxy.options.listen_port)) {
-    std::fprintf(stderr, "kvpark-proxy: cannot listen on %s:%u\n",
-                 proxy.options.listen_host.c_str(), proxy.options.listen_port);
+  server.set_payload_max_length(kvpark::limits::http_proxy_body_bytes_max);
+  kvpark::http::Listener listener(
+      server, {.host = proxy.options.listen_host,
+               .port = proxy.options.listen_port,
+               .worker_threads = front_worker_threads,
+               .body_bytes_max = kvpark::limits::http_proxy_body_bytes_max,
+               .connections_per_peer_max = kvpark::limits::http_proxy_connections_per_peer_max});
+  if (std::string listen_error; !listener.bind(listen_error)) {
+    std::fprintf(stderr, "kvpark-proxy: %s\n", listen_error.c_str());
     return 1;
   }
-  stop_on_signals(server);
+  stop_on_signals(listener);
   std::fprintf(stderr, "kvpark-proxy: listening on http://%s:%u, slot directory %s\n",
-               proxy.options.listen_host.c_str(), proxy.options.listen_port,
+               proxy.options.listen_host.c_str(), listener.port(),
                proxy.options.slot_dir.c_str());
   std::printf("kvpark-proxy: ready\n");
   std::fflush(stdout);
-  const bool clean = server.listen_after_bind();
+  listener.run();
   proxy.routes.clear();  // stops the watchers
-  return clean ? 0 : 1;
+  return 0;
 }

@@ -65,35 +65,32 @@ class Limits : public ::testing::Test {
   uint64_t expected_errors_ = 0;
 };
 
-TEST_F(Limits, ConnectionsAtCapAndCapPlusOne) {
-  // The test holds connections_max sockets, and so does the daemon it starts.
-  rlimit fds{};
-  getrlimit(RLIMIT_NOFILE, &fds);
-  const rlim_t needed = limits::connections_max * 2 + 64;
-  if (fds.rlim_cur < needed) {
-    if (fds.rlim_max < needed) GTEST_SKIP() << "RLIMIT_NOFILE hard limit below " << needed;
-    fds.rlim_cur = needed;
-    ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &fds), 0);
-  }
+// One process holds at most connections_per_process_max connections (the global and
+// per-uid caps take several processes: tests/fault/admission_test.cpp).
+TEST_F(Limits, ConnectionsPerProcessAtCapAndCapPlusOne) {
   start();
-  // The observer holds one connection; raw peers take the rest.
+  // The observer holds one connection; raw peers, each greeted so the handshake
+  // deadline leaves them alone, take the rest.
   std::vector<RawClient> peers;
-  for (size_t i = 1; i < limits::connections_max; ++i) {
+  for (size_t i = 1; i < limits::connections_per_process_max; ++i) {
     peers.emplace_back(daemon_->socket_path());
     ASSERT_TRUE(peers.back().connected()) << i;
+    ASSERT_EQ(peers.back().hello({0xc1, i}, {.block_tokens = 16, .block_payload_bytes = 4096}),
+              Status::Ok)
+        << i;
   }
   EXPECT_TRUE(eventually("the daemon counts every connection",
-                         [&] { return observer_.stats().connections >= limits::connections_max; }));
-  EXPECT_EQ(observer_.stats().connections, limits::connections_max);
+                         [&] { return observer_.stats().connections >= limits::connections_per_process_max; }));
+  EXPECT_EQ(observer_.stats().connections, limits::connections_per_process_max);
   // N+1: refused with a clear status, and the daemon keeps N.
   const kvpark_namespace ns = make_ns(0xc0, 16, 3584);
   connect(ns, KVPARK_LIMIT_EXCEEDED);
-  EXPECT_EQ(observer_.stats().connections, limits::connections_max);
+  EXPECT_EQ(observer_.stats().connections, limits::connections_per_process_max);
   observer_.publish_and_verify();
   // Closing one admits one more.
   peers.pop_back();
   EXPECT_TRUE(eventually("the daemon sees the closed connection",
-                         [&] { return observer_.stats().connections < limits::connections_max; }));
+                         [&] { return observer_.stats().connections < limits::connections_per_process_max; }));
   ClientPtr admitted = connect(ns);
   ASSERT_NE(admitted, nullptr);
   connect(ns, KVPARK_LIMIT_EXCEEDED);

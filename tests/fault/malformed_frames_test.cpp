@@ -144,7 +144,8 @@ TEST_F(MalformedFrames, DropsCountsThatLie) {
   m.clear();
   wire::encode(reserve, 1, m);
   const uint32_t one = 1;
-  std::memcpy(m.data() + wire::frame_header_bytes + 16, &one, 4);
+  // options 12 bytes, first_chunk u32, parent hash 16 bytes, count u32 @32.
+  std::memcpy(m.data() + wire::frame_header_bytes + 32, &one, 4);
   expect_dropped(m, true);
 }
 

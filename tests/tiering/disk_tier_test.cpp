@@ -12,6 +12,10 @@
 #include <string>
 #include <vector>
 
+#include <httplib.h>
+#include <sys/stat.h>
+
+#include "iouring/record_format.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/engine_runner.h"
 #include "tests/testing/eventually.h"
@@ -55,6 +59,14 @@ class DiskDirectory {
 std::string read_file(const std::string& path) {
   std::ifstream in(path);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// Record headers as the files hold them (the test reads them to pick which to remove).
+disk::RecordHeader record_header_of(const fs::path& path) {
+  disk::RecordHeader h{};
+  std::ifstream in(path, std::ios::binary);
+  in.read(reinterpret_cast<char*>(&h), sizeof h);
+  return h;
 }
 
 class DiskTierTest : public ::testing::Test {
@@ -204,6 +216,9 @@ TEST_F(DiskTierTest, TruncatedAndZeroedRecordsAreDroppedAtRecovery) {
   daemon_->kill_hard();
   const auto records = disk_.records();
   ASSERT_EQ(records.size(), blocks_per_head);
+  // Recovery keeps the chain up to the first damaged block: what follows is unreachable.
+  const uint32_t reachable = std::min(record_header_of(records[0]).anchor_chunks,
+                                      record_header_of(records[1]).anchor_chunks);
   fs::resize_file(records[0], fs::file_size(records[0]) / 2);
   {
     std::fstream f(records[1], std::ios::in | std::ios::out | std::ios::binary);
@@ -212,10 +227,10 @@ TEST_F(DiskTierTest, TruncatedAndZeroedRecordsAreDroppedAtRecovery) {
   }
   ASSERT_TRUE(daemon_->start());
   StatsClient stats(daemon_->socket_path());
-  EXPECT_EQ(stats.get().disk_entries, blocks_per_head - 2);
+  EXPECT_EQ(stats.get().disk_entries, reachable);
   const EngineRun run = verify(6);
   EXPECT_EQ(run.exit_code, 0) << "damaged bytes were served: " << run.output;
-  EXPECT_LT(restored(run), full);
+  EXPECT_EQ(restored(run), reachable * block_tokens);
 }
 
 TEST_F(DiskTierTest, SigkillDuringSpillsNeverServesBadBytesAndKeepsCompletedSpills) {
@@ -338,6 +353,120 @@ TEST(DiskTierStart, AnUnusableDirectoryIsOneLogLineAndTheHostTierServes) {
   const EngineRun verify = run_engine(daemon, {"--session", "5", "verify"});
   EXPECT_EQ(verify.exit_code, 0);
   EXPECT_EQ(restores_in(verify.output).back().tokens, full_restore_tokens(1024, 64));
+}
+
+
+TEST_F(DiskTierTest, RegressionPrefixParkedPrivateThenPresentedSharedIsWrittenThrough) {
+  ASSERT_EQ(publish(20, false).exit_code, 0);
+  StatsClient stats(daemon_->socket_path());
+  EXPECT_EQ(stats.get().disk_entries, 0u) << "private entries are not written through";
+  // The same head again, as shared: every block is Present, and must not keep its class.
+  const EngineRun again = publish(20, true);
+  ASSERT_EQ(again.exit_code, 0);
+  EXPECT_EQ(published_in(again.output), 0) << "nothing to write: all present";
+  wait_for([](const kvpark_stats& s) { return s.disk_entries == blocks_per_head; });
+  daemon_->kill_hard();
+  ASSERT_TRUE(daemon_->start());
+  const EngineRun run = verify(20);
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_EQ(restored(run), full);
+}
+
+TEST_F(DiskTierTest, RecordsBehindAMissingBlockAreRemovedAtRecovery) {
+  ASSERT_EQ(publish(21, true).exit_code, 0);
+  wait_for([](const kvpark_stats& s) { return s.disk_entries == blocks_per_head; });
+  daemon_->kill_hard();
+  // A crash took block 8's record (as if it had not reached disk while later ones did).
+  constexpr uint32_t missing = 8;
+  size_t removed = 0;
+  for (const fs::path& p : disk_.records()) {
+    if (record_header_of(p).anchor_chunks == missing) removed += fs::remove(p) ? 1 : 0;
+  }
+  ASSERT_EQ(removed, 1u);
+  ASSERT_TRUE(daemon_->start());
+  StatsClient stats(daemon_->socket_path());
+  // Blocks 0..7 are reachable; 9..15 are not, and their records go.
+  EXPECT_EQ(stats.get().disk_entries, missing);
+  const uint64_t deadline = now_msec() + 10'000;
+  while (disk_.records().size() != missing && now_msec() < deadline) usleep(10'000);
+  EXPECT_EQ(disk_.records().size(), missing) << "every record left is reachable";
+  EXPECT_NE(read_file(daemon_->log_path()).find("of which 7 unreachable and removed"),
+            std::string::npos)
+      << read_file(daemon_->log_path());
+  const EngineRun run = verify(21);
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_EQ(restored(run), missing * block_tokens);
+}
+
+// Makes a directory read-only: a read-only bind mount when we may mount (root), else
+// its mode bits (which root would ignore). Undone by the destructor.
+class ReadOnly {
+ public:
+  explicit ReadOnly(const std::string& dir) : dir_(dir) {
+    if (geteuid() == 0) {
+      mounted_ = run_process({"/bin/mount", "--bind", dir, dir}, 5000, nullptr) == 0 &&
+                 run_process({"/bin/mount", "-o", "remount,bind,ro", dir}, 5000, nullptr) == 0;
+      ok_ = mounted_;
+      return;
+    }
+    ok_ = true;
+    for (const auto& e : fs::recursive_directory_iterator(dir)) {
+      if (e.is_directory()) ok_ = ok_ && chmod(e.path().c_str(), 0555) == 0;
+    }
+    ok_ = ok_ && chmod(dir.c_str(), 0555) == 0;
+  }
+  ~ReadOnly() {
+    if (mounted_) {
+      run_process({"/bin/umount", "-l", dir_}, 5000, nullptr);
+      return;
+    }
+    chmod(dir_.c_str(), 0755);
+    for (const auto& e : fs::recursive_directory_iterator(dir_)) {
+      if (e.is_directory()) chmod(e.path().c_str(), 0755);
+    }
+  }
+  bool ok() const { return ok_; }
+
+ private:
+  std::string dir_;
+  bool mounted_ = false;
+  bool ok_ = false;
+};
+
+TEST_F(DiskTierTest, ReadOnlyDirectoryIsServedReadOnly) {
+  ASSERT_EQ(publish(22, true).exit_code, 0);
+  wait_for([](const kvpark_stats& s) { return s.disk_entries == blocks_per_head; });
+  daemon_->kill_hard();
+  const size_t records = disk_.records().size();
+  ReadOnly read_only(disk_.path());
+  if (!read_only.ok()) GTEST_SKIP() << "cannot make " << disk_.path() << " read-only here";
+  restart_with({"--http-listen", "127.0.0.1:0"});
+  const std::string log = read_file(daemon_->log_path());
+  EXPECT_EQ(log.find("disk tier off"), std::string::npos) << log;
+  size_t lines = 0;
+  for (size_t at = log.find("is read-only"); at != std::string::npos; at = log.find("is read-only", at + 1)) ++lines;
+  EXPECT_EQ(lines, 1u) << log;
+  // Restores work.
+  const EngineRun run = verify(22);
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_EQ(restored(run), full);
+  // Spills stop: a new shared head stays in memory.
+  ASSERT_EQ(publish(23, true).exit_code, 0);
+  StatsClient stats(daemon_->socket_path());
+  const kvpark_stats s = stats.get();
+  EXPECT_EQ(s.disk_entries, blocks_per_head);
+  EXPECT_EQ(s.spills, 0u);
+  EXPECT_EQ(disk_.records().size(), records);
+  // Status shows it.
+  unsigned port = 0;
+  const size_t at = log.find("http listening on 127.0.0.1:");
+  ASSERT_NE(at, std::string::npos) << log;
+  std::sscanf(log.c_str() + at, "http listening on 127.0.0.1:%u", &port);
+  httplib::Client client("127.0.0.1", static_cast<uint16_t>(port));
+  const auto status = client.Get("/v1/status");
+  ASSERT_TRUE(status);
+  EXPECT_NE(status->body.find("\"disk_read_only\":true"), std::string::npos) << status->body;
+  daemon_->kill_hard();
 }
 
 }  // namespace

@@ -59,6 +59,7 @@ ReserveBlocksRequest sample_reserve_blocks_request() {
   ReserveBlocksRequest m;
   m.options = {.session_id = 5, .entry_class = 1, .evidence = 4};
   m.first_chunk = 3;
+  m.parent_hash = {8, 9};
   m.chunk_hashes = {{10, 11}, {12, 13}};
   return m;
 }
@@ -276,6 +277,7 @@ TEST(FrameCodec, ReserveBlocksRoundTrips) {
   EXPECT_EQ(out.options.entry_class, in.options.entry_class);
   EXPECT_EQ(out.options.evidence, in.options.evidence);
   EXPECT_EQ(out.first_chunk, in.first_chunk);
+  EXPECT_EQ(out.parent_hash, in.parent_hash);
   EXPECT_EQ(out.chunk_hashes, in.chunk_hashes);
 
   const ReserveBlocksReply rin = sample_reserve_blocks_reply();
@@ -493,10 +495,10 @@ TEST(FrameDecoder, RejectsCountsThatLie) {
   }
   // host_blocks past the blocks the reply carries.
   expect_count_lie_rejected<LookupReply>(body_of(m), 16, 2);
-  // ReserveBlocksRequest: options 12 bytes, first_chunk u32, count u32 @16.
+  // ReserveBlocksRequest: options 12 bytes, first_chunk u32, parent hash 16 bytes, count u32 @32.
   m.clear();
   encode(sample_reserve_blocks_request(), 1, m);
-  for (int delta : {-1, 1, 5}) expect_count_lie_rejected<ReserveBlocksRequest>(body_of(m), 16, delta);
+  for (int delta : {-1, 1, 5}) expect_count_lie_rejected<ReserveBlocksRequest>(body_of(m), 32, delta);
   // ReserveBlocksReply: reservation u64, count u32 @8.
   m.clear();
   encode(sample_reserve_blocks_reply(), 1, m);
