@@ -1,0 +1,325 @@
+// kvpark-proxy end to end: an upstream is verified before it is served cached (a
+// llama-server without --slot-save-path, with another slot directory, on a wrong
+// port, and each fixed while the proxy runs), honest accounting (the leader of a
+// cold head is not told its head was cached; headers, log, /metrics and llama-server
+// agree), /metrics in the Prometheus format, routing that spreads a fan-out over two
+// upstreams, /v1/models and --version.
+#include <rapidjson/document.h>
+#include <sys/stat.h>
+
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/ops/prometheus_parser.h"
+#include "tests/proxy/proxy_e2e.h"
+
+namespace kvpark::testing {
+namespace {
+
+constexpr int state_wait_msec_max = 30'000;  // the watcher retries every second
+
+struct UpstreamView {
+  std::string state, reason, space;
+  int64_t load = -1;
+};
+
+// Upstream `index` as GET /kvpark/status shows it.
+UpstreamView upstream_view(const std::string& proxy_url, size_t index = 0) {
+  UpstreamView view;
+  const HttpResult r = http_get(proxy_url, "/kvpark/status");
+  rapidjson::Document doc;
+  doc.Parse(r.body.c_str());
+  if (doc.HasParseError() || !doc.IsObject() || !doc.HasMember("upstreams") ||
+      !doc["upstreams"].IsArray() || doc["upstreams"].Size() <= index)
+    return view;
+  const auto& u = doc["upstreams"][rapidjson::SizeType(index)];
+  if (u.HasMember("state") && u["state"].IsString()) view.state = u["state"].GetString();
+  if (u.HasMember("reason") && u["reason"].IsString()) view.reason = u["reason"].GetString();
+  if (u.HasMember("namespace") && u["namespace"].IsString()) view.space = u["namespace"].GetString();
+  if (u.HasMember("load") && u["load"].IsInt64()) view.load = u["load"].GetInt64();
+  return view;
+}
+
+// Polls until upstream 0 is in `state`; the last view seen.
+UpstreamView wait_for_state(const std::string& proxy_url, const std::string& state) {
+  UpstreamView view;
+  const uint64_t deadline = now_msec() + state_wait_msec_max;
+  while (now_msec() < deadline) {
+    view = upstream_view(proxy_url);
+    if (view.state == state) break;
+    usleep(50'000);
+  }
+  return view;
+}
+
+// Polls GET /health until it answers `status`; the last answer.
+HttpResult wait_for_health(const std::string& proxy_url, int status) {
+  HttpResult health;
+  const uint64_t deadline = now_msec() + state_wait_msec_max;
+  while (now_msec() < deadline) {
+    health = http_get(proxy_url, "/health");
+    if (health.status == status) break;
+    usleep(50'000);
+  }
+  return health;
+}
+
+PromDocument scrape(const std::string& proxy_url) {
+  const HttpResult r = http_get(proxy_url, "/metrics");
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.header("content-type").rfind("text/plain", 0), 0u) << r.header("content-type");
+  PromDocument doc;
+  std::string error;
+  EXPECT_TRUE(parse_prometheus_text(r.body, doc, error)) << error << "\n" << r.body;
+  return doc;
+}
+
+double metric(const PromDocument& doc, const std::string& name,
+              const std::map<std::string, std::string>& labels = {}) {
+  double value = -1;
+  EXPECT_TRUE(doc.value(name, labels, value)) << name;
+  return value;
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+TEST_F(ProxyE2E, UpstreamWithoutSlotSavePathIsNotReadyUntilFixed) {
+  LlamaServerProcess& server = start_server_in("");
+  ProxyProcess& proxy = start_proxy({}, "kvpark-proxy: listening");
+  const UpstreamView view = wait_for_state(proxy.url(), "misconfigured");
+  ASSERT_EQ(view.state, "misconfigured") << view.reason;
+  EXPECT_TRUE(contains(view.reason, "was started without --slot-save-path")) << view.reason;
+  EXPECT_TRUE(contains(view.reason, server.url())) << view.reason;
+  const HttpResult health = http_get(proxy.url(), "/health");
+  EXPECT_EQ(health.status, 503) << health.body;
+  EXPECT_TRUE(contains(health.body, "--slot-save-path")) << health.body;
+  EXPECT_TRUE(contains(proxy.log_tail(),
+                       "llama-server at " + server.url() + " was started without --slot-save-path"))
+      << proxy.log_tail();
+
+  // Served, uncached: nothing restored, nothing refused, the same answer.
+  const ChatRequest request = chat(conversation(head_text(20), user_text(200)));
+  const ChatResult via = post_chat(proxy.url(), request);
+  ASSERT_EQ(via.http.status, 200) << describe(via);
+  EXPECT_EQ(via.http.header("x-kvpark-reuse"), "uncached") << describe(via);
+  const ChatResult direct = post_chat(server.url(), reference(request));
+  EXPECT_EQ(via.content, direct.content);
+  ProxyStatus status = get_proxy_status(proxy.url());
+  EXPECT_EQ(status.restore_failures, 0) << status.body;
+  EXPECT_EQ(status.head_prefills, 0) << status.body;
+
+  // Fixed on the same port: verified again, then served cached.
+  server.stop();
+  server.config().slot_dir = slot_dir_;
+  ASSERT_TRUE(server.start()) << server.log_tail();
+  const HttpResult fixed = wait_for_health(proxy.url(), 200);
+  ASSERT_EQ(fixed.status, 200) << fixed.body << "\n" << proxy.log_tail();
+  EXPECT_EQ(upstream_view(proxy.url()).state, "ready");
+  const ChatResult cached = post_chat(proxy.url(), chat(conversation(head_text(20), user_text(201))));
+  ASSERT_EQ(cached.http.status, 200) << describe(cached);
+  EXPECT_EQ(cached.http.header("x-kvpark-reuse"), "root") << describe(cached);
+  status = get_proxy_status(proxy.url());
+  EXPECT_EQ(status.head_prefills, 1) << status.body;
+}
+
+TEST_F(ProxyE2E, UpstreamWithAnotherSlotDirectoryIsNotReadyAndKeepsItsNamespace) {
+  const std::string elsewhere = test_dir_ + "/elsewhere";
+  mkdir(elsewhere.c_str(), 0755);
+  LlamaServerProcess& server = start_server_in(elsewhere);
+  ProxyProcess& proxy = start_proxy({}, "kvpark-proxy: listening");
+  const UpstreamView view = wait_for_state(proxy.url(), "misconfigured");
+  ASSERT_EQ(view.state, "misconfigured") << view.reason;
+  EXPECT_TRUE(contains(view.reason, "saves slot files outside the proxy's --slot-dir " + slot_dir_))
+      << view.reason;
+  EXPECT_TRUE(contains(view.reason, server.url())) << view.reason;
+  EXPECT_EQ(http_get(proxy.url(), "/health").status, 503);
+
+  // Siblings while misconfigured: answered, nothing refused, the namespace stays.
+  const std::string system = head_text(21);
+  for (uint64_t user : {210, 211, 212}) {
+    const ChatResult r = post_chat(proxy.url(), chat(conversation(system, user_text(user))));
+    ASSERT_EQ(r.http.status, 200) << describe(r);
+    EXPECT_EQ(r.http.header("x-kvpark-reuse"), "uncached") << describe(r);
+  }
+  EXPECT_EQ(get_proxy_status(proxy.url()).restore_failures, 0);
+  EXPECT_EQ(upstream_view(proxy.url()).space, view.space);
+
+  server.stop();
+  server.config().slot_dir = slot_dir_;
+  ASSERT_TRUE(server.start()) << server.log_tail();
+  ASSERT_EQ(wait_for_health(proxy.url(), 200).status, 200) << proxy.log_tail();
+  // The namespace any proxy computes for this upstream: parked state is shared.
+  EXPECT_EQ(upstream_view(proxy.url()).space, view.space);
+  ProxyProcess& other = start_proxy();
+  EXPECT_EQ(upstream_view(other.url()).space, view.space);
+  const ChatResult a = post_chat(proxy.url(), chat(conversation(system, user_text(213))));
+  ASSERT_EQ(a.http.status, 200) << describe(a);
+  wait_for_publishes(proxy, 2);
+  server.stop();  // nothing in any slot: a sibling through the other proxy restores
+  ASSERT_TRUE(server.start()) << server.log_tail();
+  const ChatResult b = post_chat(other.url(), chat(conversation(system, user_text(214))));
+  ASSERT_EQ(b.http.status, 200) << describe(b);
+  EXPECT_EQ(b.http.header("x-kvpark-reuse"), "shared_stable_prefix") << describe(b);
+}
+
+TEST_F(ProxyE2E, UpstreamOnAWrongPortIsUnreachableUntilItListens) {
+  const int port = free_tcp_port();
+  const std::string url = "http://127.0.0.1:" + std::to_string(port);
+  ProxyProcess& proxy = start_proxy({{.name = "m", .url = url}}, "kvpark-proxy: listening");
+  const UpstreamView view = wait_for_state(proxy.url(), "unreachable");
+  ASSERT_EQ(view.state, "unreachable") << view.reason;
+  EXPECT_TRUE(contains(view.reason, "llama-server at " + url)) << view.reason;
+  EXPECT_TRUE(contains(view.reason, "could not connect")) << view.reason;
+  const HttpResult health = http_get(proxy.url(), "/health");
+  EXPECT_EQ(health.status, 503) << health.body;
+  EXPECT_TRUE(contains(health.body, url)) << health.body;
+  const ChatResult down = post_chat(proxy.url(), chat(conversation("Be brief.", user_text(220))));
+  EXPECT_EQ(down.http.status, 502) << describe(down);
+  const ErrorBody error = parse_error_body(down.http.body);
+  EXPECT_TRUE(contains(error.message, url)) << down.http.body;
+  EXPECT_TRUE(contains(error.message, "could not connect")) << down.http.body;
+
+  servers_.push_back(std::make_unique<LlamaServerProcess>(
+      LlamaServerConfig{.binary = built_binary("KVPARK_LLAMA_SERVER"),
+                        .model = model_path(),
+                        .slot_dir = slot_dir_},
+      test_dir_ + "/llama-server-late.log"));
+  ASSERT_TRUE(servers_.back()->start(port)) << servers_.back()->log_tail();
+  ASSERT_EQ(wait_for_health(proxy.url(), 200).status, 200) << proxy.log_tail();
+  const ChatResult up = post_chat(proxy.url(), chat(conversation(head_text(22), user_text(221))));
+  ASSERT_EQ(up.http.status, 200) << describe(up);
+  EXPECT_EQ(up.http.header("x-kvpark-reuse"), "root") << describe(up);
+}
+
+// The first request for a head leads: the head is prefilled for it (in a call of its
+// own), so none of it is cached for it. Its figures agree everywhere: the usage, the
+// X-Kvpark-* headers, the log line, /metrics, and llama-server's own prompt total.
+TEST_F(ProxyE2E, LeaderOfAColdHeadIsNotToldItsHeadWasCached) {
+  LlamaServerProcess& server = start_server();
+  ProxyProcess& proxy = start_proxy();
+  const std::string system = head_text(23);
+  const int64_t head_tokens = count_tokens(server.url(), system);
+  const int64_t before = prompt_tokens_total(server.url());
+  const ChatResult a = post_chat(proxy.url(), chat(conversation(system, user_text(230))));
+  const int64_t a_total = prompt_tokens_total(server.url()) - before;
+  ASSERT_EQ(a.http.status, 200) << describe(a);
+  EXPECT_EQ(a.http.header("x-kvpark-reuse"), "root") << describe(a);
+  EXPECT_LE(a.cached_tokens, token_slack) << describe(a);
+  EXPECT_EQ(a.header_int("x-kvpark-cached-tokens"), a.cached_tokens) << describe(a);
+  const int64_t a_prefilled = a.header_int("x-kvpark-prefilled-tokens");
+  EXPECT_EQ(a_prefilled, a.prompt_tokens - a.cached_tokens) << describe(a);
+  EXPECT_EQ(a_prefilled, a_total) << "llama-server prompt_tokens_total delta";
+  wait_for_publishes(proxy, 2);  // the log line comes after the turn is parked
+  const std::string a_line = "reuse=root cached=" + std::to_string(a.cached_tokens) + "/" +
+                             std::to_string(a.prompt_tokens) +
+                             " prefilled=" + std::to_string(a_prefilled) + " restored=0";
+  EXPECT_TRUE(contains(proxy.log_tail(), a_line)) << a_line << "\n" << proxy.log_tail();
+
+  // A sibling on the same server: the head is in a slot, cached for it.
+  const ChatResult b = post_chat(proxy.url(), chat(conversation(system, user_text(231))));
+  ASSERT_EQ(b.http.status, 200) << describe(b);
+  EXPECT_EQ(b.http.header("x-kvpark-reuse"), "slot") << describe(b);
+  EXPECT_GE(b.cached_tokens, head_tokens - token_slack) << describe(b);
+  EXPECT_EQ(b.cached_tokens, b.prompt_tokens - b.prompt_n) << describe(b);
+
+  // A streamed leader of another head: its final usage says the same.
+  ChatRequest c_request = chat(conversation(head_text(24), user_text(232)), /*stream=*/true);
+  const ChatResult c = post_chat(proxy.url(), c_request);
+  ASSERT_EQ(c.http.status, 200) << describe(c);
+  EXPECT_EQ(c.http.header("x-kvpark-reuse"), "root") << describe(c);
+  ASSERT_GT(c.prompt_tokens, 1000) << describe(c);
+  EXPECT_LE(c.cached_tokens, token_slack) << describe(c);
+  wait_for_publishes(proxy, 5);
+
+  const PromDocument m = scrape(proxy.url());
+  EXPECT_EQ(metric(m, "kvpark_proxy_requests_total", {{"reuse", "root"}}), 2);
+  EXPECT_EQ(metric(m, "kvpark_proxy_requests_total", {{"reuse", "slot"}}), 1);
+  EXPECT_EQ(metric(m, "kvpark_proxy_requests_total", {{"reuse", "uncached"}}), 0);
+  EXPECT_EQ(metric(m, "kvpark_proxy_prompt_tokens_total"),
+            a.prompt_tokens + b.prompt_tokens + c.prompt_tokens);
+  EXPECT_EQ(metric(m, "kvpark_proxy_cached_tokens_total"),
+            a.cached_tokens + b.cached_tokens + c.cached_tokens);
+  EXPECT_EQ(metric(m, "kvpark_proxy_prefilled_tokens_total"),
+            a.prompt_tokens + b.prompt_tokens + c.prompt_tokens -
+                (a.cached_tokens + b.cached_tokens + c.cached_tokens));
+  EXPECT_EQ(metric(m, "kvpark_proxy_prefilled_tokens_total"),
+            prompt_tokens_total(server.url()) - before)
+      << "the proxy's prefilled tokens are llama-server's";
+  EXPECT_EQ(metric(m, "kvpark_proxy_head_prefills_total"), 2);
+  EXPECT_EQ(metric(m, "kvpark_proxy_restore_failures_total", {{"cause", "refused"}}), 0);
+  const std::map<std::string, std::string> upstream = {{"upstream", "m"}, {"url", server.url()}};
+  EXPECT_EQ(metric(m, "kvpark_proxy_upstream_up", upstream), 1);
+  EXPECT_EQ(metric(m, "kvpark_proxy_upstream_slots", upstream), 4);
+  EXPECT_EQ(metric(m, "kvpark_proxy_kvparkd_connected"), 1);
+}
+
+// Two llama-servers of one model behind one proxy, six requests at once over a new
+// head: requests waiting for the head's flight count toward their upstream's load,
+// so both upstreams serve; the head is prefilled once, the other server's requests
+// restore it from kvparkd.
+TEST_F(ProxyE2E, FanOutOverTwoUpstreamsUsesBoth) {
+  LlamaServerProcess& one = start_server();
+  LlamaServerProcess& two = start_server();
+  ProxyProcess& proxy = start_proxy({{.name = "m", .url = one.url()}, {.name = "m", .url = two.url()}});
+  const std::string system = head_text(25);
+  const int64_t head_tokens = count_tokens(one.url(), system);
+  const int64_t one_before = prompt_tokens_total(one.url());
+  const int64_t two_before = prompt_tokens_total(two.url());
+  std::vector<ChatResult> results(fan_out_requests);
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < fan_out_requests; ++i)
+    clients.emplace_back([&, i] {
+      results[i] = post_chat(proxy.url(), chat(conversation(system, user_text(250 + i))));
+    });
+  for (std::thread& t : clients) t.join();
+  const int64_t one_prefilled = prompt_tokens_total(one.url()) - one_before;
+  const int64_t two_prefilled = prompt_tokens_total(two.url()) - two_before;
+  int64_t prefilled_max = head_tokens + token_slack;
+  int64_t restored = 0;
+  for (const ChatResult& r : results) {
+    ASSERT_EQ(r.http.status, 200) << describe(r);
+    prefilled_max += r.prompt_tokens - head_tokens + token_slack;
+    if (r.http.header("x-kvpark-reuse") == "shared_stable_prefix") ++restored;
+  }
+  EXPECT_GT(one_prefilled, 0) << "upstream one served nothing";
+  EXPECT_GT(two_prefilled, 0) << "upstream two served nothing";
+  EXPECT_LE(one_prefilled + two_prefilled, prefilled_max) << "head tokens " << head_tokens;
+  EXPECT_GE(restored, 1) << "the other upstream's requests restore the head";
+  const ProxyStatus status = get_proxy_status(proxy.url());
+  EXPECT_EQ(status.head_prefills, 1) << status.body;
+  EXPECT_GE(status.head_waits, 1) << status.body;
+  // Both under the one name /v1/models lists.
+  const HttpResult models = http_get(proxy.url(), "/v1/models");
+  EXPECT_EQ(models.status, 200);
+  EXPECT_TRUE(contains(models.body, "\"id\":\"m\"")) << models.body;
+}
+
+TEST_F(ProxyE2E, ModelsListsTheConfiguredNames) {
+  LlamaServerProcess& server = start_server();
+  ProxyProcess& proxy = start_proxy({{.name = "qwen-small", .url = server.url()}});
+  const HttpResult models = http_get(proxy.url(), "/v1/models");
+  EXPECT_EQ(models.status, 200);
+  rapidjson::Document doc;
+  doc.Parse(models.body.c_str());
+  ASSERT_TRUE(!doc.HasParseError() && doc.IsObject() && doc.HasMember("data") &&
+              doc["data"].IsArray())
+      << models.body;
+  ASSERT_EQ(doc["data"].Size(), 1u) << models.body;
+  EXPECT_STREQ(doc["data"][0]["id"].GetString(), "qwen-small");
+}
+
+TEST(ProxyBinary, PrintsItsVersion) {
+  const std::string proxy = built_binary("KVPARK_PROXY");
+  if (proxy.empty()) GTEST_SKIP() << "needs KVPARK_PROXY";
+  std::string out;
+  EXPECT_EQ(run_process({proxy, "--version"}, 10'000, &out), 0);
+  EXPECT_EQ(out.rfind("kvpark-proxy ", 0), 0u) << out;
+  EXPECT_GT(out.size(), std::string("kvpark-proxy \n").size()) << out;
+}
+
+}  // namespace
+}  // namespace kvpark::testing
