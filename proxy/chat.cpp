@@ -196,14 +196,19 @@ bool restore_into_slot(Turn& turn, const Parked& parked) {
   uint32_t n_restored = 0;
   bool corrupt = false;
   RestoreFailure cause = RestoreFailure::slot_file;
+  const Clock::time_point started = Clock::now();
   bool ok = parked.write_slot_file(path, &why, &corrupt);
+  turn.restore_file_msec = msec_since(started);
   if (corrupt) {
     cause = RestoreFailure::checksum;
     route.restore_refused();
   }
   if (ok) {
     bool refused = false;
+    const Clock::time_point loading = Clock::now();
     ok = route.upstream().restore_slot(turn.slot, name, &n_restored, &why, &refused);
+    turn.restore_upstream_msec = msec_since(loading);
+    turn.restore_bytes = parked.file_bytes();
     if (ok) {
       route.restore_succeeded();
       route.slot_file_sizes().observe(n_restored, parked.file_bytes());
@@ -451,10 +456,12 @@ void finish_turn(Turn& turn, int status, bool completed) {
   }
   std::fprintf(stderr,
                "kvpark-proxy: POST /v1/chat/completions upstream=%s slot=%d reuse=%s cached=%u/%u "
-               "prefilled=%u restored=%u ttft_ms=%.1f status=%d\n",
+               "prefilled=%u restored=%u ttft_ms=%.1f status=%d restore_bytes=%llu "
+               "restore_file_ms=%.2f restore_upstream_ms=%.2f\n",
                route.name().c_str(), turn.slot == no_slot ? -1 : int(turn.slot),
                reuse_kind_string(turn.reuse), cached, turn.prompt_tokens, prefilled, turn.restored,
-               turn.ttft_msec, status);
+               turn.ttft_msec, status, static_cast<unsigned long long>(turn.restore_bytes),
+               turn.restore_file_msec, turn.restore_upstream_msec);
 }
 
 void serve_chat(ProxyState& proxy, const httplib::Request& req, httplib::Response& res) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -185,6 +186,7 @@ class Route {
   std::string reason_ = "not checked yet";
   std::atomic<bool> verified_{false};  // the round trip passed since last seen away
   std::mutex verify_mutex_;            // one round trip at a time
+  std::chrono::steady_clock::time_point last_verify_{};  // under verify_mutex_
   std::function<void()> on_state_change_;
   std::atomic<uint32_t> in_progress_{0};
   std::unordered_map<uint64_t, Frontier> frontiers_;

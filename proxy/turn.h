@@ -42,6 +42,11 @@ struct Turn {
   uint32_t prompt_tokens = 0;     // as the upstream reported them
   uint32_t prefilled = 0;         // timings.prompt_n
   uint32_t head_prefilled = 0;    // the head this request led, prefilled before it
+  // A restore from kvparkd: the slot file's size, the proxy's part (checking and
+  // writing the file) and llama-server's (/slots/N?action=restore).
+  uint64_t restore_bytes = 0;
+  double restore_file_msec = 0;
+  double restore_upstream_msec = 0;
   bool timings_seen = false;
 };
 

@@ -30,7 +30,7 @@ Reply from_result(const httplib::Result& result) {
 }
 
 std::string error_message(const Reply& reply) {
-  if (reply.status == 0) return "no answer: " + reply.error;
+  if (reply.status == 0) return reply.error;
   rapidjson::Document doc;
   doc.Parse(reply.body.c_str(), reply.body.size());
   if (!doc.HasParseError() && doc.IsObject() && doc.HasMember("error") &&

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -23,8 +24,11 @@ namespace kvpark::proxy {
 namespace {
 
 constexpr const char* probe_text = "kvpark slot check";
-constexpr uint32_t probe_tokens[2] = {2, 3};  // the two lengths saved
+constexpr uint32_t probe_tokens[2] = {1, 2};  // the two lengths saved
 constexpr int http_not_implemented = 501;    // llama-server: "Start it with --slot-save-path"
+// A misconfigured upstream is checked again at most this often (each check
+// prefills a token into one of its slots); one that was away, at once.
+constexpr auto misconfigured_retry_interval = std::chrono::seconds(5);
 
 bool read_file(const std::string& path, std::string* ret_bytes) {
   std::ifstream in(path, std::ios::binary);
@@ -134,6 +138,10 @@ bool Route::round_trip(uint32_t slot, std::string* ret_why) {
 void Route::verify() {
   std::lock_guard verifying(verify_mutex_);
   if (verified_) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (state() == UpstreamState::misconfigured && now < last_verify_ + misconfigured_retry_interval)
+    return;
+  last_verify_ = now;
   const uint32_t slot = slots_.try_acquire_idle();
   if (slot == no_slot) {
     set_state(UpstreamState::verifying, "waiting for an idle slot to check slot files with");

@@ -3,15 +3,26 @@
 // port, and each fixed while the proxy runs), honest accounting (the leader of a
 // cold head is not told its head was cached; headers, log, /metrics and llama-server
 // agree), /metrics in the Prometheus format, routing that spreads a fan-out over two
-// upstreams, /v1/models and --version.
+// upstreams, /v1/models and --version; and what "identical" means (docs/proxy.md):
+// the state restored is byte for byte the state parked, and the answer after a
+// restore is the answer llama-server gives continuing from its own cached prefix of
+// the same length.
+#include <dirent.h>
 #include <rapidjson/document.h>
+#include <rapidjson/stringbuffer.h>
+#include <rapidjson/writer.h>
 #include <sys/stat.h>
+
+#include <fstream>
+#include <sstream>
 
 #include <map>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "client/kvpark.h"
+#include "proxy/slot_file.h"
 #include "tests/ops/prometheus_parser.h"
 #include "tests/proxy/proxy_e2e.h"
 
@@ -310,6 +321,125 @@ TEST_F(ProxyE2E, ModelsListsTheConfiguredNames) {
       << models.body;
   ASSERT_EQ(doc["data"].Size(), 1u) << models.body;
   EXPECT_STREQ(doc["data"][0]["id"].GetString(), "qwen-small");
+}
+
+std::string read_whole(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream out;
+  out << in.rdbuf();
+  return out.str();
+}
+
+// The slot file bytes kvparkd holds for the longest parked prefix of `tokens` in
+// namespace `space_hex` (the payload after its header); "" if none.
+std::string parked_slot_file(const std::string& socket, const std::string& space_hex,
+                             const std::vector<int32_t>& tokens, uint32_t* ret_position) {
+  const kvpark_namespace ns{
+      .id = {.low = std::stoull(space_hex.substr(16), nullptr, 16),
+             .high = std::stoull(space_hex.substr(0, 16), nullptr, 16)},
+      .block_tokens = 0,
+      .block_payload_bytes = 0,
+      .snapshot_required = 1,
+      .prefill_tokens_per_second = 0,
+      .client_name = "reading-test"};
+  kvpark_client* client = nullptr;
+  if (kvpark_connect(socket.c_str(), &ns, &client) != KVPARK_OK) return "";
+  std::string bytes;
+  kvpark_plan* plan = nullptr;
+  if (kvpark_lookup(client, 7, tokens.data(), tokens.size(), &plan) == KVPARK_OK) {
+    uint64_t payload_bytes = 0;
+    const void* payload = kvpark_plan_snapshot(plan, &payload_bytes, ret_position);
+    if (payload != nullptr && payload_bytes > sizeof(proxy::SlotFileHeader))
+      bytes.assign(static_cast<const char*>(payload) + sizeof(proxy::SlotFileHeader),
+                   payload_bytes - sizeof(proxy::SlotFileHeader));
+    kvpark_plan_release(plan);
+  }
+  kvpark_disconnect(client);
+  return bytes;
+}
+
+// The request's body with "id_slot" and "cache_prompt": true added.
+std::string pinned_body(const ChatRequest& r, int slot) {
+  rapidjson::Document doc;
+  doc.Parse(chat_request_json(r).c_str());
+  doc.AddMember("id_slot", slot, doc.GetAllocator());
+  doc.RemoveMember("cache_prompt");
+  doc.AddMember("cache_prompt", true, doc.GetAllocator());
+  rapidjson::StringBuffer buffer;
+  rapidjson::Writer<rapidjson::StringBuffer> w(buffer);
+  doc.Accept(w);
+  return buffer.GetString();
+}
+
+std::string content_of(const HttpResult& r) {
+  rapidjson::Document doc;
+  doc.Parse(r.body.c_str());
+  if (doc.HasParseError() || !doc.IsObject() || !doc.HasMember("choices")) return "";
+  const auto& m = doc["choices"][0]["message"];
+  return m.HasMember("content") && m["content"].IsString() ? m["content"].GetString() : "";
+}
+
+// What the proxy guarantees, exactly: the slot file llama-server restores is the
+// one kvparkd holds, byte for byte, and the answer after the restore equals the
+// answer llama-server gives when it continues from its own cached prefix of the
+// same length (the head prefilled alone, then the request). Not: equal to a
+// one-shot prefill of the whole prompt, whose batch shapes differ (at realistic
+// sizes the floating-point sums then differ too, with or without the proxy).
+TEST_F(ProxyE2E, RestoredStateIsTheParkedBytesAndAnswersAsLlamaServersOwnContinuation) {
+  LlamaServerProcess& server = start_server();
+  ProxyProcess& proxy = start_proxy();
+  const std::string system = head_text(26);
+  const ChatResult a = post_chat(proxy.url(), chat(conversation(system, user_text(260))));
+  ASSERT_EQ(a.http.status, 200) << describe(a);
+  wait_for_publishes(proxy, 2);
+  server.stop();  // nothing in any slot: B's head can only come from kvparkd
+  ASSERT_TRUE(server.start()) << server.log_tail();
+  const ChatRequest b_request = chat(conversation(system, user_text(261)));
+  const ChatResult b = post_chat(proxy.url(), b_request);
+  ASSERT_EQ(b.http.status, 200) << describe(b);
+  ASSERT_EQ(b.http.header("x-kvpark-reuse"), "shared_stable_prefix") << describe(b);
+  const int64_t head = b.header_int("x-kvpark-restored-tokens");
+  ASSERT_GT(head, 1000) << describe(b);
+
+  // The file llama-server restored from (kept for the slot's next restore) is the
+  // parked payload, byte for byte.
+  std::string restore_file;
+  if (DIR* d = opendir(slot_dir_.c_str())) {
+    while (const dirent* e = readdir(d)) {
+      const std::string name = e->d_name;
+      if (name.size() > 8 && name.compare(name.size() - 8, 8, ".restore") == 0)
+        restore_file = slot_dir_ + "/" + name;
+    }
+    closedir(d);
+  }
+  ASSERT_FALSE(restore_file.empty()) << "no restore file in " << slot_dir_;
+  const HttpResult rendered =
+      http_post(server.url(), "/apply-template", chat_request_json(b_request));
+  std::vector<int32_t> tokens;
+  ASSERT_TRUE(tokenize(server.url(), prompt_of(rendered.body), /*special=*/true, &tokens));
+  uint32_t position = 0;
+  const std::string parked = parked_slot_file(
+      daemon_.socket_path(), upstream_view(proxy.url()).space,
+      std::vector<int32_t>(tokens.begin(), tokens.begin() + head), &position);
+  ASSERT_EQ(position, uint32_t(head));
+  ASSERT_FALSE(parked.empty());
+  const std::string restored = read_whole(restore_file);
+  EXPECT_EQ(restored.size(), parked.size());
+  EXPECT_TRUE(restored == parked) << "the restored slot file differs from the parked one";
+
+  // llama-server's own continuation: a fresh process prefills the head alone into
+  // a slot (as the leader did), then the same request pinned there reuses it.
+  proxy.stop();
+  server.stop();
+  ASSERT_TRUE(server.start()) << server.log_tail();
+  std::string prefill = "{\"prompt\": [";
+  for (int64_t i = 0; i < head; ++i) prefill += (i ? "," : "") + std::to_string(tokens[size_t(i)]);
+  prefill += "], \"n_predict\": 0, \"id_slot\": 0, \"cache_prompt\": true}";
+  ASSERT_EQ(http_post(server.url(), "/completion", prefill).status, 200);
+  const HttpResult own = http_post(server.url(), "/v1/chat/completions", pinned_body(b_request, 0));
+  ASSERT_EQ(own.status, 200) << own.body;
+  EXPECT_EQ(b.content, content_of(own));
+  EXPECT_FALSE(b.content.empty());
 }
 
 TEST(ProxyBinary, PrintsItsVersion) {
