@@ -89,6 +89,15 @@ inline std::string describe(const ChatResult& r) {
          " content=\"" + r.content + "\" body=" + r.http.body.substr(0, 600);
 }
 
+// cached_tokens counts what no prefill on the request's behalf computed: the
+// prompt less llama-server's prompt_n for the request, less a head the request led
+// (prefilled for it just before; X-Kvpark-Prefilled-Tokens counts both, on answers
+// that are not streamed).
+inline int64_t expected_cached_tokens(const ChatResult& r) {
+  const int64_t prefilled = r.header_int("x-kvpark-prefilled-tokens");
+  return prefilled >= 0 ? r.prompt_tokens - prefilled : r.prompt_tokens - r.prompt_n;
+}
+
 inline std::string prompt_of(const std::string& apply_template_body) {
   rapidjson::Document doc;
   doc.Parse(apply_template_body.c_str());
