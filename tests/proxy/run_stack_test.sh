@@ -25,10 +25,14 @@ fail() {
   exit 1
 }
 
+# Job control on: a background job of a script without it starts with SIGINT
+# ignored, which it then cannot trap; Ctrl-C at a terminal reaches it like this.
+set -m
 KVPARK_RUN_DIR=$dir/state KVPARK_BUILD_DIR=$build_root \
   "$source_root/scripts/run" --no-setup --port "$port" --llama-port "$llama_port" --slots 2 \
-  --context 4096 >"$out" 2>&1 &
+  --context 4096 --daemon-http off >"$out" 2>&1 &
 run_pid=$!
+set +m
 
 deadline=$((SECONDS + 240))
 until grep -q "OpenAI base URL: http://127.0.0.1:$port/v1" "$out"; do
