@@ -130,6 +130,8 @@ ProxyOptions default_options() {
     o.slot_dir = d;  // systemd's RuntimeDirectory=, shared with llama-server's group
   else if (const char* x = std::getenv("XDG_RUNTIME_DIR"); x != nullptr && x[0] != '\0')
     o.slot_dir = std::string(x) + "/kvpark-proxy";
+  else if (access("/dev/shm", W_OK) == 0)  // tmpfs: slot files are hundreds of MB
+    o.slot_dir = "/dev/shm/kvpark-proxy-" + std::to_string(getuid());
   else
     o.slot_dir = "/tmp/kvpark-proxy-" + std::to_string(getuid());
   return o;

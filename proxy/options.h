@@ -34,7 +34,8 @@ struct ProxyOptions {
 };
 
 // Embedded defaults: slot dir $RUNTIME_DIRECTORY, else $XDG_RUNTIME_DIR/kvpark-proxy,
-// else /tmp/kvpark-proxy-$UID (created group-writable: llama-server writes there).
+// else /dev/shm/kvpark-proxy-$UID (tmpfs), else /tmp/kvpark-proxy-$UID (created
+// group-writable: llama-server writes there).
 ProxyOptions default_options();
 
 // Parses argv over defaults (reading --config first). false with a message;

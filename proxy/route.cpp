@@ -166,8 +166,11 @@ void Route::refresh(bool verify_slots) {
   if (!upstream_.props(&props, &error)) {
     verified_ = false;    // whatever comes back is checked again
     slots_.forget_all();  // and holds nothing we know of
-    set_state(UpstreamState::unreachable,
-              upstream_.describe() + " does not answer GET /props: " + error);
+    if (error.rfind("HTTP 503", 0) == 0)  // llama-server loading its model
+      set_state(UpstreamState::verifying, upstream_.describe() + " is starting: " + error);
+    else
+      set_state(UpstreamState::unreachable,
+                upstream_.describe() + " does not answer GET /props: " + error);
     return;
   }
   if (!props.slots_endpoint) {

@@ -58,7 +58,7 @@ struct Counters {
 // Where an upstream stands. Only `ready` upstreams get slot state restored or parked;
 // requests to the others are forwarded uncached.
 enum class UpstreamState {
-  verifying,      // reachable; the slot-file round trip has not run yet
+  verifying,      // reachable (or loading its model); the round trip has not run yet
   ready,          // verified: reachable, slots enabled, slot files round-trip, model known
   unreachable,    // no answer, or not llama-server
   misconfigured,  // answers, but cannot be served cached (the reason says what to fix)

@@ -114,8 +114,19 @@ bool measure(LlamaServerProcess& server, const std::string& url, const ChatReque
 }  // namespace
 
 bool run_restore_path(const RestorePathOptions& o, const std::string& work) {
-  const std::string slots = work + "/slots";
+  // Slot files on tmpfs, as a deployment keeps them (/run, /dev/shm): here /tmp may
+  // be a disk file system.
+  char templ[] = "/dev/shm/kvpark-proxy-bench-slots-XXXXXX";
+  const char* shm = mkdtemp(templ);
+  const std::string slots = shm != nullptr ? std::string(shm) : work + "/slots";
   std::filesystem::create_directories(slots);
+  struct RemoveAtExit {
+    std::string path;
+    ~RemoveAtExit() {
+      std::error_code ignored;
+      if (!path.empty()) std::filesystem::remove_all(path, ignored);
+    }
+  } remove_slots{shm != nullptr ? slots : ""};
   const std::string model = work + "/model-realistic.gguf";
   std::string out;
   if (run_process({o.make_test_model, model, "--seed", "1", "--text-only-output", "1",
@@ -192,9 +203,10 @@ bool run_restore_path(const RestorePathOptions& o, const std::string& work) {
 
   std::printf(
       "\nkvpark-proxy-bench --restore-path: test model --layers %d --embedding %d, head %zu "
-      "tokens, slot file %.1f MB (%.1f KB/token), %d threads\n\n",
+      "tokens, slot file %.1f MB (%.1f KB/token), %d threads, slot files in %s\n\n",
       o.layers, o.embedding, o.head_tokens, bytes / 1e6,
-      bytes / 1e3 / double(restored.result.header_int("x-kvpark-restored-tokens")), o.threads);
+      bytes / 1e3 / double(restored.result.header_int("x-kvpark-restored-tokens")), o.threads,
+      slots.c_str());
   std::printf("| case | direct TTFT ms | proxy TTFT ms | direct prefilled | proxy prefilled |\n"
               "|---|---:|---:|---:|---:|\n");
   std::printf("| first request for the head (cold) | %.1f | %.1f | %lld | %lld |\n",
