@@ -274,7 +274,9 @@ int verb_status(Park& park, const Options& o) {
   printf("    Clients: %llu connections, %llu leases, %llu reservations\n",
          (unsigned long long)u64(s, "connections"), (unsigned long long)u64(s, "leases"),
          (unsigned long long)u64(s, "reservations"));
-  printf("    Lookups: %llu, %llu tokens restored (root %llu, shared prefix %llu, "
+  // lookup_hit_tokens: what lookups found restorable; a client that looks up twice
+  // counts twice, and whether it restored is the client's to report.
+  printf("    Lookups: %llu, %llu tokens found restorable (root %llu, shared prefix %llu, "
          "private turn %llu)\n",
          (unsigned long long)u64(s, "lookups"), (unsigned long long)u64(s, "lookup_hit_tokens"),
          (unsigned long long)u64(s, "reuse_root"),

@@ -21,6 +21,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <atomic>
 
 #include "client/kvpark_planner.h"
 #include "proxy/proxy.h"
@@ -100,13 +101,18 @@ bool is_head_role(const rapidjson::Value& m) {
   return role == "system" || role == "developer";
 }
 
-const char* reuse_label(kvpark_reuse_kind kind) {
+ReuseKind reuse_of(kvpark_reuse_kind kind) {
   switch (kind) {
-    case KVPARK_REUSE_SHARED_STABLE_PREFIX: return "shared_stable_prefix";
-    case KVPARK_REUSE_PRIVATE_TURN_CLOSURE: return "private_turn_closure";
+    case KVPARK_REUSE_SHARED_STABLE_PREFIX: return ReuseKind::shared_stable_prefix;
+    case KVPARK_REUSE_PRIVATE_TURN_CLOSURE: return ReuseKind::private_turn_closure;
     case KVPARK_REUSE_ROOT: break;
   }
-  return "root";
+  return ReuseKind::root;
+}
+
+void count_failure(Turn& turn, RestoreFailure cause) {
+  ++turn.proxy->counters.restore_failures;
+  ++turn.proxy->counters.failures[size_t(cause)];
 }
 
 // The plan's candidates: the head (system frontier, or a client mark on it) and
@@ -178,7 +184,10 @@ void plan_writes(Turn& turn, const kvpark_request* request) {
   }
 }
 
-// Restores `parked` into the turn's slot. false (slot contents unknown) on failure.
+// Restores `parked` into the turn's slot through its restore file. false (slot
+// contents unknown) on failure.
+// A refusal is believed only when slot files still round-trip through this
+// upstream; otherwise the upstream is misconfigured, not the state damaged.
 bool restore_into_slot(Turn& turn, const Parked& parked) {
   Route& route = *turn.route;
   const std::string name = route.slot_file_name(turn.slot, "restore");
@@ -186,43 +195,68 @@ bool restore_into_slot(Turn& turn, const Parked& parked) {
   std::string why;
   uint32_t n_restored = 0;
   bool corrupt = false;
+  RestoreFailure cause = RestoreFailure::slot_file;
+  const Clock::time_point started = Clock::now();
   bool ok = parked.write_slot_file(path, &why, &corrupt);
-  if (corrupt) route.restore_refused();
+  turn.restore_file_msec = msec_since(started);
+  if (corrupt) {
+    cause = RestoreFailure::checksum;
+    route.restore_refused();
+  }
   if (ok) {
     bool refused = false;
+    const Clock::time_point loading = Clock::now();
     ok = route.upstream().restore_slot(turn.slot, name, &n_restored, &why, &refused);
+    turn.restore_upstream_msec = msec_since(loading);
+    turn.restore_bytes = parked.file_bytes();
     if (ok) {
       route.restore_succeeded();
       route.slot_file_sizes().observe(n_restored, parked.file_bytes());
     }
-    if (refused) route.restore_refused();
+    // Kept: the slot's next restore overwrites it in place (removed at exit).
+    if (!ok) {
+      cause = RestoreFailure::misconfigured;
+      if (refused && route.recheck_with_slot(turn.slot)) {
+        cause = RestoreFailure::refused;
+        route.restore_refused();
+      }
+    }
   }
-  unlink(path.c_str());
   if (!ok) {
-    ++turn.proxy->counters.restore_failures;
+    count_failure(turn, cause);
     std::fprintf(stderr,
-                 "kvpark-proxy: upstream %s slot %u: parked state at %u tokens not restored (%s); "
-                 "prefilling instead\n",
-                 route.name().c_str(), turn.slot, parked.position(), why.c_str());
+                 "kvpark-proxy: upstream %s slot %u: parked state at %u tokens not restored (%s: "
+                 "%s); prefilling instead\n",
+                 route.name().c_str(), turn.slot, parked.position(), restore_failure_string(cause),
+                 why.c_str());
     return false;
   }
   ++turn.proxy->counters.restores;
   turn.restored = parked.position();
-  turn.reuse = reuse_label(parked.reuse_kind());
+  turn.reuse = reuse_of(parked.reuse_kind());
   return true;
 }
 
-// Saves the turn's slot and parks it as the state after tokens[0, position), into
-// `reserved` when the head was reserved before its prefill and the file has the
-// size predicted.
-void park_slot(Turn& turn, uint32_t position, const kvpark_publish_options& options,
-               Reserved* reserved = nullptr) {
+// A saved slot file on its way into kvparkd: the state after tokens[0, position).
+struct SavedSlot {
+  std::string path;
+  uint64_t file_bytes = 0;
+  uint32_t position = 0;
+  kvpark_publish_options options{};
+  std::vector<int32_t> tokens;  // [0, position) at least
+  uint32_t slot = no_slot;
+};
+
+// Has llama-server save the turn's slot as `purpose`; false (logged) on failure.
+bool save_slot_file(Turn& turn, uint32_t position, const char* purpose, SavedSlot* ret_saved) {
   Route& route = *turn.route;
-  const std::string name = route.slot_file_name(turn.slot, "save");
+  const std::string name = route.slot_file_name(turn.slot, purpose);
   const std::string path = route.slot_file_path(name);
   std::string why;
   uint32_t n_saved = 0;
-  bool ok = route.upstream().save_slot(turn.slot, name, &n_saved, &why);
+  int status = 0;
+  bool ok = route.upstream().save_slot(turn.slot, name, &n_saved, &why, &status);
+  if (!ok && status != 0) route.recheck_with_slot(turn.slot);  // restarted without the flag?
   if (ok && n_saved < position) {
     ok = false;
     why = "the slot holds " + std::to_string(n_saved) + " tokens, fewer than planned";
@@ -232,24 +266,74 @@ void park_slot(Turn& turn, uint32_t position, const kvpark_publish_options& opti
     ok = false;
     why = path + ": " + std::strerror(errno);
   }
-  if (ok) route.slot_file_sizes().observe(n_saved, uint64_t(st.st_size));
-  if (ok && reserved != nullptr && reserved->reserved()) {
+  if (!ok) {
+    unlink(path.c_str());
+    std::fprintf(stderr, "kvpark-proxy: upstream %s slot %u: not saved at %u tokens: %s\n",
+                 route.name().c_str(), turn.slot, position, why.c_str());
+    return false;
+  }
+  route.slot_file_sizes().observe(n_saved, uint64_t(st.st_size));
+  *ret_saved = SavedSlot{.path = path,
+                         .file_bytes = uint64_t(st.st_size),
+                         .position = position,
+                         .options = turn.head_options,
+                         .tokens = {},
+                         .slot = turn.slot};
+  return true;
+}
+
+// Copies a saved slot file into kvparkd (into `reserved` when the head was reserved
+// before its prefill and the file has the size predicted) and removes the file.
+void park_saved(ProxyState& proxy, Route& route, const SavedSlot& saved,
+                Reserved* reserved = nullptr) {
+  if (reserved != nullptr && reserved->reserved()) {
     std::string mismatch;
-    if (reserved->fill_and_seal(path, &mismatch)) {
-      unlink(path.c_str());
-      ++turn.proxy->counters.publishes;
+    if (reserved->fill_and_seal(saved.path, &mismatch)) {
+      unlink(saved.path.c_str());
+      ++proxy.counters.publishes;
       return;
     }
     reserved->abort();  // the prediction missed: park it the ordinary way
   }
-  if (ok) ok = route.parking().park_file(turn.tokens, position, options, path,
-                                         uint64_t(st.st_size), &why);
-  unlink(path.c_str());
+  std::string why;
+  const bool ok = route.parking().park_file(saved.tokens, saved.position, saved.options,
+                                            saved.path, saved.file_bytes, &why);
+  unlink(saved.path.c_str());
   if (ok)
-    ++turn.proxy->counters.publishes;
+    ++proxy.counters.publishes;
   else
     std::fprintf(stderr, "kvpark-proxy: upstream %s slot %u: not parked at %u tokens: %s\n",
-                 route.name().c_str(), turn.slot, position, why.c_str());
+                 route.name().c_str(), saved.slot, saved.position, why.c_str());
+}
+
+// Saves the turn's slot and parks it as the state after tokens[0, position), now.
+void park_slot(Turn& turn, uint32_t position, const kvpark_publish_options& options) {
+  SavedSlot saved;
+  if (!save_slot_file(turn, position, "save", &saved)) return;
+  saved.options = options;
+  saved.tokens = turn.tokens;
+  park_saved(*turn.proxy, *turn.route, saved);
+}
+
+// Saves the head the turn just prefilled, and parks it in the background while the
+// request goes on (the copy into kvparkd is not the request's to wait for); the
+// flight ends once it is parked, so followers find it. The file has a name of its
+// own: the slot may save again before the copy is done.
+void park_head_in_background(Turn& turn, std::shared_ptr<Reserved> reserved, uint64_t flight_key) {
+  static std::atomic<uint64_t> head_files{0};
+  SavedSlot saved;
+  const std::string purpose = "head-" + std::to_string(++head_files);
+  if (!save_slot_file(turn, turn.head, purpose.c_str(), &saved)) {
+    turn.proxy->flights.finish(flight_key);
+    return;
+  }
+  saved.tokens.assign(turn.tokens.begin(), turn.tokens.begin() + turn.head);
+  ProxyState* proxy = turn.proxy;
+  Route* route = turn.route;
+  proxy->background.run([proxy, route, saved = std::move(saved), reserved, flight_key] {
+    park_saved(*proxy, *route, saved, reserved.get());
+    proxy->flights.finish(flight_key);
+  });
 }
 
 // Whether llama-server still has what the proxy believes the slot holds: it may have
@@ -292,7 +376,7 @@ void take_slot_with_head(Turn& turn) {
     return;
   }
   if (common > 0 && !slot_still_holds(route, turn.slot, common)) common = 0;
-  if (common > 0) turn.reuse = "slot";
+  if (common > 0) turn.reuse = ReuseKind::slot;
   if (parked->position() > common && restore_into_slot(turn, *parked)) common = turn.restored;
   parked.reset();
   if (!leading) return;
@@ -301,13 +385,13 @@ void take_slot_with_head(Turn& turn) {
   // itself prefills only its delta, and the followers restore the head. Once slot
   // file sizes are known, the head is reserved in kvparkd first, so requests in
   // other processes (another proxy) see it in flight and wait too.
-  Reserved reserved;
+  auto reserved = std::make_shared<Reserved>();
   if (common < turn.head) {
     const uint64_t predicted = route.slot_file_sizes().predict(turn.head);
     const kvpark_status s =
         predicted == 0 ? KVPARK_NOT_FOUND
                        : route.parking().reserve(turn.tokens, turn.head, turn.head_options,
-                                                 predicted, &reserved);
+                                                 predicted, reserved.get());
     if (s == KVPARK_IN_FLIGHT || s == KVPARK_ALREADY_PRESENT) {
       ++turn.proxy->counters.head_waits;  // another process leads: follow it
       std::unique_ptr<Parked> theirs = route.parking().lookup(
@@ -321,13 +405,15 @@ void take_slot_with_head(Turn& turn) {
     std::string why;
     if (route.upstream().prefill(turn.slot, turn.tokens, turn.head, &prefilled, &why)) {
       ++turn.proxy->counters.head_prefills;
-      park_slot(turn, turn.head, turn.head_options, &reserved);
-    } else {
-      std::fprintf(stderr, "kvpark-proxy: upstream %s slot %u: head prefill failed: %s\n",
-                   route.name().c_str(), turn.slot, why.c_str());
+      turn.head_prefilled = prefilled;
+      park_head_in_background(turn, std::move(reserved), flight_key);
+      return;
     }
+    std::fprintf(stderr, "kvpark-proxy: upstream %s slot %u: head prefill failed: %s\n",
+                 route.name().c_str(), turn.slot, why.c_str());
   } else if (turn.restored < turn.head) {
-    park_slot(turn, turn.head, turn.head_options);  // the slot already held it
+    park_head_in_background(turn, std::move(reserved), flight_key);  // the slot held it
+    return;
   }
   flights.finish(flight_key);
 }
@@ -358,12 +444,24 @@ void finish_turn(Turn& turn, int status, bool completed) {
     route.slots().release(turn.slot, status == 200 ? std::move(turn.tokens)
                                                    : std::vector<int32_t>());
   }
-  const uint32_t cached = turn.prompt_tokens >= turn.prefilled ? turn.prompt_tokens - turn.prefilled : 0;
+  Counters& c = turn.proxy->counters;
+  const uint32_t cached = cached_tokens(turn);
+  const uint32_t prefilled = turn.prefilled + turn.head_prefilled;
+  if (status == 200) {
+    ++c.answered[size_t(turn.reuse)];
+    c.prompt_tokens += turn.prompt_tokens;
+    c.prefilled_tokens += prefilled;
+    c.restored_tokens += turn.restored;
+    c.cached_tokens += cached;
+  }
   std::fprintf(stderr,
                "kvpark-proxy: POST /v1/chat/completions upstream=%s slot=%d reuse=%s cached=%u/%u "
-               "prefilled=%u ttft_ms=%.1f status=%d\n",
-               route.name().c_str(), turn.slot == no_slot ? -1 : int(turn.slot), turn.reuse,
-               cached, turn.prompt_tokens, turn.prefilled, turn.ttft_msec, status);
+               "prefilled=%u restored=%u ttft_ms=%.1f status=%d restore_bytes=%llu "
+               "restore_file_ms=%.2f restore_upstream_ms=%.2f\n",
+               route.name().c_str(), turn.slot == no_slot ? -1 : int(turn.slot),
+               reuse_kind_string(turn.reuse), cached, turn.prompt_tokens, prefilled, turn.restored,
+               turn.ttft_msec, status, static_cast<unsigned long long>(turn.restore_bytes),
+               turn.restore_file_msec, turn.restore_upstream_msec);
 }
 
 void serve_chat(ProxyState& proxy, const httplib::Request& req, httplib::Response& res) {
@@ -397,7 +495,7 @@ void serve_chat(ProxyState& proxy, const httplib::Request& req, httplib::Respons
                                                                            kvpark_request_free);
   const std::string model =
       doc.HasMember("model") && doc["model"].IsString() ? doc["model"].GetString() : "";
-  turn->route = route_for_model(proxy, model);
+  turn->route = route_request(proxy, model);
   if (turn->route == nullptr) {
     send_error(res, 404, "model_not_found", "model '" + model + "': no upstream serves it");
     return;
@@ -413,6 +511,7 @@ void serve_chat(ProxyState& proxy, const httplib::Request& req, httplib::Respons
       return;
     }
     ++proxy.counters.uncached_requests;
+    turn->reuse = ReuseKind::uncached;
     forward(turn, req.path, res);  // 502 when unreachable, else served plainly
     return;
   }
@@ -420,6 +519,7 @@ void serve_chat(ProxyState& proxy, const httplib::Request& req, httplib::Respons
   plan_writes(*turn, request.get());
   if (!route.parking().connected()) {
     ++proxy.counters.uncached_requests;
+    turn->reuse = ReuseKind::uncached;
     std::fprintf(stderr, "kvpark-proxy: kvparkd unavailable; serving uncached\n");
     turn->head = 0;
     turn->closure = false;

@@ -20,10 +20,16 @@ double msec_since(Clock::time_point t) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
 }
 
+uint32_t cached_tokens(const Turn& turn) {
+  const uint64_t computed = uint64_t(turn.prefilled) + turn.head_prefilled;
+  return turn.prompt_tokens > computed ? uint32_t(turn.prompt_tokens - computed) : 0;
+}
+
 namespace {
 
-// Rewrites usage.prompt_tokens_details.cached_tokens to what was not prefilled, and
-// notes the figures for the log. Returns false when `doc` carries no usage.
+// Rewrites usage.prompt_tokens_details.cached_tokens to what no prefill on the
+// request's behalf computed (llama-server's figure counts a head this request led,
+// prefilled just before, as cached), and notes the figures for the log. Returns false when `doc` carries no usage.
 bool fix_usage(rapidjson::Document& doc, Turn& turn) {
   if (!doc.IsObject()) return false;
   if (doc.HasMember("timings") && doc["timings"].IsObject()) {
@@ -38,7 +44,7 @@ bool fix_usage(rapidjson::Document& doc, Turn& turn) {
   if (usage.HasMember("prompt_tokens") && usage["prompt_tokens"].IsUint())
     turn.prompt_tokens = usage["prompt_tokens"].GetUint();
   if (!turn.timings_seen) return true;
-  const uint32_t cached = turn.prompt_tokens >= turn.prefilled ? turn.prompt_tokens - turn.prefilled : 0;
+  const uint32_t cached = cached_tokens(turn);
   auto& a = doc.GetAllocator();
   if (!usage.HasMember("prompt_tokens_details") || !usage["prompt_tokens_details"].IsObject())
     usage.AddMember("prompt_tokens_details", rapidjson::Value(rapidjson::kObjectType), a);
@@ -51,7 +57,7 @@ bool fix_usage(rapidjson::Document& doc, Turn& turn) {
 }
 
 void set_reuse_headers(httplib::Response& res, const Turn& turn) {
-  res.set_header("X-Kvpark-Reuse", turn.reuse);
+  res.set_header("X-Kvpark-Reuse", reuse_kind_string(turn.reuse));
   res.set_header("X-Kvpark-Restored-Tokens", std::to_string(turn.restored));
   if (turn.slot != no_slot) res.set_header("X-Kvpark-Slot", std::to_string(turn.slot));
 }
@@ -77,7 +83,8 @@ void forward(std::shared_ptr<Turn> turn, const std::string& path, httplib::Respo
   if (status == 0) {
     finish_turn(*turn, 502, false);
     send_error(res, 502, "upstream_unavailable",
-               "upstream " + turn->route->name() + " is unreachable: " + relay->error());
+               "upstream " + turn->route->name() + ": " + turn->route->upstream().describe() +
+                   " is unreachable: " + relay->error());
     return;
   }
   set_reuse_headers(res, *turn);
@@ -91,6 +98,11 @@ void forward(std::shared_ptr<Turn> turn, const std::string& path, httplib::Respo
           reply["timings"].HasMember("prompt_ms") && reply["timings"]["prompt_ms"].IsNumber())
         turn->ttft_msec = std::chrono::duration<double, std::milli>(sent - turn->start).count() +
                           reply["timings"]["prompt_ms"].GetDouble();
+      if (turn->timings_seen) {  // known before the body is sent: the figures in headers too
+        res.set_header("X-Kvpark-Prefilled-Tokens",
+                       std::to_string(turn->prefilled + turn->head_prefilled));
+        res.set_header("X-Kvpark-Cached-Tokens", std::to_string(cached_tokens(*turn)));
+      }
     }
     send_then(res, status, std::move(text),
               content_type.empty() ? "application/json" : content_type,

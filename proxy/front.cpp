@@ -7,6 +7,7 @@
 #include <rapidjson/writer.h>
 
 #include <algorithm>
+#include <thread>
 
 #include "proxy/relay.h"
 
@@ -40,7 +41,8 @@ void pass_through(ProxyState& proxy, const httplib::Request& req, httplib::Respo
                                                     : client.Delete(target_of(req).c_str());
     if (!result) {
       send_error(res, 502, "upstream_unavailable",
-                 "upstream " + route->name() + " is unreachable: " + httplib::to_string(result.error()));
+                 "upstream " + route->name() + ": " + route->upstream().describe() +
+                     " is unreachable: " + describe_http_error(int(result.error())));
       return;
     }
     res.status = result->status;
@@ -53,7 +55,8 @@ void pass_through(ProxyState& proxy, const httplib::Request& req, httplib::Respo
   const int status = relay->wait_status(&content_type);
   if (status == 0) {
     send_error(res, 502, "upstream_unavailable",
-               "upstream " + route->name() + " is unreachable: " + relay->error());
+               "upstream " + route->name() + ": " + route->upstream().describe() +
+                   " is unreachable: " + relay->error());
     return;
   }
   if (status == 200 && content_type.rfind("text/event-stream", 0) == 0) {
@@ -67,9 +70,8 @@ void pass_through(ProxyState& proxy, const httplib::Request& req, httplib::Respo
                   content_type.empty() ? "application/octet-stream" : content_type.c_str());
 }
 
-void serve_models(ProxyState& proxy, const httplib::Request& req, httplib::Response& res) {
-  if (proxy.routes.size() == 1) return pass_through(proxy, req, res);
-  // Several upstreams: one list, each model under the name it routes by.
+// Every configured model name once, as clients send it in "model".
+void serve_models(ProxyState& proxy, httplib::Response& res) {
   rapidjson::StringBuffer buffer;
   rapidjson::Writer<rapidjson::StringBuffer> w(buffer);
   w.StartObject();
@@ -86,6 +88,8 @@ void serve_models(ProxyState& proxy, const httplib::Request& req, httplib::Respo
     w.String(route->name().c_str());
     w.Key("object");
     w.String("model");
+    w.Key("created");
+    w.Uint(0);
     w.Key("owned_by");
     w.String("kvpark-proxy");
     w.EndObject();
@@ -123,17 +127,40 @@ void serve_status(ProxyState& proxy, httplib::Response& res) {
     w.String(route->upstream().options().url.c_str());
     w.Key("ready");
     w.Bool(route->ready());
+    w.Key("state");
+    w.String(upstream_state_string(route->state()));
+    w.Key("reason");
+    w.String(route->state_reason().c_str());
+    w.Key("load");
+    w.Uint(route->load());
     w.Key("slots");
     w.Uint(route->slots().size());
     w.Key("busy_slots");
     w.Uint(route->slots().busy());
     w.Key("namespace");
-    w.String(route->ready() ? route->namespace_hex().c_str() : "");
+    w.String(route->namespace_hex().c_str());
     w.EndObject();
   }
   w.EndArray();
   w.EndObject();
   res.set_content(buffer.GetString(), "application/json");
+}
+
+// GET /health: 200 when every upstream is ready; 503 with what is not, as
+// llama-server answers while it loads.
+void serve_health(ProxyState& proxy, httplib::Response& res) {
+  std::string reasons;
+  for (const auto& route : proxy.routes) {
+    if (route->ready()) continue;
+    if (!reasons.empty()) reasons += "; ";
+    reasons += "upstream " + route->name() + " " + upstream_state_string(route->state()) + ": " +
+               route->state_reason();
+  }
+  if (reasons.empty()) {
+    res.set_content("{\"status\":\"ok\"}", "application/json");
+    return;
+  }
+  send_error(res, 503, "unavailable_error", reasons);
 }
 
 }  // namespace
@@ -142,16 +169,39 @@ Route* route_for_model(ProxyState& proxy, const std::string& model) {
   bool one_name = true;
   for (const auto& route : proxy.routes) one_name = one_name && route->name() == proxy.routes[0]->name();
   Route* best = nullptr;
-  uint32_t best_busy = 0;
   for (const auto& route : proxy.routes) {
     if (route->name() != model && !one_name) continue;
-    const uint32_t busy = route->slots().busy();
-    if (best == nullptr || busy < best_busy) {
-      best = route.get();
-      best_busy = busy;
-    }
+    const bool better =
+        best == nullptr || (route->ready() && !best->ready()) ||
+        (route->ready() == best->ready() && route->load() < best->load());
+    if (better) best = route.get();
   }
   return best;
+}
+
+void Background::run(std::function<void()> work) {
+  {
+    std::lock_guard lock(mutex_);
+    ++running_;
+  }
+  std::thread([this, work = std::move(work)] {
+    work();
+    std::lock_guard lock(mutex_);
+    --running_;
+    idle_.notify_all();
+  }).detach();
+}
+
+void Background::wait_idle() {
+  std::unique_lock lock(mutex_);
+  idle_.wait(lock, [&] { return running_ == 0; });
+}
+
+Route* route_request(ProxyState& proxy, const std::string& model) {
+  std::lock_guard lock(proxy.routing_mutex);
+  Route* route = route_for_model(proxy, model);
+  if (route != nullptr) route->begin_request();
+  return route;
 }
 
 void send_error(httplib::Response& res, int status, const std::string& type,
@@ -180,14 +230,17 @@ void install_routes(ProxyState& proxy, httplib::Server& server) {
   };
   server.Post("/v1/chat/completions", chat);
   server.Post("/chat/completions", chat);
-  server.Get("/health", [](const httplib::Request&, httplib::Response& res) {
-    res.set_content("{\"status\":\"ok\"}", "application/json");
+  server.Get("/health", [&proxy](const httplib::Request&, httplib::Response& res) {
+    serve_health(proxy, res);
+  });
+  server.Get("/metrics", [&proxy](const httplib::Request&, httplib::Response& res) {
+    res.set_content(metrics_text(proxy), "text/plain; version=0.0.4");
   });
   server.Get("/kvpark/status", [&proxy](const httplib::Request&, httplib::Response& res) {
     serve_status(proxy, res);
   });
-  server.Get("/v1/models", [&proxy](const httplib::Request& req, httplib::Response& res) {
-    serve_models(proxy, req, res);
+  server.Get("/v1/models", [&proxy](const httplib::Request&, httplib::Response& res) {
+    serve_models(proxy, res);
   });
   auto other = [&proxy](const httplib::Request& req, httplib::Response& res) {
     pass_through(proxy, req, res);

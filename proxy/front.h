@@ -10,7 +10,8 @@ class Server;
 namespace kvpark::proxy {
 
 // POST /v1/chat/completions (and /chat/completions): parked and restored.
-// GET /health, GET /kvpark/status: the proxy's own. GET /v1/models: every upstream.
+// GET /health (503 until every upstream is verified), GET /kvpark/status, GET
+// /metrics: the proxy's own. GET /v1/models: the configured model names.
 // Anything else: passed through to an upstream.
 void install_routes(ProxyState& proxy, httplib::Server& server);
 

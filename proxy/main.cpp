@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -36,16 +37,18 @@ void stop_on_signals(kvpark::http::Listener& listener) {
   }).detach();
 }
 
-// Slot files of proxies that are gone (named kvpark-PID-...): a crash between a save
-// and its unlink leaves one behind, and the slot directory is usually tmpfs.
-void remove_stale_slot_files(const std::string& dir) {
+// Slot files of proxies that are gone (named kvpark-PID-...), or with `own`, this
+// proxy's: each slot keeps its restore file between restores (overwritten in
+// place), a crash between a save and its unlink leaves one behind, and the slot
+// directory is usually tmpfs.
+void remove_slot_files(const std::string& dir, bool own) {
   DIR* d = opendir(dir.c_str());
   if (d == nullptr) return;
   while (const dirent* e = readdir(d)) {
     long pid = 0;
     if (std::sscanf(e->d_name, "kvpark-%ld-", &pid) != 1 || pid <= 0) continue;
-    if (kill(pid_t(pid), 0) == 0 || errno != ESRCH) continue;
-    unlinkat(dirfd(d), e->d_name, 0);
+    const bool gone = kill(pid_t(pid), 0) != 0 && errno == ESRCH;
+    if (gone || (own && pid == long(getpid()))) unlinkat(dirfd(d), e->d_name, 0);
   }
   closedir(d);
 }
@@ -76,10 +79,22 @@ int main(int argc, char** argv) {
                  std::strerror(errno));
     return 1;
   }
-  remove_stale_slot_files(proxy.options.slot_dir);
+  remove_slot_files(proxy.options.slot_dir, /*own=*/false);
+  // "ready" once every upstream is verified (each Route checks its own, then tells).
+  std::atomic<bool> routes_built{false};
+  std::atomic<bool> announced{false};
+  auto announce_when_ready = [&] {
+    if (!routes_built || announced) return;
+    for (const auto& route : proxy.routes)
+      if (!route->ready()) return;
+    if (announced.exchange(true)) return;
+    std::printf("kvpark-proxy: ready\n");
+    std::fflush(stdout);
+  };
   for (size_t i = 0; i < proxy.options.upstreams.size(); ++i)
-    proxy.routes.push_back(std::make_unique<Route>(proxy.options.upstreams[i], proxy.options, i));
-  for (auto& route : proxy.routes) route->refresh(true);  // status is complete at "ready"
+    proxy.routes.push_back(std::make_unique<Route>(proxy.options.upstreams[i], proxy.options, i,
+                                                   announce_when_ready));
+  routes_built = true;
 
   // Slow or oversized clients are held off in front of the workers (http/listener.h);
   // a port in use fails here ("address already in use"), never shared.
@@ -97,12 +112,22 @@ int main(int argc, char** argv) {
     return 1;
   }
   stop_on_signals(listener);
-  std::fprintf(stderr, "kvpark-proxy: listening on http://%s:%u, slot directory %s\n",
+  std::fprintf(stderr,
+               "kvpark-proxy %s: listening on http://%s:%u (OpenAI base URL http://%s:%u/v1), "
+               "slot directory %s; verifying %zu upstream(s)\n",
+               version, proxy.options.listen_host.c_str(), listener.port(),
                proxy.options.listen_host.c_str(), listener.port(),
-               proxy.options.slot_dir.c_str());
-  std::printf("kvpark-proxy: ready\n");
+               proxy.options.slot_dir.c_str(), proxy.routes.size());
+  std::printf("kvpark-proxy: listening\n");
   std::fflush(stdout);
-  listener.run();
-  proxy.routes.clear();  // stops the watchers
+  std::thread serving([&] { listener.run(); });
+  // /health answers 503 with the reason meanwhile; the watchers retry every second.
+  for (auto& route : proxy.routes) route->refresh(true);
+  announce_when_ready();
+  serving.join();
+  proxy.background.wait_idle();  // heads being parked
+  proxy.routes.clear();          // stops the watchers
+  remove_slot_files(proxy.options.slot_dir, /*own=*/true);
+  std::fprintf(stderr, "kvpark-proxy: stopped\n");
   return 0;
 }

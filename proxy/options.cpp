@@ -11,12 +11,15 @@
 #include <string_view>
 
 namespace kvpark::proxy {
+
+const char* const version = KVPARK_VERSION;
+
 namespace {
 
 constexpr const char* usage_text =
     "usage: kvpark-proxy [--config FILE] [--listen HOST:PORT] [--upstream NAME=URL]...\n"
     "                    [--state NAME=SETTINGS]... [--slot-dir DIR] [--socket PATH]\n"
-    "                    [--digest-cache DIR] [--no-system-candidate]\n"
+    "                    [--digest-cache DIR] [--no-system-candidate] [--version]\n"
     "OpenAI-compatible front for llama-server that parks slot state in kvparkd.\n"
     "See kvpark-proxy(1).\n";
 
@@ -127,6 +130,8 @@ ProxyOptions default_options() {
     o.slot_dir = d;  // systemd's RuntimeDirectory=, shared with llama-server's group
   else if (const char* x = std::getenv("XDG_RUNTIME_DIR"); x != nullptr && x[0] != '\0')
     o.slot_dir = std::string(x) + "/kvpark-proxy";
+  else if (access("/dev/shm", W_OK) == 0)  // tmpfs: slot files are hundreds of MB
+    o.slot_dir = "/dev/shm/kvpark-proxy-" + std::to_string(getuid());
   else
     o.slot_dir = "/tmp/kvpark-proxy-" + std::to_string(getuid());
   return o;
@@ -167,6 +172,11 @@ bool parse_command_line(int argc, char** argv, ProxyOptions& o, bool& ret_exit_n
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
       std::fputs(usage_text, stdout);
+      ret_exit_now = true;
+      return true;
+    }
+    if (std::strcmp(argv[i], "--version") == 0) {
+      std::printf("kvpark-proxy %s\n", version);
       ret_exit_now = true;
       return true;
     }

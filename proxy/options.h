@@ -12,6 +12,9 @@
 
 namespace kvpark::proxy {
 
+// The project's version (meson.build's project version, passed as KVPARK_VERSION).
+extern const char* const version;
+
 struct UpstreamOptions {
   std::string name;      // the model name clients send; routes requests (several
                          // upstreams may serve one name: requests are spread)
@@ -31,11 +34,12 @@ struct ProxyOptions {
 };
 
 // Embedded defaults: slot dir $RUNTIME_DIRECTORY, else $XDG_RUNTIME_DIR/kvpark-proxy,
-// else /tmp/kvpark-proxy-$UID (created group-writable: llama-server writes there).
+// else /dev/shm/kvpark-proxy-$UID (tmpfs), else /tmp/kvpark-proxy-$UID (created
+// group-writable: llama-server writes there).
 ProxyOptions default_options();
 
 // Parses argv over defaults (reading --config first). false with a message;
-// ret_exit_now is set for --help (usage printed to stdout).
+// ret_exit_now is set for --help and --version (printed to stdout).
 bool parse_command_line(int argc, char** argv, ProxyOptions& ret_options, bool& ret_exit_now,
                         std::string& ret_error);
 

@@ -30,7 +30,10 @@ bool write_checked_file(const uint8_t* payload, uint64_t payload_bytes, uint32_t
     return false;
   }
   *ret_corrupt = false;
-  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+  // Overwritten in place, not truncated: the file's pages (tmpfs, usually) stay
+  // allocated from the slot's last restore, and allocating them again costs more
+  // than the copy itself at a few hundred megabytes.
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0640);
   if (fd < 0) {
     *ret_refused = path + ": " + std::strerror(errno);
     return false;
@@ -55,6 +58,10 @@ bool write_checked_file(const uint8_t* payload, uint64_t payload_bytes, uint32_t
       }
     }
     at += n;
+  }
+  if (ok && ftruncate(fd, off_t(header.file_bytes)) != 0) {  // a longer last state
+    *ret_refused = path + ": " + std::strerror(errno);
+    ok = false;
   }
   const bool checksum_ok = XXH3_64bits_digest(hash) == header.file_xxh3_64;
   XXH3_freeState(hash);

@@ -31,7 +31,8 @@ class Parked {
   uint32_t position() const { return position_; }  // tokens covered; 0: nothing
   kvpark_reuse_kind reuse_kind() const { return reuse_kind_; }
   uint64_t file_bytes() const;  // the slot file's size, by its payload
-  // Checks the parked payload and writes its slot file to path; false with why.
+  // Checks the parked payload and writes its slot file to path, over what the file
+  // held (its pages are reused); false with why.
   // *ret_corrupt: the payload failed its checks (not an I/O error on the file).
   bool write_slot_file(const std::string& path, std::string* ret_refused,
                        bool* ret_corrupt) const;

@@ -1,7 +1,10 @@
 // What the HTTP handlers share: the options, one Route per upstream, the counters.
 #pragma once
 
+#include <condition_variable>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -15,21 +18,42 @@ struct Response;
 
 namespace kvpark::proxy {
 
+// Work that runs after the request that caused it went on (parking a head): each
+// on a thread of its own; wait_idle() at exit.
+class Background {
+ public:
+  void run(std::function<void()> work);
+  void wait_idle();
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable idle_;
+  size_t running_ = 0;
+};
+
 struct ProxyState {
   ProxyOptions options;
   std::vector<std::unique_ptr<Route>> routes;
   HeadFlights flights;
   Counters counters;
+  std::mutex routing_mutex;  // a choice and its load count are one step
+  Background background;
 };
 
-// The route for a request's "model": of the upstreams with that name, the one with
-// the fewest busy slots; with one model name configured, any name goes to it.
+// The route for a request's "model": of the upstreams with that name, a ready one
+// before others, then the one with the least load (requests in progress there,
+// waiting ones included); with one model name configured, any name goes to it.
 // nullptr: no such model.
 Route* route_for_model(ProxyState& proxy, const std::string& model);
+// route_for_model, counted in the route's load (the caller calls end_request()).
+Route* route_request(ProxyState& proxy, const std::string& model);
 
 // An OpenAI-style error body: {"error": {"message", "type", "code"}}.
 void send_error(httplib::Response& res, int status, const std::string& type,
                 const std::string& message);
+
+// GET /metrics: Prometheus text (metrics.cpp).
+std::string metrics_text(ProxyState& proxy);
 
 // POST /v1/chat/completions (chat.cpp).
 void serve_chat(ProxyState& proxy, const httplib::Request& req, httplib::Response& res);

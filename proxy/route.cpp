@@ -13,6 +13,7 @@ namespace kvpark::proxy {
 namespace {
 
 constexpr auto refresh_interval = std::chrono::seconds(5);
+constexpr auto retry_interval = std::chrono::seconds(1);  // while an upstream is not ready
 constexpr size_t frontier_cache_entries_max = 4096;  // distinct heads remembered
 constexpr uint32_t namespace_format_version = 1;     // bump when the fields below change
 // llama-server refusing this many parked states in a row, with no restore between,
@@ -39,6 +40,39 @@ kvpark_hash128 make_namespace(kvpark_hash128 weights, const std::string& build_i
 }
 
 }  // namespace
+
+const char* reuse_kind_string(ReuseKind kind) {
+  switch (kind) {
+    case ReuseKind::root: return "root";
+    case ReuseKind::shared_stable_prefix: return "shared_stable_prefix";
+    case ReuseKind::private_turn_closure: return "private_turn_closure";
+    case ReuseKind::slot: return "slot";
+    case ReuseKind::uncached: return "uncached";
+    case ReuseKind::count: break;
+  }
+  return "?";
+}
+
+const char* restore_failure_string(RestoreFailure cause) {
+  switch (cause) {
+    case RestoreFailure::checksum: return "checksum";
+    case RestoreFailure::refused: return "refused";
+    case RestoreFailure::slot_file: return "slot_file";
+    case RestoreFailure::misconfigured: return "misconfigured";
+    case RestoreFailure::count: break;
+  }
+  return "?";
+}
+
+const char* upstream_state_string(UpstreamState state) {
+  switch (state) {
+    case UpstreamState::verifying: return "verifying";
+    case UpstreamState::ready: return "ready";
+    case UpstreamState::unreachable: return "unreachable";
+    case UpstreamState::misconfigured: return "misconfigured";
+  }
+  return "?";
+}
 
 void SlotFileSizes::observe(uint32_t tokens, uint64_t bytes) {
   std::lock_guard lock(mutex_);
@@ -92,13 +126,15 @@ void HeadFlights::finish(uint64_t key) {
   done_.notify_all();
 }
 
-Route::Route(const UpstreamOptions& upstream, const ProxyOptions& options, size_t index)
+Route::Route(const UpstreamOptions& upstream, const ProxyOptions& options, size_t index,
+             std::function<void()> on_state_change)
     : upstream_(upstream),
       parking_(options.socket_path, "kvpark-proxy/" + upstream.name),
       slot_dir_(options.slot_dir),
       index_(index),
       digest_cache_(options.digest_cache.empty() ? llama::default_cache_dir()
-                                                 : options.digest_cache) {
+                                                 : options.digest_cache),
+      on_state_change_(std::move(on_state_change)) {
   watcher_ = std::thread([this] { watch(); });
 }
 
@@ -115,7 +151,8 @@ void Route::watch() {
   // The constructor's caller refreshed once already (main, before "ready").
   std::unique_lock lock(watch_mutex_);
   while (!stopping_) {
-    watch_wake_.wait_for(lock, refresh_interval, [&] { return stopping_; });
+    watch_wake_.wait_for(lock, ready_ ? refresh_interval : retry_interval,
+                         [&] { return stopping_; });
     if (stopping_) break;
     lock.unlock();
     refresh(true);
@@ -127,10 +164,21 @@ void Route::refresh(bool verify_slots) {
   UpstreamProps props;
   std::string error;
   if (!upstream_.props(&props, &error)) {
-    if (ready_.exchange(false))
-      std::fprintf(stderr, "kvpark-proxy: upstream %s: %s; serving it uncached\n", name().c_str(),
-                   error.c_str());
-    slots_.forget_all();  // whatever comes back holds nothing we know of
+    verified_ = false;    // whatever comes back is checked again
+    slots_.forget_all();  // and holds nothing we know of
+    if (error.rfind("HTTP 503", 0) == 0)  // llama-server loading its model
+      set_state(UpstreamState::verifying, upstream_.describe() + " is starting: " + error);
+    else
+      set_state(UpstreamState::unreachable,
+                upstream_.describe() + " does not answer GET /props: " + error);
+    return;
+  }
+  if (!props.slots_endpoint) {
+    verified_ = false;
+    set_state(UpstreamState::misconfigured,
+              upstream_.describe() +
+                  " was started with --no-slots: the proxy needs GET /slots (start it without "
+                  "--no-slots)");
     return;
   }
   if (verify_slots) {
@@ -142,11 +190,10 @@ void Route::refresh(bool verify_slots) {
   kvpark_hash128 weights;
   if (llama::digest_model_file(props.model_path, digest_cache_, &weights) !=
       llama::DigestStatus::ok) {
-    if (ready_.exchange(false))
-      std::fprintf(stderr,
-                   "kvpark-proxy: upstream %s: cannot read its model file %s (the proxy digests "
-                   "it for the namespace); serving it uncached\n",
-                   name().c_str(), props.model_path.c_str());
+    set_state(UpstreamState::misconfigured,
+              upstream_.describe() + " serves " + props.model_path +
+                  ", which the proxy cannot read (it digests the model file for the namespace: "
+                  "run the proxy where that path is readable)");
     return;
   }
   slots_.resize(props.total_slots);
@@ -155,6 +202,8 @@ void Route::refresh(bool verify_slots) {
     std::lock_guard lock(mutex_);
     id = make_namespace(weights, props.build_info, upstream_.options().settings, epoch_);
     const bool same = id.low == namespace_id_.low && id.high == namespace_id_.high;
+    model_path_ = props.model_path;
+    total_slots_ = props.total_slots;
     if (same && ready_) return;
     if (!same) {
       // Refusals counted under another namespace say nothing of this one. An
@@ -166,12 +215,42 @@ void Route::refresh(bool verify_slots) {
       frontiers_.clear();
       refusals_in_a_row_ = 0;
       slots_.forget_all();
+      verified_ = false;  // another process or model: its slot directory too
     }
   }
   parking_.set_namespace(id, 0);
-  ready_ = true;
-  std::fprintf(stderr, "kvpark-proxy: upstream %s: %s, %u slots, namespace %s\n", name().c_str(),
-               props.model_path.c_str(), props.total_slots, namespace_hex().c_str());
+  if (!verified_) verify();
+  if (verified_) set_state(UpstreamState::ready, "");
+}
+
+UpstreamState Route::state() const {
+  std::lock_guard lock(mutex_);
+  return state_;
+}
+
+std::string Route::state_reason() const {
+  std::lock_guard lock(mutex_);
+  return reason_;
+}
+
+void Route::set_state(UpstreamState state, const std::string& reason) {
+  {
+    std::lock_guard lock(mutex_);
+    if (state == state_ && reason == reason_) return;
+    state_ = state;
+    reason_ = reason;
+    ready_ = state == UpstreamState::ready;
+  }
+  if (state == UpstreamState::ready)
+    std::fprintf(stderr,
+                 "kvpark-proxy: upstream %s: %s ready: %s, %u slots, slot files round-trip in %s, "
+                 "namespace %s\n",
+                 name().c_str(), upstream_.describe().c_str(), model_path_.c_str(), total_slots_,
+                 slot_dir_.c_str(), namespace_hex().c_str());
+  else
+    std::fprintf(stderr, "kvpark-proxy: upstream %s %s: %s; serving it uncached until then\n",
+                 name().c_str(), upstream_state_string(state), reason.c_str());
+  if (on_state_change_) on_state_change_();
 }
 
 void Route::restore_succeeded() {
@@ -191,10 +270,12 @@ void Route::restore_refused() {
   }
   parking_.set_namespace(id, 0);
   std::fprintf(stderr,
-               "kvpark-proxy: upstream %s: %u parked states in a row refused (by llama-server: its "
-               "cache settings differ from what the proxy was told, --state %s=...; or by their "
-               "checksums); parking under a fresh namespace %s\n",
-               name().c_str(), refusals_before_new_epoch, name().c_str(), namespace_hex().c_str());
+               "kvpark-proxy: upstream %s: %u parked states in a row refused, though slot files "
+               "round-trip through %s (llama-server's cache settings differ from what the proxy "
+               "was told, --state %s=...; or the entries failed their checksums); parking under "
+               "a fresh namespace %s\n",
+               name().c_str(), refusals_before_new_epoch, slot_dir_.c_str(), name().c_str(),
+               namespace_hex().c_str());
 }
 
 kvpark_hash128 Route::namespace_id() const {

@@ -3,8 +3,10 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -20,6 +22,20 @@
 
 namespace kvpark::proxy {
 
+// How a request's prompt was had: the X-Kvpark-Reuse values, and /metrics labels.
+enum class ReuseKind { root, shared_stable_prefix, private_turn_closure, slot, uncached, count };
+const char* reuse_kind_string(ReuseKind kind);
+
+// Why a parked state was not restored (the request was prefilled instead).
+enum class RestoreFailure {
+  checksum,       // the payload failed the proxy's checks
+  refused,        // llama-server refused it, though slot files round-trip
+  slot_file,      // the proxy could not write the slot file
+  misconfigured,  // the upstream failed its slot-file round trip: not the state's fault
+  count
+};
+const char* restore_failure_string(RestoreFailure cause);
+
 struct Counters {
   std::atomic<uint64_t> requests{0};
   std::atomic<uint64_t> uncached_requests{0};  // served without kvparkd
@@ -28,7 +44,26 @@ struct Counters {
   std::atomic<uint64_t> restores{0};
   std::atomic<uint64_t> restore_failures{0};   // parked state refused: prefilled instead
   std::atomic<uint64_t> publishes{0};
+  // Requests answered, by how their prompt was had, and their prompt tokens: all of
+  // them, those prefilled on their behalf (a head they led included), those restored
+  // from kvparkd, and those reported as cached_tokens (prompt - prefilled).
+  std::atomic<uint64_t> answered[size_t(ReuseKind::count)] = {};
+  std::atomic<uint64_t> prompt_tokens{0};
+  std::atomic<uint64_t> prefilled_tokens{0};
+  std::atomic<uint64_t> restored_tokens{0};
+  std::atomic<uint64_t> cached_tokens{0};
+  std::atomic<uint64_t> failures[size_t(RestoreFailure::count)] = {};
 };
+
+// Where an upstream stands. Only `ready` upstreams get slot state restored or parked;
+// requests to the others are forwarded uncached.
+enum class UpstreamState {
+  verifying,      // reachable (or loading its model); the round trip has not run yet
+  ready,          // verified: reachable, slots enabled, slot files round-trip, model known
+  unreachable,    // no answer, or not llama-server
+  misconfigured,  // answers, but cannot be served cached (the reason says what to fix)
+};
+const char* upstream_state_string(UpstreamState state);
 
 // Requests that need the same head prefilled: the first leads, the rest wait. Keyed
 // by namespace and head, so upstreams serving one model share their flights.
@@ -65,7 +100,9 @@ class SlotFileSizes {
 class Route {
  public:
   // index: the upstream's place in the options, which keeps slot file names apart.
-  Route(const UpstreamOptions& upstream, const ProxyOptions& options, size_t index);
+  // on_state_change runs (on any thread) after the state changed.
+  Route(const UpstreamOptions& upstream, const ProxyOptions& options, size_t index,
+        std::function<void()> on_state_change = {});
   ~Route();
   Route(const Route&) = delete;
   Route& operator=(const Route&) = delete;
@@ -75,13 +112,29 @@ class Route {
   Parking& parking() { return parking_; }
   SlotFileSizes& slot_file_sizes() { return sizes_; }
   const std::string& name() const { return upstream_.options().name; }
+  const std::string& url() const { return upstream_.options().url; }
 
   // Checks /props and the model file now: a new model, file or build gives a new
   // namespace; with verify_slots, GET /slots drops beliefs a restart made wrong.
   // Run before every request (without /slots, which waits for llama-server's main
-  // loop) and every refresh interval by a watcher thread (with).
+  // loop) and every refresh interval by a watcher thread (with). An upstream not
+  // verified since it was last seen away, or under a new namespace, is verified
+  // (verify()) before it is ready.
   void refresh(bool verify_slots);
   bool ready() const { return ready_.load(); }
+  UpstreamState state() const;
+  std::string state_reason() const;  // what to fix; "" when ready
+  // A slot action failed in a way the round trip would catch (a save llama-server
+  // does not support, a refused restore): checks the slot-file round trip again in
+  // `slot`, which the caller holds (its contents are then unknown). false: the
+  // upstream is misconfigured now (logged, not ready, re-verified by the watcher).
+  bool recheck_with_slot(uint32_t slot);
+
+  // Requests routed here and not finished: those waiting for a head another request
+  // prefills, or for a slot, count too, so routing spreads a fan-out.
+  uint32_t load() const { return in_progress_.load(); }
+  void begin_request() { ++in_progress_; }
+  void end_request() { --in_progress_; }
   // How restores went. Refusals in a row (llama-server refusing a state, or a
   // payload failing its checks) move the upstream to a fresh namespace (an epoch in
   // the hash), so a setting the operator left out of --state, or a damaged entry
@@ -107,6 +160,10 @@ class Route {
 
  private:
   void watch();
+  void verify();
+  void set_state(UpstreamState state, const std::string& reason);
+  // The slot-file round trip in `slot` (held): false with what to fix.
+  bool round_trip(uint32_t slot, std::string* ret_why);
 
   Upstream upstream_;
   SlotPool slots_;
@@ -123,6 +180,15 @@ class Route {
   uint32_t refusals_in_a_row_ = 0;
   kvpark_hash128 namespace_id_{};
   std::atomic<bool> ready_{false};
+  std::string model_path_;  // as /props names it
+  uint32_t total_slots_ = 0;
+  UpstreamState state_ = UpstreamState::verifying;
+  std::string reason_ = "not checked yet";
+  std::atomic<bool> verified_{false};  // the round trip passed since last seen away
+  std::mutex verify_mutex_;            // one round trip at a time
+  std::chrono::steady_clock::time_point last_verify_{};  // under verify_mutex_
+  std::function<void()> on_state_change_;
+  std::atomic<uint32_t> in_progress_{0};
   std::unordered_map<uint64_t, Frontier> frontiers_;
 
   std::mutex watch_mutex_;

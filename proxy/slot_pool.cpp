@@ -55,6 +55,19 @@ uint32_t SlotPool::acquire(const std::vector<int32_t>& prompt, size_t* ret_commo
   }
 }
 
+uint32_t SlotPool::try_acquire_idle() {
+  std::lock_guard lock(mutex_);
+  uint32_t best = no_slot;
+  for (uint32_t i = 0; i < slots_.size(); ++i)
+    if (!slots_[i].busy && (best == no_slot || slots_[i].last_used < slots_[best].last_used))
+      best = i;
+  if (best != no_slot) {
+    slots_[best].busy = true;
+    slots_[best].last_used = ++clock_;
+  }
+  return best;
+}
+
 void SlotPool::release(uint32_t slot, std::vector<int32_t> holds) {
   std::lock_guard lock(mutex_);
   if (slot >= slots_.size()) return;  // the pool shrank meanwhile

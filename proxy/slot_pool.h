@@ -28,6 +28,8 @@ class SlotPool {
   // with prompt (least recently used among equals). *ret_common: that prefix.
   // no_slot when the pool has no slots.
   uint32_t acquire(const std::vector<int32_t>& prompt, size_t* ret_common);
+  // An idle slot, least recently used, without waiting; no_slot when all are busy.
+  uint32_t try_acquire_idle();
   // Gives the slot back, now believed to hold `holds` (empty: unknown).
   void release(uint32_t slot, std::vector<int32_t> holds);
   // Drops beliefs that GET /slots contradicts (a restarted upstream holds nothing).

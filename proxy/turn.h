@@ -19,8 +19,14 @@ using Clock = std::chrono::steady_clock;
 
 // One request's state, shared with the work that runs after its response.
 struct Turn {
+  Turn() = default;
+  Turn(const Turn&) = delete;
+  Turn& operator=(const Turn&) = delete;
+  ~Turn() {
+    if (route != nullptr) route->end_request();
+  }
   ProxyState* proxy = nullptr;
-  Route* route = nullptr;
+  Route* route = nullptr;  // counted in its load (route_request) until the turn ends
   rapidjson::Document request;
   std::vector<int32_t> tokens;
   uint64_t session_id = 0;
@@ -30,15 +36,24 @@ struct Turn {
   bool closure = false;           // park the turn after the response
   kvpark_publish_options closure_options{};
   uint32_t restored = 0;          // tokens restored from kvparkd into the slot
-  const char* reuse = "root";
+  ReuseKind reuse = ReuseKind::root;
   Clock::time_point start;
   double ttft_msec = -1;
   uint32_t prompt_tokens = 0;     // as the upstream reported them
   uint32_t prefilled = 0;         // timings.prompt_n
+  uint32_t head_prefilled = 0;    // the head this request led, prefilled before it
+  // A restore from kvparkd: the slot file's size, the proxy's part (checking and
+  // writing the file) and llama-server's (/slots/N?action=restore).
+  uint64_t restore_bytes = 0;
+  double restore_file_msec = 0;
+  double restore_upstream_msec = 0;
   bool timings_seen = false;
 };
 
 std::string to_json(const rapidjson::Value& v);
+// The prompt tokens no prefill on the request's behalf computed: what
+// usage.prompt_tokens_details.cached_tokens reports.
+uint32_t cached_tokens(const Turn& turn);
 double msec_since(Clock::time_point t);
 
 // After the response (or its failure): parks the turn, gives the slot back, logs

@@ -20,7 +20,7 @@ void configure(httplib::Client& client) {
 Reply from_result(const httplib::Result& result) {
   Reply reply;
   if (!result) {
-    reply.error = httplib::to_string(result.error());
+    reply.error = describe_http_error(int(result.error()));
     return reply;
   }
   reply.status = result->status;
@@ -30,7 +30,7 @@ Reply from_result(const httplib::Result& result) {
 }
 
 std::string error_message(const Reply& reply) {
-  if (reply.status == 0) return "no answer: " + reply.error;
+  if (reply.status == 0) return reply.error;
   rapidjson::Document doc;
   doc.Parse(reply.body.c_str(), reply.body.size());
   if (!doc.HasParseError() && doc.IsObject() && doc.HasMember("error") &&
@@ -53,7 +53,7 @@ uint32_t uint_member(const rapidjson::Value& v, const char* name) {
 
 bool slot_action(const Upstream& upstream, uint32_t slot_id, const char* action,
                  const std::string& file_name, uint32_t* ret_tokens, std::string* ret_error,
-                 bool* ret_refused = nullptr) {
+                 bool* ret_refused, int* ret_status) {
   rapidjson::StringBuffer body;
   rapidjson::Writer<rapidjson::StringBuffer> w(body);
   w.StartObject();
@@ -62,6 +62,7 @@ bool slot_action(const Upstream& upstream, uint32_t slot_id, const char* action,
   w.EndObject();
   const Reply reply = upstream.post(
       "/slots/" + std::to_string(slot_id) + "?action=" + action, body.GetString());
+  if (ret_status != nullptr) *ret_status = reply.status;
   rapidjson::Document doc;
   if (!reply.ok() || !parse_object(reply, doc)) {
     *ret_error = error_message(reply);
@@ -73,6 +74,18 @@ bool slot_action(const Upstream& upstream, uint32_t slot_id, const char* action,
 }
 
 }  // namespace
+
+std::string describe_http_error(int httplib_error) {
+  switch (httplib::Error(httplib_error)) {
+    case httplib::Error::Connection: return "could not connect (connection refused: nothing listens there?)";
+    case httplib::Error::ConnectionTimeout: return "connection timed out";
+    case httplib::Error::Read: return "the connection closed before an answer";
+    case httplib::Error::Write: return "the connection closed while sending";
+    case httplib::Error::Canceled: return "cancelled";
+    default: break;
+  }
+  return httplib::to_string(httplib::Error(httplib_error));
+}
 
 Reply Upstream::get(const std::string& path) const {
   httplib::Client client(options_.url);
@@ -107,7 +120,7 @@ Reply Upstream::post_streaming(const std::string& path, const std::string& body,
   httplib::Error error = httplib::Error::Success;
   Reply reply;
   if (!client.send(request, response, error)) {
-    reply.error = httplib::to_string(error);
+    reply.error = describe_http_error(int(error));
     reply.status = response.status > 0 && error == httplib::Error::Canceled ? response.status : 0;
     return reply;
   }
@@ -129,16 +142,19 @@ bool Upstream::props(UpstreamProps* ret_props, std::string* ret_error) const {
   if (doc.HasMember("build_info") && doc["build_info"].IsString())
     p.build_info = doc["build_info"].GetString();
   p.total_slots = uint_member(doc, "total_slots");
+  if (doc.HasMember("endpoint_slots") && doc["endpoint_slots"].IsBool())
+    p.slots_endpoint = doc["endpoint_slots"].GetBool();
   if (p.model_path.empty() || p.total_slots == 0) {
-    *ret_error = "/props names no model_path or no slots";
+    *ret_error = "GET /props names no model_path or no slots (is it llama-server?)";
     return false;
   }
   *ret_props = p;
   return true;
 }
 
-bool Upstream::slots(std::vector<SlotReport>* ret_slots) const {
+bool Upstream::slots(std::vector<SlotReport>* ret_slots, Reply* ret_reply) const {
   const Reply reply = get("/slots");
+  if (ret_reply != nullptr) *ret_reply = reply;
   rapidjson::Document doc;
   doc.Parse(reply.body.c_str(), reply.body.size());
   if (!reply.ok() || doc.HasParseError() || !doc.IsArray()) return false;
@@ -191,6 +207,31 @@ bool Upstream::chat_tokens(const std::string& request_body, std::vector<int32_t>
   return true;
 }
 
+bool Upstream::tokenize(const std::string& text, std::vector<int32_t>* ret_tokens,
+                        std::string* ret_error) const {
+  rapidjson::StringBuffer body;
+  rapidjson::Writer<rapidjson::StringBuffer> w(body);
+  w.StartObject();
+  w.Key("content");
+  w.String(text.c_str(), rapidjson::SizeType(text.size()));
+  w.Key("add_special");
+  w.Bool(true);
+  w.Key("parse_special");
+  w.Bool(true);
+  w.EndObject();
+  const Reply reply = post("/tokenize", body.GetString());
+  rapidjson::Document doc;
+  if (!reply.ok() || !parse_object(reply, doc) || !doc.HasMember("tokens") ||
+      !doc["tokens"].IsArray()) {
+    *ret_error = "POST /tokenize: " + error_message(reply);
+    return false;
+  }
+  ret_tokens->clear();
+  for (const auto& t : doc["tokens"].GetArray())
+    if (t.IsInt()) ret_tokens->push_back(t.GetInt());
+  return true;
+}
+
 bool Upstream::prefill(uint32_t slot_id, const std::vector<int32_t>& tokens, size_t n_tokens,
                        uint32_t* ret_prefilled, std::string* ret_error) const {
   rapidjson::StringBuffer body;
@@ -218,14 +259,15 @@ bool Upstream::prefill(uint32_t slot_id, const std::vector<int32_t>& tokens, siz
 }
 
 bool Upstream::save_slot(uint32_t slot_id, const std::string& file_name, uint32_t* ret_tokens,
-                         std::string* ret_error) const {
-  return slot_action(*this, slot_id, "save", file_name, ret_tokens, ret_error);
+                         std::string* ret_error, int* ret_status) const {
+  return slot_action(*this, slot_id, "save", file_name, ret_tokens, ret_error, nullptr, ret_status);
 }
 
 bool Upstream::restore_slot(uint32_t slot_id, const std::string& file_name, uint32_t* ret_tokens,
-                            std::string* ret_error, bool* ret_refused) const {
+                            std::string* ret_error, bool* ret_refused, int* ret_status) const {
   *ret_refused = false;
-  return slot_action(*this, slot_id, "restore", file_name, ret_tokens, ret_error, ret_refused);
+  return slot_action(*this, slot_id, "restore", file_name, ret_tokens, ret_error, ret_refused,
+                     ret_status);
 }
 
 }  // namespace kvpark::proxy

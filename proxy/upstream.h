@@ -14,6 +14,9 @@
 namespace kvpark::proxy {
 
 // What an HTTP call returned. status 0: no answer (connection refused, timeout).
+// What an httplib error means, for messages ("could not connect", ...).
+std::string describe_http_error(int httplib_error);
+
 struct Reply {
   int status = 0;
   std::string body;
@@ -26,6 +29,7 @@ struct UpstreamProps {
   std::string model_path;
   std::string build_info;
   uint32_t total_slots = 0;
+  bool slots_endpoint = true;  // false: started with --no-slots
 };
 
 // One slot as GET /slots reports it.
@@ -38,6 +42,8 @@ class Upstream {
  public:
   explicit Upstream(UpstreamOptions options) : options_(std::move(options)) {}
   const UpstreamOptions& options() const { return options_; }
+  // "llama-server at URL": how messages name it.
+  std::string describe() const { return "llama-server at " + options_.url; }
 
   Reply get(const std::string& path) const;
   Reply post(const std::string& path, const std::string& body,
@@ -50,7 +56,10 @@ class Upstream {
 
   bool props(UpstreamProps* ret_props, std::string* ret_error) const;
   // Reports for every slot, in slot order; false when /slots is unavailable.
-  bool slots(std::vector<SlotReport>* ret_slots) const;
+  bool slots(std::vector<SlotReport>* ret_slots, Reply* ret_reply = nullptr) const;
+  // The tokens of text (special tokens added and parsed); false with why.
+  bool tokenize(const std::string& text, std::vector<int32_t>* ret_tokens,
+                std::string* ret_error) const;
   // The prompt a chat request renders to, tokenized as the chat endpoint does it
   // (special tokens added and parsed). On failure, the upstream's reply.
   bool chat_tokens(const std::string& request_body, std::vector<int32_t>* ret_tokens,
@@ -59,11 +68,13 @@ class Upstream {
   bool prefill(uint32_t slot_id, const std::vector<int32_t>& tokens, size_t n_tokens,
                uint32_t* ret_prefilled, std::string* ret_error) const;
   // /slots/N?action=save|restore with a file name in the upstream's slot directory.
+  // *ret_status: the HTTP status (0: no answer; 501: slot actions are disabled,
+  // llama-server was started without --slot-save-path).
   bool save_slot(uint32_t slot_id, const std::string& file_name, uint32_t* ret_tokens,
-                 std::string* ret_error) const;
+                 std::string* ret_error, int* ret_status = nullptr) const;
   // *ret_refused: llama-server answered and refused the file (not unreachable).
   bool restore_slot(uint32_t slot_id, const std::string& file_name, uint32_t* ret_tokens,
-                    std::string* ret_error, bool* ret_refused) const;
+                    std::string* ret_error, bool* ret_refused, int* ret_status = nullptr) const;
 
  private:
   UpstreamOptions options_;

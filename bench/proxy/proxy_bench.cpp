@@ -4,6 +4,10 @@
 //   kvpark-proxy-bench [--quick] [--head-tokens N] [--llama-server PATH] [--proxy PATH]
 //                      [--kvparkd PATH] [--model PATH | --make-test-model PATH]
 //                      [--slots N] [--threads N] [--fan-out N] [--keep]
+//   kvpark-proxy-bench --restore-path [--head-tokens N] [--layers N] [--embedding N]
+//
+// --restore-path runs only the realistic-geometry case of restore_bench.cpp (a
+// 4096-token head by default on a model of ~65 KB of state per token).
 //
 // Cases, each run once direct and once through the proxy, each on a fresh
 // llama-server (new process, empty cache) and, for the proxy, a fresh kvparkd:
@@ -27,6 +31,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/proxy/restore_bench.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/llama_server_process.h"
 #include "tests/testing/openai_http.h"
@@ -52,6 +57,10 @@ struct Options {
   int threads = 2;
   int fan_out = 6;
   bool keep = false;  // keep the work directory (logs)
+  bool restore_path = false;
+  bool head_given = false;
+  int layers = 32;
+  int embedding = 1024;
 };
 
 struct Figures {
@@ -302,10 +311,14 @@ void usage(FILE* out) {
                "Usage: kvpark-proxy-bench [--quick] [--head-tokens N] [--llama-server PATH]\n"
                "         [--proxy PATH] [--kvparkd PATH] [--model PATH | --make-test-model PATH]\n"
                "         [--slots N] [--threads N] [--fan-out N] [--keep]\n"
+               "       kvpark-proxy-bench --restore-path [--head-tokens N] [--layers N]\n"
+               "         [--embedding N]\n"
                "TTFT and tokens prefilled through kvpark-proxy vs straight to llama-server.\n\n"
                "  --quick             a %zu-token head (a smoke test)\n"
                "  --head-tokens N     system head size in tokens (default %zu)\n"
                "  --keep              keep the work directory and its logs\n"
+               "  --restore-path      only the restore path at a realistic geometry (4096-token\n"
+               "                      head, --layers 32 --embedding 1024: ~65 KB a token)\n"
                "Binaries default to the ones this build knows of.\n",
                head_tokens_quick, head_tokens_default);
 }
@@ -320,7 +333,10 @@ bool parse(int argc, char** argv, Options* o, int* ret_exit) {
     opt_head,
     opt_slots,
     opt_threads,
-    opt_fan_out
+    opt_fan_out,
+    opt_restore_path,
+    opt_layers,
+    opt_embedding
   };
   static const option long_options[] = {{"quick", no_argument, nullptr, 'q'},
                                         {"keep", no_argument, nullptr, 'k'},
@@ -334,6 +350,9 @@ bool parse(int argc, char** argv, Options* o, int* ret_exit) {
                                         {"slots", required_argument, nullptr, opt_slots},
                                         {"threads", required_argument, nullptr, opt_threads},
                                         {"fan-out", required_argument, nullptr, opt_fan_out},
+                                        {"restore-path", no_argument, nullptr, opt_restore_path},
+                                        {"layers", required_argument, nullptr, opt_layers},
+                                        {"embedding", required_argument, nullptr, opt_embedding},
                                         {nullptr, 0, nullptr, 0}};
   int c;
   while ((c = getopt_long(argc, argv, "h", long_options, nullptr)) != -1) {
@@ -361,6 +380,16 @@ bool parse(int argc, char** argv, Options* o, int* ret_exit) {
         break;
       case opt_head:
         o->head_tokens = std::strtoull(optarg, nullptr, 10);
+        o->head_given = true;
+        break;
+      case opt_restore_path:
+        o->restore_path = true;
+        break;
+      case opt_layers:
+        o->layers = std::atoi(optarg);
+        break;
+      case opt_embedding:
+        o->embedding = std::atoi(optarg);
         break;
       case opt_slots:
         o->slots = std::atoi(optarg);
@@ -401,7 +430,17 @@ int main(int argc, char** argv) {
   const bool keep = options.keep;
   const int fan_out = options.fan_out;
   bool ok;
-  {
+  if (options.restore_path) {
+    kvpark::bench::RestorePathOptions r{.llama_server = options.llama_server,
+                                        .proxy = options.proxy,
+                                        .kvparkd = options.kvparkd,
+                                        .make_test_model = options.make_test_model};
+    if (options.head_given) r.head_tokens = options.head_tokens;
+    r.layers = options.layers;
+    r.embedding = options.embedding;
+    r.threads = options.threads;
+    ok = kvpark::bench::run_restore_path(r, work);
+  } else {
     Bench bench(std::move(options), work);
     ok = bench.setup() &&
          bench.run("sibling B after A",

@@ -109,8 +109,6 @@ bool LlamaServerProcess::start(int port) {
                                      "127.0.0.1",
                                      "--port",
                                      std::to_string(port_),
-                                     "--slot-save-path",
-                                     config_.slot_dir + "/",
                                      "-np",
                                      std::to_string(config_.slots),
                                      "-c",
@@ -119,6 +117,7 @@ bool LlamaServerProcess::start(int port) {
                                      std::to_string(config_.threads),
                                      "--metrics",
                                      "--no-webui"};
+    if (!config_.slot_dir.empty()) argv.insert(argv.end(), {"--slot-save-path", config_.slot_dir + "/"});
     argv.insert(argv.end(), config_.extra_args.begin(), config_.extra_args.end());
     append_log(log_path_, "=== " + join(argv));
     const int log_fd = open_log(log_path_);
@@ -211,7 +210,7 @@ bool ProxyProcess::start(int port) {
       child_.reset();
       return false;
     }
-    if (child_->wait_for_line("kvpark-proxy: ready", proxy_ready_msec_max)) return true;
+    if (child_->wait_for_line(config_.ready_line, proxy_ready_msec_max)) return true;
     // Exited before "ready" (its stdout closed): maybe the port; else it hangs.
     const bool exited = wait_with_timeout(child_->pid, exit_after_eof_msec_max) != -1;
     if (exited) child_->pid = -1;

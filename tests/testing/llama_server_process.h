@@ -24,6 +24,7 @@ struct LlamaServerConfig {
   std::string binary;                   // llama-server
   std::string model;                    // GGUF path
   std::string slot_dir;                 // --slot-save-path, passed with a trailing slash
+                                        // ("": not passed, slot actions disabled)
   int slots = 4;                        // -np
   int context_tokens = 32768;           // -c, all slots together
   int threads = 2;                      // -t
@@ -70,6 +71,9 @@ struct ProxyConfig {
   std::string slot_dir;        // the upstreams' --slot-save-path, without the slash
   std::string kvparkd_socket;  // --socket
   std::vector<std::string> extra_args;
+  // The stdout line start() waits for: "ready" once every upstream is verified,
+  // "kvpark-proxy: listening" to start one in front of a misconfigured upstream.
+  std::string ready_line = "kvpark-proxy: ready";
 };
 
 class ProxyProcess {
@@ -81,7 +85,7 @@ class ProxyProcess {
   ProxyProcess& operator=(const ProxyProcess&) = delete;
 
   // Starts on `port` (0: the previous port, or a free one) and waits for the line
-  // "kvpark-proxy: ready" on stdout; false if it does not come in time.
+  // config.ready_line on stdout; false if it does not come in time.
   bool start(int port = 0);
   // SIGTERM and wait: the exit code (128 + signal if killed by one), -1 on timeout.
   int stop();

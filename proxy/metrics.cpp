@@ -1,0 +1,109 @@
+// GET /metrics: the proxy's counters and its upstreams' state in the Prometheus text
+// exposition format 0.0.4. Every family is declared (HELP, TYPE) before its samples;
+// counters end in _total. Names: kvpark_proxy_*.
+#include <string>
+
+#include "proxy/proxy.h"
+
+namespace kvpark::proxy {
+namespace {
+
+// Label values escaped as the format asks (backslash, quote, newline).
+std::string escape(const std::string& value) {
+  std::string out;
+  for (char c : value) {
+    if (c == '\\' || c == '"') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
+class Writer {
+ public:
+  void family(const char* name, const char* type, const char* help) {
+    text_ += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+  }
+  void sample(const std::string& name, const std::string& labels, uint64_t value) {
+    text_ += name + (labels.empty() ? "" : "{" + labels + "}") + " " + std::to_string(value) + "\n";
+  }
+  std::string take() { return std::move(text_); }
+
+ private:
+  std::string text_;
+};
+
+std::string upstream_labels(const Route& route) {
+  return "upstream=\"" + escape(route.name()) + "\",url=\"" +
+         escape(route.url()) + "\"";
+}
+
+}  // namespace
+
+std::string metrics_text(ProxyState& proxy) {
+  const Counters& c = proxy.counters;
+  Writer w;
+  w.family("kvpark_proxy_requests_total", "counter",
+           "Chat requests answered 200, by how their prompt was had (reuse).");
+  for (size_t k = 0; k < size_t(ReuseKind::count); ++k)
+    w.sample("kvpark_proxy_requests_total",
+             std::string("reuse=\"") + reuse_kind_string(ReuseKind(k)) + "\"", c.answered[k]);
+  w.family("kvpark_proxy_prompt_tokens_total", "counter",
+           "Prompt tokens of answered chat requests.");
+  w.sample("kvpark_proxy_prompt_tokens_total", "", c.prompt_tokens);
+  w.family("kvpark_proxy_prefilled_tokens_total", "counter",
+           "Prompt tokens prefilled on behalf of answered requests (heads they led included).");
+  w.sample("kvpark_proxy_prefilled_tokens_total", "", c.prefilled_tokens);
+  w.family("kvpark_proxy_restored_tokens_total", "counter",
+           "Prompt tokens restored from kvparkd into a slot for answered requests.");
+  w.sample("kvpark_proxy_restored_tokens_total", "", c.restored_tokens);
+  w.family("kvpark_proxy_cached_tokens_total", "counter",
+           "Prompt tokens reported as cached_tokens (prompt tokens minus prefilled ones).");
+  w.sample("kvpark_proxy_cached_tokens_total", "", c.cached_tokens);
+  w.family("kvpark_proxy_uncached_requests_total", "counter",
+           "Chat requests served without kvparkd or without a ready upstream.");
+  w.sample("kvpark_proxy_uncached_requests_total", "", c.uncached_requests);
+  w.family("kvpark_proxy_restores_total", "counter", "Parked states restored into a slot.");
+  w.sample("kvpark_proxy_restores_total", "", c.restores);
+  w.family("kvpark_proxy_restore_failures_total", "counter",
+           "Parked states not restored (the request was prefilled instead), by cause.");
+  for (size_t k = 0; k < size_t(RestoreFailure::count); ++k)
+    w.sample("kvpark_proxy_restore_failures_total",
+             std::string("cause=\"") + restore_failure_string(RestoreFailure(k)) + "\"",
+             c.failures[k]);
+  w.family("kvpark_proxy_head_prefills_total", "counter",
+           "Heads prefilled alone and parked (one per head flight led).");
+  w.sample("kvpark_proxy_head_prefills_total", "", c.head_prefills);
+  w.family("kvpark_proxy_head_waits_total", "counter",
+           "Times a request waited for a head another request was prefilling.");
+  w.sample("kvpark_proxy_head_waits_total", "", c.head_waits);
+  w.family("kvpark_proxy_publishes_total", "counter", "Slot states parked in kvparkd.");
+  w.sample("kvpark_proxy_publishes_total", "", c.publishes);
+
+  bool connected = false;
+  for (const auto& route : proxy.routes) connected = connected || route->parking().connected();
+  w.family("kvpark_proxy_kvparkd_connected", "gauge", "1 when kvparkd answers.");
+  w.sample("kvpark_proxy_kvparkd_connected", "", connected ? 1 : 0);
+  w.family("kvpark_proxy_upstream_up", "gauge",
+           "1 when the upstream is verified and served cached (kvpark-proxy(1): upstream states).");
+  for (const auto& route : proxy.routes)
+    w.sample("kvpark_proxy_upstream_up", upstream_labels(*route), route->ready() ? 1 : 0);
+  w.family("kvpark_proxy_upstream_slots", "gauge", "Slots of the upstream (/props total_slots).");
+  for (const auto& route : proxy.routes)
+    w.sample("kvpark_proxy_upstream_slots", upstream_labels(*route), route->slots().size());
+  w.family("kvpark_proxy_upstream_busy_slots", "gauge", "Slots the proxy has taken now.");
+  for (const auto& route : proxy.routes)
+    w.sample("kvpark_proxy_upstream_busy_slots", upstream_labels(*route), route->slots().busy());
+  w.family("kvpark_proxy_upstream_requests_in_progress", "gauge",
+           "Requests routed to the upstream and not finished (waiting for a head or a slot "
+           "included): its load for routing.");
+  for (const auto& route : proxy.routes)
+    w.sample("kvpark_proxy_upstream_requests_in_progress", upstream_labels(*route),
+             route->load());
+  return w.take();
+}
+
+}  // namespace kvpark::proxy
