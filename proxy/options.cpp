@@ -10,13 +10,15 @@
 #include <sstream>
 #include <string_view>
 
+#include "proto/version.h"
+
 namespace kvpark::proxy {
 namespace {
 
 constexpr const char* usage_text =
     "usage: kvpark-proxy [--config FILE] [--listen HOST:PORT] [--upstream NAME=URL]...\n"
     "                    [--state NAME=SETTINGS]... [--slot-dir DIR] [--socket PATH]\n"
-    "                    [--digest-cache DIR] [--no-system-candidate]\n"
+    "                    [--digest-cache DIR] [--no-system-candidate] [--version]\n"
     "OpenAI-compatible front for llama-server that parks slot state in kvparkd.\n"
     "See kvpark-proxy(1).\n";
 
@@ -167,6 +169,11 @@ bool parse_command_line(int argc, char** argv, ProxyOptions& o, bool& ret_exit_n
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
       std::fputs(usage_text, stdout);
+      ret_exit_now = true;
+      return true;
+    }
+    if (std::strcmp(argv[i], "--version") == 0) {
+      std::printf("kvpark-proxy %s\n", kvpark::version);
       ret_exit_now = true;
       return true;
     }
