@@ -39,6 +39,15 @@ Status Channel::connect(Attachment& ret_attachment) {
 }
 
 Status Channel::connect_locked() {
+  try {
+    return connect_once_locked();
+  } catch (...) {  // an allocation failed: leave no half-greeted socket behind
+    drop_locked();
+    throw;
+  }
+}
+
+Status Channel::connect_once_locked() {
   assert(fd_ < 0);
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
@@ -155,7 +164,13 @@ Status Channel::call(std::vector<uint8_t>& request, uint64_t generation, Status&
     if (fd_ < 0) {
       if (Status s = connect_locked(); s != Status::Ok) return s;
     }
-    Status s = round_trip_locked(request, ret_status, ret_body, nullptr);
+    Status s = Status::Unavailable;
+    try {
+      s = round_trip_locked(request, ret_status, ret_body, nullptr);
+    } catch (...) {  // the reply could not be kept: what it granted ends with the connection
+      drop_locked();
+      throw;
+    }
     if (s == Status::Ok) {
       ret_attachment = attachment_;
       return Status::Ok;
@@ -164,6 +179,11 @@ Status Channel::call(std::vector<uint8_t>& request, uint64_t generation, Status&
     if (s != Status::Unavailable) return s;
   }
   return Status::Unavailable;
+}
+
+void Channel::drop() {
+  std::lock_guard lock(mutex_);
+  drop_locked();
 }
 
 Status Channel::send_one_way(std::vector<uint8_t>& request, uint64_t generation) {

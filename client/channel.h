@@ -49,9 +49,13 @@ class Channel {
               std::vector<uint8_t>& ret_body, Attachment& ret_attachment);
   // Sends a request that has no reply (RELEASE_ONE_WAY) on that generation's connection.
   Status send_one_way(std::vector<uint8_t>& request, uint64_t generation);
+  // Closes the connection (the daemon then ends its leases and reservations); the
+  // next call reconnects. For a reply that granted something the caller cannot keep.
+  void drop();
 
  private:
   Status connect_locked();
+  Status connect_once_locked();
   void drop_locked();
   Status round_trip_locked(std::vector<uint8_t>& request, Status& ret_status,
                            std::vector<uint8_t>& ret_body, ReceivedFds* ret_fds);

@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "client/c_boundary.h"
 #include "client/device_access.h"
 #include "client/device_cuda.h"
 #include "client/device_transfer.h"
@@ -30,6 +31,7 @@
 namespace kernels = kvpark::kernels;
 using kvpark::Status;
 using kvpark::client::TransferState;
+using kvpark::client::status_of_current_exception;
 
 namespace {
 
@@ -144,6 +146,7 @@ Status submit_cuda(kvpark_device* dev, Job& job,
   TransferState& s = *job.state;
   std::lock_guard lock(dev->mutex);
   std::erase_if(dev->outstanding, [](const auto& w) { return w.expired(); });
+  dev->outstanding.reserve(dev->outstanding.size() + 1);  // no throw once kernels run
   kvpark::client::cuda::DeviceGuard guard(dev->cuda_device);
   if (guard.error() != 0) return Status::IoError;
   uint8_t* device_base = nullptr;
@@ -154,6 +157,7 @@ Status submit_cuda(kvpark_device* dev, Job& job,
     return st;
   }
   const size_t event_count = job.layerwise ? s.layer_count : 1;
+  s.events.reserve(event_count);  // an event created is an event kept
   for (size_t i = 0; i < event_count; ++i) {
     void* event = nullptr;
     if (kvpark::client::cuda::event_create(&event) != 0) return Status::IoError;
@@ -209,28 +213,31 @@ Status submit_cuda(kvpark_device* dev, Job& job,
 // Checks, builds and queues a job; the common tail of restore and park.
 kvpark_status submit(kvpark_device* dev, Job job, const kvpark::client::Attachment& attachment,
                      kvpark_transfer** ret_transfer) {
-  auto* handle = new (std::nothrow) kvpark_transfer{job.state};
-  if (handle == nullptr) return KVPARK_IO_ERROR;
+  auto handle = std::make_unique<kvpark_transfer>(kvpark_transfer{job.state});
   TransferState& s = *job.state;
   if (job.runs.empty()) {  // nothing to move: every block already parked
     s.finish(Status::Ok);
-    *ret_transfer = handle;
+    *ret_transfer = handle.release();
     return KVPARK_OK;
   }
   s.mapping = attachment.mapping;
   kvpark::client::track_in_flight(job.state);
-  if (dev->cuda) {
-    if (Status st = submit_cuda(dev, job, attachment.mapping); st != Status::Ok) {
-      s.finish(st);  // untracks; drops the mapping
-      delete handle;
-      return to_c(st);
+  try {
+    if (dev->cuda) {
+      if (Status st = submit_cuda(dev, job, attachment.mapping); st != Status::Ok) {
+        s.finish(st);  // untracks; drops the mapping
+        return to_c(st);
+      }
+    } else {
+      std::lock_guard lock(dev->mutex);
+      dev->queue.push_back(std::move(job));
+      dev->work_ready.notify_one();
     }
-  } else {
-    std::lock_guard lock(dev->mutex);
-    dev->queue.push_back(std::move(job));
-    dev->work_ready.notify_one();
+  } catch (...) {
+    s.finish(Status::OutOfMemory);  // never started: untracked, the plan is free to go
+    throw;
   }
-  *ret_transfer = handle;
+  *ret_transfer = handle.release();
   return KVPARK_OK;
 }
 
@@ -274,6 +281,7 @@ uint64_t block_bytes(const kvpark_device* dev) {
 
 }  // namespace
 
+// The C boundary (client/c_boundary.h): every body that can throw catches.
 extern "C" {
 
 int kvpark_device_cuda_built(void) {
@@ -281,7 +289,7 @@ int kvpark_device_cuda_built(void) {
 }
 
 kvpark_status kvpark_device_attach(kvpark_client* client, const kvpark_kv_cache* c,
-                                   void* cuda_stream, kvpark_device** ret_device) {
+                                   void* cuda_stream, kvpark_device** ret_device) try {
   if (client == nullptr || c == nullptr || ret_device == nullptr || c->k == nullptr) {
     return KVPARK_INVALID_ARGUMENT;
   }
@@ -316,8 +324,7 @@ kvpark_status kvpark_device_attach(kvpark_client* client, const kvpark_kv_cache*
       (!kvpark::client::cuda::built() || kvpark::client::cuda::check_device(c->cuda_device) != 0)) {
     return KVPARK_UNAVAILABLE;
   }
-  auto* dev = new (std::nothrow) kvpark_device();
-  if (dev == nullptr) return KVPARK_IO_ERROR;
+  auto dev = std::make_unique<kvpark_device>();
   dev->client = client;
   dev->block_tokens = ns.block_tokens;
   dev->geometry = g;
@@ -329,14 +336,16 @@ kvpark_status kvpark_device_attach(kvpark_client* client, const kvpark_kv_cache*
   if (cuda) {
     dev->pool = std::make_shared<kvpark::client::StagingPool>();
   } else {
-    dev->worker = std::thread(worker_loop, dev);
+    dev->worker = std::thread(worker_loop, dev.get());
   }
   kvpark::client::install_in_flight_hook();
-  *ret_device = dev;
+  *ret_device = dev.release();
   return KVPARK_OK;
+} catch (...) {
+  return status_of_current_exception();
 }
 
-void kvpark_device_detach(kvpark_device* dev) {
+void kvpark_device_detach(kvpark_device* dev) try {
   if (dev == nullptr) return;
   if (dev->cuda) {
     std::vector<std::weak_ptr<TransferState>> outstanding;
@@ -357,12 +366,14 @@ void kvpark_device_detach(kvpark_device* dev) {
     dev->worker.join();
   }
   delete dev;
+} catch (...) {
+  // A lock or join the system refused: the worker may still use the device; keep it.
 }
 
 kvpark_status kvpark_device_restore(kvpark_device* dev, const kvpark_plan* plan,
                                     const int32_t* page_table, size_t n_pages, uint64_t first_token,
                                     uint32_t n_tokens, uint32_t layer_first, uint32_t layer_count,
-                                    uint32_t flags, kvpark_transfer** ret_transfer) {
+                                    uint32_t flags, kvpark_transfer** ret_transfer) try {
   if (dev == nullptr || plan == nullptr || ret_transfer == nullptr ||
       (flags & ~KVPARK_TRANSFER_LAYERWISE) != 0) {
     return KVPARK_INVALID_ARGUMENT;
@@ -400,11 +411,13 @@ kvpark_status kvpark_device_restore(kvpark_device* dev, const kvpark_plan* plan,
   job.state->layer_first = layer_first;
   job.state->layer_count = layer_count;
   return submit(dev, std::move(job), *view.attachment, ret_transfer);
+} catch (...) {
+  return status_of_current_exception();
 }
 
 kvpark_status kvpark_device_park(kvpark_device* dev, const kvpark_reservation* reservation,
                                  const int32_t* page_table, size_t n_pages, uint64_t first_token,
-                                 uint32_t n_tokens, kvpark_transfer** ret_transfer) {
+                                 uint32_t n_tokens, kvpark_transfer** ret_transfer) try {
   if (dev == nullptr || reservation == nullptr || ret_transfer == nullptr) {
     return KVPARK_INVALID_ARGUMENT;
   }
@@ -443,23 +456,29 @@ kvpark_status kvpark_device_park(kvpark_device* dev, const kvpark_reservation* r
   job.state->layer_first = 0;
   job.state->layer_count = layers;
   return submit(dev, std::move(job), *view.attachment, ret_transfer);
+} catch (...) {
+  return status_of_current_exception();
 }
 
-kvpark_status kvpark_transfer_wait(kvpark_transfer* t, int timeout_ms) {
+kvpark_status kvpark_transfer_wait(kvpark_transfer* t, int timeout_ms) try {
   if (t == nullptr) return KVPARK_INVALID_ARGUMENT;
   return to_c(t->state->wait(t->state->layer_count - 1, timeout_ms));
+} catch (...) {
+  return status_of_current_exception();
 }
 
 kvpark_status kvpark_transfer_poll(kvpark_transfer* t) {
   return kvpark_transfer_wait(t, 0);
 }
 
-kvpark_status kvpark_transfer_wait_layer(kvpark_transfer* t, uint32_t layer, int timeout_ms) {
+kvpark_status kvpark_transfer_wait_layer(kvpark_transfer* t, uint32_t layer, int timeout_ms) try {
   if (t == nullptr || layer < t->state->layer_first ||
       layer - t->state->layer_first >= t->state->layer_count) {
     return KVPARK_INVALID_ARGUMENT;
   }
   return to_c(t->state->wait(layer - t->state->layer_first, timeout_ms));
+} catch (...) {
+  return status_of_current_exception();
 }
 
 void* kvpark_transfer_event(const kvpark_transfer* t, uint32_t layer) {
@@ -471,11 +490,13 @@ void* kvpark_transfer_event(const kvpark_transfer* t, uint32_t layer) {
   return s.events.size() == 1 ? s.events[0] : s.events[layer - s.layer_first];
 }
 
-void kvpark_transfer_free(kvpark_transfer* t) {
+void kvpark_transfer_free(kvpark_transfer* t) try {
   if (t == nullptr) return;
   (void)t->state->wait(t->state->layer_count - 1, kvpark::client::wait_forever);
   kvpark::client::untrack_in_flight(t->state.get());
   delete t;
+} catch (...) {
+  delete t;  // a wait the system refused: the state lives on with its job
 }
 
 }  // extern "C"

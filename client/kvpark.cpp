@@ -7,9 +7,12 @@
 
 #include <cassert>
 #include <cstring>
+#include <exception>
+#include <memory>
 #include <new>
 #include <vector>
 
+#include "client/c_boundary.h"
 #include "client/chain_hash.h"
 #include "client/channel.h"
 #include "client/device_access.h"
@@ -24,9 +27,8 @@ namespace limits = kvpark::limits;
 namespace shm = kvpark::shm;
 namespace wire = kvpark::wire;
 using kvpark::client::Attachment;
+using kvpark::client::status_of_current_exception;
 
-static_assert(KVPARK_IO_ERROR == static_cast<int>(Status::IoError), "kvpark.h mirrors Status");
-static_assert(KVPARK_TIMEOUT == static_cast<int>(Status::Timeout), "kvpark.h mirrors Status");
 static_assert(KVPARK_PROTOCOL_VERSION == limits::protocol_version);
 static_assert(sizeof(kvpark_stats) == sizeof(wire::StatsReply));
 static_assert(sizeof(kvpark_hash128) == sizeof(Hash128));
@@ -64,6 +66,7 @@ struct kvpark_plan {
   uint64_t session_id = 0;
   std::vector<int32_t> tokens;      // kept only while promotions are pending
   std::vector<Hash128> hashes;
+  std::vector<uint8_t> release_frame;  // its capacity taken up front: release never allocates
 };
 
 struct kvpark_reservation {
@@ -79,11 +82,35 @@ struct kvpark_reservation {
   // Written in order from offset 0 through kvpark_reservation_write_snapshot().
   std::unique_ptr<kvpark::client::StreamingChecksum> snapshot_stream;
   bool snapshot_out_of_order = false;
+  std::vector<uint8_t> finish_frame;  // its capacity taken up front: seal never allocates
+  std::vector<uint64_t> finish_checksums;  // capacity taken up front, one per reserved payload
 };
+
+// One RELEASE, SEAL or ABORT frame: a header and an id.
+constexpr size_t id_frame_bytes = wire::frame_header_bytes + sizeof(uint64_t);
 
 namespace {
 
 kvpark_status to_c(Status s) { return static_cast<kvpark_status>(s); }
+
+// Ends the connection when an exception (an allocation failure) unwinds past it
+// before dismiss(): the reply granted a lease or reservation nothing would end
+// otherwise (the daemon ends them at EOF; the next call reconnects).
+class GrantGuard {
+ public:
+  explicit GrantGuard(kvpark_client* client)
+      : client_(client), exceptions_(std::uncaught_exceptions()) {}
+  ~GrantGuard() {
+    if (client_ != nullptr && std::uncaught_exceptions() > exceptions_) client_->channel.drop();
+  }
+  GrantGuard(const GrantGuard&) = delete;
+  GrantGuard& operator=(const GrantGuard&) = delete;
+  void dismiss() { client_ = nullptr; }  // the grant is recorded where it will be ended
+
+ private:
+  kvpark_client* client_;
+  int exceptions_;
+};
 
 // Runs one request; `status` is the daemon's answer when transport succeeded.
 Status call(kvpark_client* client, std::vector<uint8_t>& request, uint64_t generation,
@@ -133,7 +160,7 @@ bool block_intact(const kvpark_client* client, const Attachment& a, uint64_t off
          std::memcmp(entry_tokens(a, offset), block_tokens_ids, block_tokens * sizeof(int32_t)) == 0;
 }
 
-void report_corrupt(kvpark_plan* plan, uint64_t extent);
+void report_corrupt(kvpark_plan* plan, uint64_t extent) noexcept;
 
 // Blocks of the reply whose header and token ids match the prompt exactly. Past the
 // first that does not, every altered one is reported, so one re-publish repairs all.
@@ -260,11 +287,13 @@ Status lookup_into(kvpark_client* client, uint64_t session_id, const int32_t* to
   std::vector<uint8_t> body;
   Attachment a;
   if (Status s = call(client, frame, 0, body, a); s != Status::Ok) return s;
+  GrantGuard granted(client);
   wire::LookupReply reply;
   if (wire::decode(body, reply) != Status::Ok) return Status::ProtocolError;
   plan->client = client;
   plan->attachment = a;
   plan->lease_id = reply.lease_id;
+  granted.dismiss();
   plan->session_id = session_id;
   apply_reply(plan, reply, request.chunk_hashes, tokens, n_tokens);
   if (plan->pending_tokens > plan->restorable_tokens || plan->inflight_tokens > 0) {
@@ -279,11 +308,15 @@ Status lookup_into(kvpark_client* client, uint64_t session_id, const int32_t* to
 }
 
 // The entry at `extent` failed its checksum: tell the daemon (one way), which drops it.
-void report_corrupt(kvpark_plan* plan, uint64_t extent) {
+// Advisory: a report lost to a failed allocation only means the next reader finds it too.
+void report_corrupt(kvpark_plan* plan, uint64_t extent) noexcept {
   if (plan->lease_id == 0) return;
-  std::vector<uint8_t> frame;
-  wire::encode(wire::CorruptReport{.lease_id = plan->lease_id, .extent_offset = extent}, 0, frame);
-  (void)plan->client->channel.send_one_way(frame, plan->attachment.generation);
+  try {
+    std::vector<uint8_t> frame;
+    wire::encode(wire::CorruptReport{.lease_id = plan->lease_id, .extent_offset = extent}, 0, frame);
+    (void)plan->client->channel.send_one_way(frame, plan->attachment.generation);
+  } catch (...) {
+  }
 }
 
 // Block `index` failed: the plan keeps blocks [0, index) and no snapshot (it needs
@@ -332,7 +365,8 @@ void drop_snapshot(kvpark_plan* plan) {
 
 void release_lease_one_way(kvpark_plan* plan) {
   if (plan->lease_id == 0) return;
-  std::vector<uint8_t> frame;
+  std::vector<uint8_t>& frame = plan->release_frame;
+  frame.clear();
   wire::encode(wire::ReleaseRequest{plan->lease_id}, 0, frame, wire::Verb::ReleaseOneWay);
   // One way: nothing the daemon could answer changes what the engine does next. A
   // newer daemon incarnation never saw this lease; nothing to release there.
@@ -340,8 +374,31 @@ void release_lease_one_way(kvpark_plan* plan) {
   plan->lease_id = 0;
 }
 
+// Frees a plan or reservation that never reached the caller, ending what the
+// daemon granted for it (both are noexcept: their bodies catch).
+struct PlanRelease {
+  void operator()(kvpark_plan* plan) const { kvpark_plan_release(plan); }
+};
+struct ReservationAbort {
+  void operator()(kvpark_reservation* r) const { (void)kvpark_abort(r); }
+};
+
+// After a failed WAIT: a plan that may be half updated promises nothing restorable.
+void forget_restorable(kvpark_plan* plan) noexcept {
+  plan->blocks.clear();
+  plan->snapshot = nullptr;
+  plan->snapshot_bytes = 0;
+  plan->snapshot_position = 0;
+  plan->restorable_tokens = 0;
+  plan->pending_tokens = 0;
+  plan->inflight_tokens = 0;
+  plan->capture_hint_tokens = 0;
+  plan->reuse_kind = KVPARK_REUSE_ROOT;
+}
+
 }  // namespace
 
+// The C boundary (client/c_boundary.h): every body that can throw catches.
 extern "C" {
 
 const char* kvpark_status_string(kvpark_status status) {
@@ -350,7 +407,7 @@ const char* kvpark_status_string(kvpark_status status) {
 }
 
 kvpark_status kvpark_connect(const char* socket_path, const kvpark_namespace* ns,
-                             kvpark_client** ret_client) {
+                             kvpark_client** ret_client) try {
   if (ns == nullptr || ret_client == nullptr) return KVPARK_INVALID_ARGUMENT;
   wire::HelloRequest hello;
   hello.protocol_version = limits::protocol_version;
@@ -364,21 +421,18 @@ kvpark_status kvpark_connect(const char* socket_path, const kvpark_namespace* ns
     hello.client_name.resize(limits::client_name_bytes_max);
   }
   std::string path = socket_path != nullptr ? socket_path : kvpark::default_socket_path();
-  auto* client = new (std::nothrow) kvpark_client(std::move(path), hello);
-  if (client == nullptr) return KVPARK_IO_ERROR;
+  auto client = std::make_unique<kvpark_client>(std::move(path), hello);
   Attachment attachment;
-  if (Status s = client->channel.connect(attachment); s != Status::Ok) {
-    delete client;
-    return to_c(s);
-  }
+  if (Status s = client->channel.connect(attachment); s != Status::Ok) return to_c(s);
   client->chain_tokens = attachment.hello.chain_tokens;
   if (client->chain_tokens == 0 ||
       (ns->block_tokens != 0 && client->chain_tokens != ns->block_tokens)) {
-    delete client;
     return KVPARK_PROTOCOL_ERROR;
   }
-  *ret_client = client;
+  *ret_client = client.release();
   return KVPARK_OK;
+} catch (...) {
+  return status_of_current_exception();
 }
 
 void kvpark_disconnect(kvpark_client* client) { delete client; }
@@ -386,15 +440,17 @@ void kvpark_disconnect(kvpark_client* client) { delete client; }
 uint32_t kvpark_chain_tokens(const kvpark_client* client) { return client->chain_tokens; }
 
 void kvpark_chain_hashes(kvpark_hash128 seed, const int32_t* tokens, uint32_t chunk_tokens,
-                         size_t chunks, kvpark_hash128* ret_hashes) {
+                         size_t chunks, kvpark_hash128* ret_hashes) try {
   kvpark::client::chain_hashes({seed.low, seed.high}, {tokens, chunks * chunk_tokens},
                                chunk_tokens,
                                {reinterpret_cast<Hash128*>(ret_hashes), chunks});
+} catch (...) {
+  std::memset(ret_hashes, 0, chunks * sizeof *ret_hashes);  // kvpark.h: zeros, no chain
 }
 
 
 kvpark_status kvpark_lookup(kvpark_client* client, uint64_t session_id, const int32_t* tokens,
-                            size_t n_tokens, kvpark_plan** ret_plan) {
+                            size_t n_tokens, kvpark_plan** ret_plan) try {
   if (client == nullptr || tokens == nullptr || ret_plan == nullptr || n_tokens == 0) {
     return KVPARK_INVALID_ARGUMENT;
   }
@@ -402,21 +458,23 @@ kvpark_status kvpark_lookup(kvpark_client* client, uint64_t session_id, const in
       n_tokens / client->chain_tokens > limits::lookup_chunks_max) {
     return KVPARK_LIMIT_EXCEEDED;
   }
-  auto* plan = new (std::nothrow) kvpark_plan();
-  if (plan == nullptr) return KVPARK_IO_ERROR;
-  if (Status s = lookup_into(client, session_id, tokens, n_tokens, plan); s != Status::Ok) {
-    delete plan;
+  // Released (its lease too, if one was granted) when anything below fails.
+  std::unique_ptr<kvpark_plan, PlanRelease> plan(new kvpark_plan());
+  plan->release_frame.reserve(id_frame_bytes);
+  if (Status s = lookup_into(client, session_id, tokens, n_tokens, plan.get()); s != Status::Ok) {
     return to_c(s);
   }
-  *ret_plan = plan;
+  *ret_plan = plan.release();
   return KVPARK_OK;
+} catch (...) {
+  return status_of_current_exception();
 }
 
 uint32_t kvpark_plan_pending_tokens(const kvpark_plan* plan) { return plan->pending_tokens; }
 uint32_t kvpark_plan_inflight_tokens(const kvpark_plan* plan) { return plan->inflight_tokens; }
 uint32_t kvpark_plan_capture_hint(const kvpark_plan* plan) { return plan->capture_hint_tokens; }
 
-kvpark_status kvpark_plan_wait(kvpark_plan* plan, uint32_t timeout_msec) {
+kvpark_status kvpark_plan_wait(kvpark_plan* plan, uint32_t timeout_msec) try {
   if (plan == nullptr) return KVPARK_INVALID_ARGUMENT;
   if (plan->pending_tokens <= plan->restorable_tokens && plan->inflight_tokens == 0) {
     return KVPARK_OK;
@@ -441,6 +499,9 @@ kvpark_status kvpark_plan_wait(kvpark_plan* plan, uint32_t timeout_msec) {
   }
   apply_reply(plan, reply, plan->hashes, plan->tokens.data(), plan->tokens.size());
   return to_c(answer);
+} catch (...) {
+  forget_restorable(plan);  // it may be half updated: it promises nothing now
+  return status_of_current_exception();
 }
 
 uint32_t kvpark_plan_restorable_tokens(const kvpark_plan* plan) { return plan->restorable_tokens; }
@@ -481,7 +542,7 @@ const void* kvpark_plan_snapshot(const kvpark_plan* const_plan, uint64_t* ret_by
   return plan->snapshot;
 }
 
-kvpark_status kvpark_plan_copy_block(kvpark_plan* plan, size_t index, void* dst) {
+kvpark_status kvpark_plan_copy_block(kvpark_plan* plan, size_t index, void* dst) try {
   if (plan == nullptr || dst == nullptr || index >= plan->blocks.size()) {
     return KVPARK_INVALID_ARGUMENT;
   }
@@ -492,9 +553,11 @@ kvpark_status kvpark_plan_copy_block(kvpark_plan* plan, size_t index, void* dst)
     return KVPARK_CORRUPT;
   }
   return KVPARK_OK;
+} catch (...) {
+  return status_of_current_exception();
 }
 
-kvpark_status kvpark_plan_copy_snapshot(kvpark_plan* plan, void* dst, uint64_t bytes) {
+kvpark_status kvpark_plan_copy_snapshot(kvpark_plan* plan, void* dst, uint64_t bytes) try {
   if (plan == nullptr || dst == nullptr || plan->snapshot == nullptr ||
       bytes != plan->snapshot_bytes) {
     return KVPARK_INVALID_ARGUMENT;
@@ -505,25 +568,30 @@ kvpark_status kvpark_plan_copy_snapshot(kvpark_plan* plan, void* dst, uint64_t b
     return KVPARK_CORRUPT;
   }
   return KVPARK_OK;
+} catch (...) {
+  return status_of_current_exception();
 }
 
-void kvpark_plan_release(kvpark_plan* plan) {
+void kvpark_plan_release(kvpark_plan* plan) try {
   if (plan == nullptr) return;
   assert(!kvpark::client::handle_has_transfer_in_flight(plan) &&
          "kvpark_plan_release while a device transfer still reads the plan");
   if (plan->lease_id != 0) {
-    std::vector<uint8_t> frame;
+    std::vector<uint8_t>& frame = plan->release_frame;
+    frame.clear();
     wire::encode(wire::ReleaseRequest{plan->lease_id}, 0, frame, wire::Verb::ReleaseOneWay);
     // One way: nothing the daemon could answer changes what the engine does next. A
     // newer daemon incarnation never saw this lease; nothing to release there.
     (void)plan->client->channel.send_one_way(frame, plan->attachment.generation);
   }
   delete plan;
+} catch (...) {
+  delete plan;  // the lease, if unsent, ends with the connection
 }
 
 kvpark_status kvpark_reserve_blocks(kvpark_client* client, const kvpark_publish_options* options,
                                     const int32_t* tokens, size_t n_tokens, size_t first_block,
-                                    size_t block_count, kvpark_reservation** ret_reservation) {
+                                    size_t block_count, kvpark_reservation** ret_reservation) try {
   if (client == nullptr || options == nullptr || tokens == nullptr ||
       ret_reservation == nullptr || client->geometry.block_tokens == 0 || block_count == 0) {
     return KVPARK_INVALID_ARGUMENT;
@@ -546,16 +614,18 @@ kvpark_status kvpark_reserve_blocks(kvpark_client* client, const kvpark_publish_
   wire::encode(request, 0, frame);
   Attachment a;
   if (Status s = call(client, frame, 0, body, a); s != Status::Ok) return to_c(s);
+  GrantGuard granted(client);
   wire::ReserveBlocksReply reply;
   if (wire::decode(body, reply) != Status::Ok || reply.grants.size() != block_count) {
     return KVPARK_PROTOCOL_ERROR;
   }
-  auto* r = new (std::nothrow) kvpark_reservation();
-  if (r == nullptr) return KVPARK_IO_ERROR;
+  std::unique_ptr<kvpark_reservation, ReservationAbort> r(new kvpark_reservation());
+  r->finish_frame.reserve(id_frame_bytes);
   r->client = client;
   r->attachment = a;
   r->reservation_id = reply.reservation_id;
   r->block_bytes = client->geometry.block_payload_bytes;
+  granted.dismiss();
   Status status = Status::Ok;
   for (size_t i = 0; i < block_count; ++i) {
     const wire::BlockGrant& g = reply.grants[i];
@@ -577,12 +647,14 @@ kvpark_status kvpark_reserve_blocks(kvpark_client* client, const kvpark_publish_
   }
   r->block_checksums.assign(r->blocks.size(), 0);
   r->block_checksummed.assign(r->blocks.size(), 0);
-  if (status != Status::Ok) {
-    kvpark_abort(r);
-    return to_c(status);
-  }
-  *ret_reservation = r;
+  // SEAL must not allocate: its checksums and frame get their room now.
+  r->finish_checksums.reserve(r->blocks.size());
+  r->finish_frame.reserve(id_frame_bytes + 8 + r->blocks.size() * sizeof(uint64_t));
+  if (status != Status::Ok) return to_c(status);
+  *ret_reservation = r.release();
   return KVPARK_OK;
+} catch (...) {
+  return status_of_current_exception();
 }
 
 size_t kvpark_reservation_block_count(const kvpark_reservation* r) { return r->blocks.size(); }
@@ -606,7 +678,7 @@ kvpark_status kvpark_reservation_write_block(kvpark_reservation* r, size_t index
 kvpark_status kvpark_reserve_snapshot(kvpark_client* client, const kvpark_publish_options* options,
                                       const int32_t* tokens, size_t n_tokens,
                                       uint64_t payload_bytes,
-                                      kvpark_reservation** ret_reservation) {
+                                      kvpark_reservation** ret_reservation) try {
   if (client == nullptr || options == nullptr || tokens == nullptr ||
       ret_reservation == nullptr || n_tokens == 0 || payload_bytes == 0) {
     return KVPARK_INVALID_ARGUMENT;
@@ -627,6 +699,7 @@ kvpark_status kvpark_reserve_snapshot(kvpark_client* client, const kvpark_publis
   wire::encode(request, 0, frame);
   Attachment a;
   if (Status s = call(client, frame, 0, body, a); s != Status::Ok) return to_c(s);
+  GrantGuard granted(client);
   wire::ReserveSnapshotReply reply;
   if (wire::decode(body, reply) != Status::Ok) return KVPARK_PROTOCOL_ERROR;
   if (reply.disposition == static_cast<uint32_t>(wire::Disposition::Present)) {
@@ -635,23 +708,27 @@ kvpark_status kvpark_reserve_snapshot(kvpark_client* client, const kvpark_publis
   if (reply.disposition == static_cast<uint32_t>(wire::Disposition::InFlight)) {
     return KVPARK_IN_FLIGHT;
   }
-  auto* r = new (std::nothrow) kvpark_reservation();
-  if (r == nullptr) return KVPARK_IO_ERROR;
+  std::unique_ptr<kvpark_reservation, ReservationAbort> r(new kvpark_reservation());
+  r->finish_frame.reserve(id_frame_bytes);
   r->client = client;
   r->attachment = a;
   r->reservation_id = reply.reservation_id;
+  granted.dismiss();
   const shm::EntryHeader* h = entry_at(a, reply.extent_offset, reply.extent_bytes);
   if (h == nullptr ||
       !header_names(*h, client, kvpark::EntryKind::Snapshot, request.anchor_hash) ||
       h->payload_bytes != payload_bytes || h->payload_offset != reply.payload_offset ||
       uint64_t{reply.payload_offset} + payload_bytes > reply.extent_bytes) {
-    kvpark_abort(r);
     return KVPARK_CORRUPT;
   }
   r->snapshot = a.mapping->data() + reply.extent_offset + reply.payload_offset;
   r->snapshot_bytes = payload_bytes;
-  *ret_reservation = r;
+  r->finish_checksums.reserve(1);
+  r->finish_frame.reserve(id_frame_bytes + 8 + sizeof(uint64_t));
+  *ret_reservation = r.release();
   return KVPARK_OK;
+} catch (...) {
+  return status_of_current_exception();
 }
 
 void* kvpark_reservation_snapshot(const kvpark_reservation* const_r) {
@@ -661,7 +738,7 @@ void* kvpark_reservation_snapshot(const kvpark_reservation* const_r) {
 }
 
 kvpark_status kvpark_reservation_write_snapshot(kvpark_reservation* r, uint64_t offset,
-                                                const void* src, uint64_t bytes) {
+                                                const void* src, uint64_t bytes) try {
   if (r == nullptr || r->snapshot == nullptr || (src == nullptr && bytes > 0) ||
       offset > r->snapshot_bytes || bytes > r->snapshot_bytes - offset) {
     return KVPARK_INVALID_ARGUMENT;
@@ -676,31 +753,37 @@ kvpark_status kvpark_reservation_write_snapshot(kvpark_reservation* r, uint64_t 
     r->snapshot_out_of_order = true;
   }
   return KVPARK_OK;
+} catch (...) {
+  return status_of_current_exception();
 }
 
-static kvpark_status finish_reservation(kvpark_reservation* r, wire::Verb verb) {
+static kvpark_status finish_reservation(kvpark_reservation* r, wire::Verb verb) try {
   if (r == nullptr) return KVPARK_INVALID_ARGUMENT;
   assert(!kvpark::client::handle_has_transfer_in_flight(r) &&
          "kvpark_seal/kvpark_abort while a device transfer still writes the reservation");
   Status s = Status::Ok;
   if (r->reservation_id != 0) {
-    std::vector<uint8_t> frame, body;
+    std::vector<uint8_t>& frame = r->finish_frame;
+    std::vector<uint8_t> body;  // stays empty: SEAL and ABORT answer with a bare header
+    frame.clear();
     wire::ReservationRequest request{.reservation_id = r->reservation_id};
     if (verb == wire::Verb::Seal) {
-      // In grant order, one per payload the daemon reserved for us.
+      // In grant order, one per payload the daemon reserved for us (room taken at reserve).
+      std::vector<uint64_t>& sums = r->finish_checksums;
+      sums.clear();
       for (size_t i = 0; i < r->blocks.size(); ++i) {
         if (r->blocks[i] == nullptr) continue;
-        request.payload_checksums.push_back(
-            r->block_checksummed[i] != 0 ? r->block_checksums[i]
-                                         : kvpark::client::payload_checksum(r->blocks[i], r->block_bytes));
+        sums.push_back(r->block_checksummed[i] != 0
+                           ? r->block_checksums[i]
+                           : kvpark::client::payload_checksum(r->blocks[i], r->block_bytes));
       }
       if (r->snapshot != nullptr) {
         const bool streamed = r->snapshot_stream && !r->snapshot_out_of_order &&
                               r->snapshot_stream->bytes() == r->snapshot_bytes;
-        request.payload_checksums.push_back(
-            streamed ? r->snapshot_stream->digest()
-                     : kvpark::client::payload_checksum(r->snapshot, r->snapshot_bytes));
+        sums.push_back(streamed ? r->snapshot_stream->digest()
+                                : kvpark::client::payload_checksum(r->snapshot, r->snapshot_bytes));
       }
+      request.payload_checksums = std::move(sums);
     }
     wire::encode(verb, request, 0, frame);
     Attachment ignored;
@@ -708,12 +791,15 @@ static kvpark_status finish_reservation(kvpark_reservation* r, wire::Verb verb) 
   }
   delete r;
   return to_c(s);
+} catch (...) {
+  delete r;  // an unsent abort or seal ends with the connection: the daemon aborts it
+  return status_of_current_exception();
 }
 
 kvpark_status kvpark_seal(kvpark_reservation* r) { return finish_reservation(r, wire::Verb::Seal); }
 kvpark_status kvpark_abort(kvpark_reservation* r) { return finish_reservation(r, wire::Verb::Abort); }
 
-kvpark_status kvpark_get_stats(kvpark_client* client, kvpark_stats* ret_stats) {
+kvpark_status kvpark_get_stats(kvpark_client* client, kvpark_stats* ret_stats) try {
   if (client == nullptr || ret_stats == nullptr) return KVPARK_INVALID_ARGUMENT;
   std::vector<uint8_t> frame, body;
   wire::encode(static_cast<uint16_t>(wire::Verb::Stats), 0, 0, frame);
@@ -723,6 +809,8 @@ kvpark_status kvpark_get_stats(kvpark_client* client, kvpark_stats* ret_stats) {
   if (wire::decode(body, reply) != Status::Ok) return KVPARK_PROTOCOL_ERROR;
   std::memcpy(ret_stats, &reply, sizeof reply);
   return KVPARK_OK;
+} catch (...) {
+  return status_of_current_exception();
 }
 
 }  // extern "C"

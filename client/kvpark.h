@@ -57,7 +57,8 @@ typedef enum kvpark_status {
   KVPARK_BAD_STATE = 11,
   KVPARK_PERMISSION_DENIED = 12,
   KVPARK_IO_ERROR = 13,
-  KVPARK_TIMEOUT = 14 /* kvpark_plan_wait ran out of time; what is ready stays usable */
+  KVPARK_TIMEOUT = 14, /* kvpark_plan_wait ran out of time; what is ready stays usable */
+  KVPARK_OUT_OF_MEMORY = 15 /* the library could not allocate; no exception leaves a call */
 } kvpark_status;
 
 /* A static, human-readable description of a status. */
@@ -107,7 +108,8 @@ void kvpark_disconnect(kvpark_client* client);
 /* Tokens per hash chunk for this namespace (block_tokens, or 64 if snapshot-only). */
 uint32_t kvpark_chain_tokens(const kvpark_client* client);
 
-/* h[i] = XXH3-128(h[i-1] || tokens of chunk i), h[-1] = seed; writes chunks hashes. */
+/* h[i] = XXH3-128(h[i-1] || tokens of chunk i), h[-1] = seed; writes chunks hashes
+ * (all zero, a value no chain takes in practice, if the library could not allocate). */
 void kvpark_chain_hashes(kvpark_hash128 seed, const int32_t* tokens, uint32_t chunk_tokens,
                          size_t chunks, kvpark_hash128* ret_hashes);
 

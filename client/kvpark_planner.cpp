@@ -9,6 +9,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "client/c_boundary.h"
 #include "client/openai_request.h"
 #include "client/write_candidates.h"
 
@@ -52,12 +53,13 @@ int64_t raw_value(const Enum& value) {
 
 using namespace kvpark::client;
 
+// The C boundary (client/c_boundary.h): every body that can throw catches.
 extern "C" {
 
 kvpark_status kvpark_plan_write_candidates(const kvpark_segment* segments, size_t n_segments,
                                            const kvpark_write_plan_options* options,
                                            kvpark_write_candidate* ret_candidates,
-                                           size_t* ret_count) {
+                                           size_t* ret_count) try {
   if ((segments == nullptr && n_segments > 0) || options == nullptr ||
       ret_candidates == nullptr || ret_count == nullptr) {
     return KVPARK_INVALID_ARGUMENT;
@@ -91,11 +93,13 @@ kvpark_status kvpark_plan_write_candidates(const kvpark_segment* segments, size_
   }
   *ret_count = plan.count;
   return KVPARK_OK;
+} catch (...) {
+  return status_of_current_exception();
 }
 
 kvpark_status kvpark_request_parse(const char* body, size_t body_bytes, kvpark_request_api api,
                                    kvpark_request** ret_request, char* ret_error,
-                                   size_t error_bytes) {
+                                   size_t error_bytes) try {
   if ((body == nullptr && body_bytes > 0) || ret_request == nullptr ||
       raw_value(api) < KVPARK_REQUEST_DETECT || raw_value(api) > KVPARK_REQUEST_RESPONSES) {
     return KVPARK_INVALID_ARGUMENT;
@@ -103,11 +107,13 @@ kvpark_status kvpark_request_parse(const char* body, size_t body_bytes, kvpark_r
   ParsedRequest parsed;
   RequestParseError error;
   RequestParseStatus status = RequestParseStatus::LimitExceeded;
-  try {  // the C boundary: an allocation failure must not unwind into C
+  bool out_of_memory = false;
+  try {  // the message is still worth giving when an allocation fails
     status = parse_openai_request(std::string_view(body == nullptr ? "" : body, body_bytes),
                                   static_cast<RequestApi>(api), &parsed, &error);
   } catch (const std::bad_alloc&) {
     error.message = "request: out of memory";
+    out_of_memory = true;
   }
   if (status != RequestParseStatus::Ok) {
     if (ret_error != nullptr && error_bytes > 0) {
@@ -115,13 +121,14 @@ kvpark_status kvpark_request_parse(const char* body, size_t body_bytes, kvpark_r
       std::memcpy(ret_error, error.message.data(), n);
       ret_error[n] = '\0';
     }
+    if (out_of_memory) return KVPARK_OUT_OF_MEMORY;
     return status == RequestParseStatus::LimitExceeded ? KVPARK_LIMIT_EXCEEDED
                                                        : KVPARK_INVALID_ARGUMENT;
   }
-  auto* request = new (std::nothrow) kvpark_request{std::move(parsed)};
-  if (request == nullptr) return KVPARK_LIMIT_EXCEEDED;
-  *ret_request = request;
+  *ret_request = new kvpark_request{std::move(parsed)};
   return KVPARK_OK;
+} catch (...) {
+  return status_of_current_exception();
 }
 
 void kvpark_request_free(kvpark_request* request) { delete request; }
@@ -161,7 +168,7 @@ kvpark_status kvpark_request_segments(const kvpark_request* request,
                                       uint32_t tools_end_token,
                                       kvpark_tools_placement tools_placement,
                                       kvpark_segment* ret_segments, size_t segments_capacity,
-                                      size_t* ret_count) {
+                                      size_t* ret_count) try {
   if (request == nullptr || (message_end_tokens == nullptr && n_messages > 0) ||
       ret_segments == nullptr || ret_count == nullptr ||
       raw_value(tools_placement) < KVPARK_TOOLS_BEFORE_MESSAGES ||
@@ -186,6 +193,8 @@ kvpark_status kvpark_request_segments(const kvpark_request* request,
   }
   *ret_count = segments.size();
   return KVPARK_OK;
+} catch (...) {
+  return status_of_current_exception();
 }
 
 void kvpark_request_write_plan_options(const kvpark_request* request, uint32_t total_tokens,

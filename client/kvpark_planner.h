@@ -89,10 +89,10 @@ typedef enum kvpark_tools_placement {
 typedef struct kvpark_request kvpark_request;
 
 /* Parses a request body (body_bytes bytes, no terminator needed). On failure returns
- * KVPARK_INVALID_ARGUMENT (malformed JSON or shape) or KVPARK_LIMIT_EXCEEDED, leaves
- * *ret_request untouched and, when ret_error is not NULL, writes a NUL-terminated
- * message naming the JSON path ("messages[2].content: expected a string or an
- * array"), truncated to error_bytes. */
+ * KVPARK_INVALID_ARGUMENT (malformed JSON or shape), KVPARK_LIMIT_EXCEEDED or
+ * KVPARK_OUT_OF_MEMORY, leaves *ret_request untouched and, when ret_error is not
+ * NULL, writes a NUL-terminated message naming the JSON path ("messages[2].content:
+ * expected a string or an array"), truncated to error_bytes. */
 kvpark_status kvpark_request_parse(const char* body, size_t body_bytes, kvpark_request_api api,
                                    kvpark_request** ret_request, char* ret_error,
                                    size_t error_bytes);

@@ -1,4 +1,4 @@
-// kvparkctl: the command line over org.kvpark.Park1 (daemon/dbus_api.h).
+// kvparkctl: the command line over org.kvpark.Park1 (proto/dbus_api.h).
 //
 // One verb per invocation, in the manner of systemctl: human output that fits
 // the terminal by default, --json for scripts. Every failure maps to one of the
@@ -15,14 +15,14 @@
 #include <vector>
 
 #include "ctl/format.h"
-#include "daemon/dbus_api.h"
+#include "proto/dbus_api.h"
+#include "proto/version.h"
 
 using namespace kvpark;
 using namespace kvpark::ctl;
 
 namespace {
 
-constexpr const char* version = "0.1.0";
 constexpr useconds_t flush_poll_usec = 200'000;
 constexpr uint64_t flush_line_interval_usec = 1'000'000;  // plain progress lines at most this often
 
@@ -546,7 +546,7 @@ int main(int argc, char** argv) {
         if (!number("--offset", optarg, o.offset)) return exit_usage;
         break;
       case 'h': usage(stdout); return exit_ok;
-      case opt_version: printf("kvparkctl %s\n", version); return exit_ok;
+      case opt_version: printf("kvparkctl %s\n", kvpark::version); return exit_ok;
       default: usage(stderr); return exit_usage;
     }
   }

@@ -22,7 +22,7 @@
 #include <thread>
 #include <tuple>
 
-#include "daemon/dbus_api.h"
+#include "proto/dbus_api.h"
 #include "daemon/log.h"
 
 namespace kvpark::daemon {

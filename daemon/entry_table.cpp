@@ -28,6 +28,7 @@ Status EntryTable::register_namespace(const NamespaceId& id, const Geometry& g,
     ret_ns = it->second;
     return Status::Ok;
   }
+  if (namespaces_.size() >= limits::namespaces_max) return Status::LimitExceeded;
   NamespaceInfo info;
   info.id = id;
   info.geometry = g;

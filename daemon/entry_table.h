@@ -108,7 +108,8 @@ class EntryTable {
  public:
   EntryTable(uint64_t data_bytes, uint64_t extent_align_bytes);
 
-  // Namespaces: registered on first HELLO (or disk recovery), kept while the daemon runs.
+  // Namespaces: registered on first HELLO (or disk recovery), kept while the daemon runs;
+  // LimitExceeded for a new one past limits::namespaces_max.
   Status register_namespace(const NamespaceId& id, const Geometry& geometry,
                             uint32_t prefill_tokens_per_second, NamespaceIndex& ret_ns);
   const NamespaceInfo& namespace_info(NamespaceIndex ns) const { return namespaces_.at(ns); }

@@ -26,6 +26,7 @@
 #include "daemon/park.h"
 #include "daemon/server.h"
 #include "proto/limits.h"
+#include "proto/version.h"
 #include "shm/arena.h"
 
 using namespace kvpark;
@@ -36,17 +37,37 @@ namespace {
 constexpr int tick_msec = 50;  // WAIT deadlines are honoured to this resolution
 constexpr uint64_t shutdown_flush_timeout_usec = 120'000'000;
 constexpr uint64_t arena_low_water_divisor_with_disk = 8;  // default low water: 1/8 of the arena
-constexpr const char* version = "0.1.0";
 // Exit codes (kvparkd(8)): 1 a start or loop failure, 2 a bad flag or config file,
 // 3 another kvparkd already serves this socket.
 constexpr int exit_failure = 1;
 constexpr int exit_already_running = 3;
 
-uint64_t random_incarnation() {
-  uint64_t value = 0;
-  while (getrandom(&value, sizeof value, 0) != sizeof value || value == 0) {
+constexpr int incarnation_attempts_max = 8;  // getrandom: EINTR, or a zero draw
+
+// A nonzero random incarnation; false (errno set) when getrandom keeps failing.
+bool random_incarnation(uint64_t& ret_incarnation) {
+  for (int attempt = 0; attempt < incarnation_attempts_max; ++attempt) {
+    uint64_t value = 0;
+    const ssize_t n = getrandom(&value, sizeof value, 0);
+    if (n == sizeof value && value != 0) {
+      ret_incarnation = value;
+      return true;
+    }
+    if (n < 0 && errno != EINTR) return false;
   }
-  return value;
+  errno = EAGAIN;
+  return false;
+}
+
+// SIGTERM, SIGINT and SIGHUP arrive through signalfds, SIGPIPE is ignored (a peer that
+// went away is an EPIPE on its socket). False, errno set, if the kernel refused.
+bool setup_signals() {
+  sigset_t mask;
+  sigemptyset(&mask);
+  sigaddset(&mask, SIGTERM);
+  sigaddset(&mask, SIGINT);
+  sigaddset(&mask, SIGHUP);  // reload, through open_reload_signal_fd()
+  return sigprocmask(SIG_BLOCK, &mask, nullptr) == 0 && signal(SIGPIPE, SIG_IGN) != SIG_ERR;
 }
 
 // What the loop does between events: low-water eviction, watchdog pings and a
@@ -81,6 +102,132 @@ int open_reload_signal_fd() {
   return signalfd(-1, &hup, SFD_NONBLOCK | SFD_CLOEXEC);
 }
 
+
+// The disk tier, if configured; null (and logged) when it cannot start: the host tier
+// serves alone then.
+std::unique_ptr<daemon::DiskTier> open_disk_tier(const daemon::DaemonOptions& options,
+                                                 shm::ArenaOwner& arena,
+                                                 disk::RecoveryReport& ret_recovery) {
+  std::unique_ptr<daemon::DiskTier> disk;
+  if (options.disk_directory.empty()) return disk;
+  disk::OpenError open_error;
+  daemon::DiskTierOptions disk_options{
+      .directory = options.disk_directory,
+      .capacity_bytes = options.disk_capacity_bytes,
+      .write_budget_bytes_per_day = options.disk_write_budget_bytes_per_day,
+      .fixed_buffers = {iovec{arena.data(), arena.data_bytes()}}};
+  if (Status s = daemon::DiskTier::open(disk_options, disk, ret_recovery, open_error);
+      s != Status::Ok) {
+    log_error("kvparkd: disk tier off, serving from memory only: %s: %s%s%s",
+              std::string(status_name(s)).c_str(), open_error.detail.c_str(),
+              open_error.err != 0 ? ": " : "", open_error.err != 0 ? strerror(open_error.err) : "");
+  }
+  return disk;
+}
+
+// Indexes what the disk tier found at start, and says so.
+void recover_disk(daemon::Park& park, const daemon::DiskTier& disk,
+                  const disk::RecoveryReport& recovery) {
+  const uint64_t skipped = park.recover(recovery);
+  log_info("kvparkd: disk tier at %s: %zu records recovered in %llu ms (%llu skipped, of "
+           "which %llu unreachable and removed; %llu interrupted writes removed, %llu damaged "
+           "files removed, %llu of another format version left alone)%s",
+           disk.directory().c_str(), recovery.records.size() - skipped,
+           static_cast<unsigned long long>(recovery.scan_usec / 1000),
+           static_cast<unsigned long long>(skipped),
+           static_cast<unsigned long long>(park.counters().unreachable_records_removed),
+           static_cast<unsigned long long>(recovery.temp_files_removed),
+           static_cast<unsigned long long>(recovery.garbage_removed),
+           static_cast<unsigned long long>(recovery.other_version_records),
+           recovery.fixed_buffers_registered ? "" : "; arena not registered with io_uring");
+  for (const std::string& note : recovery.engine_notes) {
+    log_notice("kvparkd: io_uring: %s", note.c_str());
+  }
+  if (disk.read_only()) {
+    log_warning("kvparkd: disk tier at %s is read-only: its records are served, nothing is "
+                "spilled or removed there",
+                disk.directory().c_str());
+  }
+}
+
+// The arena with the operator's huge-page setting; logs what it got or why it failed.
+bool create_arena(const daemon::DaemonOptions& options, uint64_t incarnation,
+                  std::unique_ptr<shm::ArenaOwner>& ret_arena) {
+  int err = 0;
+  shm::ArenaOptions arena_options{.name = options.arena_name,
+                                  .data_bytes = options.arena_bytes,
+                                  .incarnation = incarnation,
+                                  .huge_pages = options.huge_pages};
+  shm::ArenaCreation creation;
+  if (Status s = shm::ArenaOwner::create(arena_options, ret_arena, err, &creation); s != Status::Ok) {
+    if (options.huge_pages == shm::HugePages::On) {
+      log_error("kvparkd: huge_pages = on, but no %llu-byte hugetlb arena could be made (%s): reserve "
+                "huge pages with the sysctl vm.nr_hugepages (see kvparkd.conf(5)), or set huge_pages = try",
+                static_cast<unsigned long long>(options.arena_bytes), strerror(err));
+    } else {
+      log_error("kvparkd: cannot create a %llu-byte arena '%s': %s (%s)",
+                static_cast<unsigned long long>(options.arena_bytes), options.arena_name.c_str(),
+                std::string(status_name(s)).c_str(), strerror(err));
+    }
+    return false;
+  }
+  if (options.huge_pages == shm::HugePages::Try && creation.pages != shm::ArenaPages::Hugetlb) {
+    log_notice("kvparkd: arena on %s pages: no hugetlb pages (%s; vm.nr_hugepages reserves them)%s",
+               creation.pages == shm::ArenaPages::Transparent ? "transparent 2 MiB" : "4 KiB",
+               strerror(creation.hugetlb_errno),
+               creation.transparent_allowed ? ""
+                                            : ", and transparent huge pages are off for shmem "
+                                              "(/sys/kernel/mm/transparent_hugepage/shmem_enabled)");
+  }
+  return true;
+}
+
+// HTTP status and metrics, unless turned off; a failure to listen is logged, not fatal.
+// Returns "HOST:PORT" as bound (port 0 resolved), for READY's STATUS=; empty when off.
+std::string start_http(daemon::HttpAdapter& http, const std::string& listen) {
+  if (listen.empty()) return "";
+  std::string host;
+  uint16_t port = 0;
+  std::string http_error;
+  daemon::parse_listen_address(listen, host, port);
+  if (!http.start(host, port, http_error)) {
+    log_error("kvparkd: no HTTP status or metrics: %s", http_error.c_str());
+    return "";
+  }
+  const bool v6 = host.find(':') != std::string::npos;
+  const std::string bound = (v6 ? "[" + host + "]" : host) + ":" + std::to_string(http.port());
+  log_info("kvparkd: http listening on %s", bound.c_str());
+  return bound;
+}
+
+// A planned restart keeps what is worth keeping: writes it to disk first, within
+// shutdown_flush_timeout_usec, while systemd's watchdog keeps being fed.
+void spill_before_stopping(daemon::Park& park, daemon::DiskTier& disk,
+                           daemon::Notifier& notifier) {
+  uint64_t job = 0;
+  if (Status s = park.start_flush(false, job); s != Status::Ok) {
+    log_error("kvparkd: no spill before stopping: %s", std::string(status_name(s)).c_str());
+    return;
+  }
+  const uint64_t deadline = monotonic_usec() + shutdown_flush_timeout_usec;
+  while (!park.flush_state().done && monotonic_usec() < deadline) {
+    pollfd p{disk.store().notify_fd(), POLLIN, 0};
+    const int ready = poll(&p, 1, 100);
+    if (ready < 0 && errno != EINTR) {
+      log_error("kvparkd: spill before stopping: poll: %s", strerror(errno));
+      break;
+    }
+    if (ready > 0) park.on_disk_completions();
+    park.tick();
+    notifier.tick(monotonic_usec());
+  }
+  const daemon::FlushState& f = park.flush_state();
+  log_info("kvparkd: wrote %llu of %llu entries (%llu MiB) to disk before stopping%s",
+           static_cast<unsigned long long>(f.entries_done),
+           static_cast<unsigned long long>(f.entries_total),
+           static_cast<unsigned long long>(f.bytes_done >> 20), f.done ? "" : " (timed out)");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -88,14 +235,10 @@ int main(int argc, char** argv) {
   int exit_code = 0;
   if (!daemon::parse_options(argc, argv, options, exit_code)) return exit_code;
 
-  // Signals arrive through the server's signalfd.
-  sigset_t mask;
-  sigemptyset(&mask);
-  sigaddset(&mask, SIGTERM);
-  sigaddset(&mask, SIGINT);
-  sigaddset(&mask, SIGHUP);  // reload, through open_reload_signal_fd()
-  sigprocmask(SIG_BLOCK, &mask, nullptr);
-  signal(SIGPIPE, SIG_IGN);
+  if (!setup_signals()) {
+    log_error("kvparkd: cannot set up signal handling: %s", strerror(errno));
+    return exit_failure;
+  }
 
   // First, before the arena name or the disk directory is touched: they may be
   // another live daemon's.
@@ -119,51 +262,17 @@ int main(int argc, char** argv) {
     return exit_failure;
   }
 
-  const uint64_t incarnation = random_incarnation();
-  std::unique_ptr<shm::ArenaOwner> arena;
-  shm::ArenaOptions arena_options{.name = options.arena_name,
-                                  .data_bytes = options.arena_bytes,
-                                  .incarnation = incarnation,
-                                  .huge_pages = options.huge_pages};
-  shm::ArenaCreation creation;
-  if (Status s = shm::ArenaOwner::create(arena_options, arena, err, &creation); s != Status::Ok) {
-    if (options.huge_pages == shm::HugePages::On) {
-      log_error("kvparkd: huge_pages = on, but no %llu-byte hugetlb arena could be made (%s): reserve "
-                "huge pages with the sysctl vm.nr_hugepages (see kvparkd.conf(5)), or set huge_pages = try",
-                static_cast<unsigned long long>(options.arena_bytes), strerror(err));
-    } else {
-      log_error("kvparkd: cannot create a %llu-byte arena '%s': %s (%s)",
-                static_cast<unsigned long long>(options.arena_bytes), options.arena_name.c_str(),
-                std::string(status_name(s)).c_str(), strerror(err));
-    }
+  uint64_t incarnation = 0;
+  if (!random_incarnation(incarnation)) {
+    log_error("kvparkd: no random incarnation from getrandom: %s", strerror(errno));
     return exit_failure;
   }
-  if (options.huge_pages == shm::HugePages::Try && creation.pages != shm::ArenaPages::Hugetlb) {
-    log_notice("kvparkd: arena on %s pages: no hugetlb pages (%s; vm.nr_hugepages reserves them)%s",
-               creation.pages == shm::ArenaPages::Transparent ? "transparent 2 MiB" : "4 KiB",
-               strerror(creation.hugetlb_errno),
-               creation.transparent_allowed ? ""
-                                            : ", and transparent huge pages are off for shmem "
-                                              "(/sys/kernel/mm/transparent_hugepage/shmem_enabled)");
-  }
+  std::unique_ptr<shm::ArenaOwner> arena;
+  if (!create_arena(options, incarnation, arena)) return exit_failure;
 
   // The disk tier is optional: without it (or if it cannot start) the host tier serves.
-  std::unique_ptr<daemon::DiskTier> disk;
   disk::RecoveryReport recovery;
-  if (!options.disk_directory.empty()) {
-    disk::OpenError open_error;
-    daemon::DiskTierOptions disk_options{
-        .directory = options.disk_directory,
-        .capacity_bytes = options.disk_capacity_bytes,
-        .write_budget_bytes_per_day = options.disk_write_budget_bytes_per_day,
-        .fixed_buffers = {iovec{arena->data(), arena->data_bytes()}}};
-    if (Status s = daemon::DiskTier::open(disk_options, disk, recovery, open_error);
-        s != Status::Ok) {
-      log_error("kvparkd: disk tier off, serving from memory only: %s: %s%s%s",
-                std::string(status_name(s)).c_str(), open_error.detail.c_str(),
-                open_error.err != 0 ? ": " : "", open_error.err != 0 ? strerror(open_error.err) : "");
-    }
-  }
+  std::unique_ptr<daemon::DiskTier> disk = open_disk_tier(options, *arena, recovery);
 
   daemon::EntryTable table(arena->data_bytes(), limits::extent_align_bytes);
   daemon::Park park({.arena_data = arena->data(),
@@ -175,26 +284,7 @@ int main(int argc, char** argv) {
                      .connections_max = limits::connections_max,
                      .disk = disk.get()},
                     table);
-  if (disk) {
-    const uint64_t skipped = park.recover(recovery);
-    log_info("kvparkd: disk tier at %s: %zu records recovered in %llu ms (%llu skipped, of "
-             "which %llu unreachable and removed; %llu interrupted writes removed, %llu damaged "
-             "files removed, %llu of another format version left alone)%s",
-             disk->directory().c_str(), recovery.records.size() - skipped,
-             static_cast<unsigned long long>(recovery.scan_usec / 1000),
-             static_cast<unsigned long long>(skipped),
-             static_cast<unsigned long long>(park.counters().unreachable_records_removed),
-             static_cast<unsigned long long>(recovery.temp_files_removed),
-             static_cast<unsigned long long>(recovery.garbage_removed),
-             static_cast<unsigned long long>(recovery.other_version_records),
-             recovery.fixed_buffers_registered ? "" : "; arena not registered with io_uring");
-    for (const std::string& note : recovery.engine_notes) log_notice("kvparkd: io_uring: %s", note.c_str());
-    if (disk->read_only()) {
-      log_warning("kvparkd: disk tier at %s is read-only: its records are served, nothing is "
-                  "spilled or removed there",
-                  disk->directory().c_str());
-    }
-  }
+  if (disk) recover_disk(park, *disk, recovery);
   park.set_low_water_bytes(options.arena_low_water_bytes);
   if (disk && options.arena_low_water_bytes == 0) {
     // With a disk tier, demote ahead of need so valuable entries are never just dropped.
@@ -215,9 +305,7 @@ int main(int argc, char** argv) {
     return exit_failure;
   }
   daemon::LoopQueue loop;
-  server.watch(loop.event_fd(), [&loop] { loop.drain(); });
-  if (disk) server.watch(disk->store().notify_fd(), [&park] { park.on_disk_completions(); });
-  daemon::ControlPlane control({.version = version,
+  daemon::ControlPlane control({.version = kvpark::version,
                                 .socket_path = options.socket_path,
                                 .incarnation = incarnation,
                                 .start_usec = monotonic_usec(),
@@ -231,7 +319,11 @@ int main(int argc, char** argv) {
   // Operations: SIGHUP reload, HTTP status and metrics, the systemd notify protocol.
   daemon::Notifier notifier(options.watchdog_usec);
   const int reload_fd = open_reload_signal_fd();
-  server.watch(reload_fd, [&] {
+  if (reload_fd < 0) {
+    log_error("kvparkd: cannot open a signalfd for SIGHUP: %s", strerror(errno));
+    return exit_failure;
+  }
+  auto reload = [&] {
     signalfd_siginfo info{};
     while (read(reload_fd, &info, sizeof info) == sizeof info) {
     }
@@ -240,22 +332,15 @@ int main(int argc, char** argv) {
     daemon::reload_options(options, park, message);
     log_notice("kvparkd: %s", message.c_str());
     notifier.reloaded(message);
-  });
-  daemon::HttpAdapter http(control);
-  std::string http_bound;  // "HOST:PORT" once listening (port 0 resolved), for READY's STATUS=
-  if (!options.http_listen.empty()) {
-    std::string host;
-    uint16_t port = 0;
-    std::string http_error;
-    daemon::parse_listen_address(options.http_listen, host, port);
-    if (http.start(host, port, http_error)) {
-      const bool v6 = host.find(':') != std::string::npos;
-      http_bound = (v6 ? "[" + host + "]" : host) + ":" + std::to_string(http.port());
-      log_info("kvparkd: http listening on %s", http_bound.c_str());
-    } else {
-      log_error("kvparkd: no HTTP status or metrics: %s", http_error.c_str());
-    }
+  };
+  if (!server.watch(loop.event_fd(), [&loop] { loop.drain(); }) ||
+      (disk && !server.watch(disk->store().notify_fd(), [&park] { park.on_disk_completions(); })) ||
+      !server.watch(reload_fd, reload)) {
+    log_error("kvparkd: cannot watch the loop's descriptors: %s", strerror(errno));
+    return exit_failure;
   }
+  daemon::HttpAdapter http(control);
+  const std::string http_bound = start_http(http, options.http_listen);
   std::unique_ptr<daemon::DbusAdapter> dbus;
   if (options.dbus_bus != daemon::DbusBus::Off) {
     std::string dbus_error;
@@ -277,23 +362,7 @@ int main(int argc, char** argv) {
   }
   notifier.stopping("stopping");
   server.close_connections();
-  if (disk && options.spill_on_shutdown) {
-    // A planned restart keeps what is worth keeping: write it to disk first.
-    uint64_t job = 0;
-    park.start_flush(false, job);
-    const uint64_t deadline = monotonic_usec() + shutdown_flush_timeout_usec;
-    while (!park.flush_state().done && monotonic_usec() < deadline) {
-      pollfd p{disk->store().notify_fd(), POLLIN, 0};
-      if (poll(&p, 1, 100) > 0) park.on_disk_completions();
-      park.tick();
-      notifier.tick(monotonic_usec());  // systemd's watchdog still runs while we spill
-    }
-    const daemon::FlushState& f = park.flush_state();
-    log_info("kvparkd: wrote %llu of %llu entries (%llu MiB) to disk before stopping%s",
-             static_cast<unsigned long long>(f.entries_done),
-             static_cast<unsigned long long>(f.entries_total),
-             static_cast<unsigned long long>(f.bytes_done >> 20), f.done ? "" : " (timed out)");
-  }
+  if (disk && options.spill_on_shutdown) spill_before_stopping(park, *disk, notifier);
   loop.close();  // adapter threads waiting on the loop get 'unavailable' from here on
   http.stop();
   dbus.reset();

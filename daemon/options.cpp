@@ -11,6 +11,7 @@
 #include "daemon/config.h"
 #include "proto/limits.h"
 #include "proto/paths.h"
+#include "proto/version.h"
 
 namespace kvpark::daemon {
 
@@ -61,6 +62,7 @@ void print_usage(FILE* out) {
           "  --disk-capacity SIZE             disk tier size (default 0: from free space)\n"
           "  --disk-write-budget-per-day SIZE bytes the disk tier may write per day\n"
           "  --spill-on-shutdown[=BOOL]       spill valuable host entries to disk at stop\n"
+          "  --version                        print the version and exit\n"
           "  -h, --help                       show this help\n",
           config_path_default, default_socket_path().c_str());
 }
@@ -80,7 +82,7 @@ bool boolean_flag(const std::string& name) {
 }  // namespace
 
 bool parse_options(int argc, char** argv, DaemonOptions& o, int& ret_exit) {
-  enum { opt_config = 1, opt_print_config, opt_key_base = 256 };
+  enum { opt_config = 1, opt_print_config, opt_version, opt_key_base = 256 };
   std::vector<option> long_options;
   for (size_t i = 0; i < key_flag_count; ++i) {
     long_options.push_back({key_flags[i],
@@ -89,6 +91,7 @@ bool parse_options(int argc, char** argv, DaemonOptions& o, int& ret_exit) {
   }
   long_options.push_back({"config", required_argument, nullptr, opt_config});
   long_options.push_back({"print-config", no_argument, nullptr, opt_print_config});
+  long_options.push_back({"version", no_argument, nullptr, opt_version});
   long_options.push_back({"help", no_argument, nullptr, 'h'});
   long_options.push_back({nullptr, 0, nullptr, 0});
 
@@ -112,6 +115,10 @@ bool parse_options(int argc, char** argv, DaemonOptions& o, int& ret_exit) {
         config_explicit = true;
         break;
       case opt_print_config: print_config = true; break;
+      case opt_version:
+        printf("kvparkd %s\n", version);
+        ret_exit = 0;
+        return false;
       case 'h':
         print_usage(stdout);
         ret_exit = 0;

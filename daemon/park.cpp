@@ -275,8 +275,10 @@ Status Park::reserve_snapshot(ConnectionId id, const wire::ReserveSnapshotReques
   shm::EntryHeader h = make_entry_header(e, tail, req.payload_bytes);
   uint8_t* extent = options_.arena_data + e.extent_offset;
   std::memcpy(extent, &h, sizeof h);
-  std::memcpy(extent + limits::entry_header_bytes, req.tail_tokens.data(),
-              tail * sizeof(int32_t));
+  if (tail > 0) {  // an empty tail may have no storage: memcpy from null is undefined
+    std::memcpy(extent + limits::entry_header_bytes, req.tail_tokens.data(),
+                tail * sizeof(int32_t));
+  }
   Reservation r;
   r.slots.push_back(slot);
   r.headers.push_back(h);

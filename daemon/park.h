@@ -24,6 +24,7 @@
 
 #include "daemon/control.h"
 #include "daemon/entry_table.h"
+#include "proto/limits.h"
 #include "proto/wire.h"
 #include "shm/arena_format.h"
 
@@ -50,11 +51,12 @@ struct ParkOptions {
 };
 
 inline constexpr size_t spills_in_flight_max = 16;
-inline constexpr uint32_t wait_timeout_msec_max = 600'000;
-inline constexpr size_t waits_max = 1024;  // pending WAITs, all connections
-// Recurrence detection: chunk hashes remembered from lookups past their restorable
-// prefix, and how far past it two sessions must agree before a capture hint.
-inline constexpr size_t recurrence_chunks_max = 65536;
+// Client-reachable caps live in proto/limits.h.
+using limits::recurrence_chunks_max;
+using limits::wait_timeout_msec_max;
+using limits::waits_max;
+// Recurrence detection: how far past the restorable prefix two sessions must agree
+// before a capture hint.
 // Value model. Prefill rate assumed for namespaces that did not declare one: 16,484
 // tokens in 2.36 s (DESIGN.md §1).
 inline constexpr uint32_t prefill_tokens_per_second_default = 7000;

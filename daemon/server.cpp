@@ -216,13 +216,13 @@ Status Server::run(int tick_msec, void (*on_tick)(void*), void* tick_context) {
   return Status::Ok;
 }
 
-void Server::watch(int fd, std::function<void()> on_readable) {
+bool Server::watch(int fd, std::function<void()> on_readable) {
   assert(epoll_fd_ >= 0 && "listen() first");
   epoll_event ev{};
   ev.events = EPOLLIN;
   ev.data.u64 = watch_token_base + watches_.size();
   watches_.push_back(std::move(on_readable));
-  epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
+  return epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) == 0;
 }
 
 bool Server::peer_allowed(const ucred& cred) const {

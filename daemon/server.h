@@ -62,8 +62,9 @@ class Server {
   void request_stop() { stop_requested_ = true; }
   // Closes every engine connection (their cleanup runs); used before a shutdown flush.
   void close_connections();
-  // Runs `on_readable` on the loop whenever `fd` is readable (eventfds of other parts).
-  void watch(int fd, std::function<void()> on_readable);
+  // Runs `on_readable` on the loop whenever `fd` is readable (eventfds of other parts);
+  // false, errno set, when epoll refused the fd.
+  [[nodiscard]] bool watch(int fd, std::function<void()> on_readable);
 
  private:
   struct Connection {

@@ -34,6 +34,13 @@ inline constexpr uint32_t snapshot_chain_tokens = 64;
 inline constexpr uint64_t block_payload_bytes_max = 256ull * 1024 * 1024;
 inline constexpr uint64_t snapshot_payload_bytes_max = 64ull * 1024 * 1024 * 1024;
 
+// Namespaces, all connections: registered at HELLO (or disk recovery) and kept while
+// the daemon runs, so a client could otherwise grow the table without bound. A host
+// serves a few models, each with a few layouts and tensor-parallel ranks.
+inline constexpr size_t namespaces_max = 1024;
+
+// Per connection.
+
 // Connection admission. One uid, or one process, cannot take every slot: a peer
 // that connects and never says HELLO is closed after hello_timeout_usec, and a uid
 // past its share is refused at accept (LimitExceeded) while other users still get in.
@@ -49,6 +56,12 @@ static_assert(connections_per_process_max <= connections_per_uid_max);
 inline constexpr size_t leases_per_connection_max = 1024;
 inline constexpr size_t reservations_per_connection_max = 256;
 inline constexpr size_t reserve_blocks_max = 1024;  // blocks in one RESERVE
+
+// Waits and recurrence, all connections.
+inline constexpr uint32_t wait_timeout_msec_max = 600'000;  // one WAIT
+inline constexpr size_t waits_max = 1024;                   // pending WAITs
+// Chunk hashes remembered from lookups past their restorable prefix (a ring).
+inline constexpr size_t recurrence_chunks_max = 65536;
 
 // Arena.
 inline constexpr size_t arena_header_bytes = 4096;  // the header object: one page, sealed against writes

@@ -25,6 +25,7 @@ enum class Status : uint16_t {
   PermissionDenied = 12,
   IoError = 13,          // a system call failed; errno is reported beside it
   Timeout = 14,          // WAIT ran out of time; what is ready stays usable
+  OutOfMemory = 15,      // libkvpark could not allocate; the daemon never answers it
 };
 
 inline constexpr std::string_view status_name(Status status) {
@@ -44,10 +45,14 @@ inline constexpr std::string_view status_name(Status status) {
     case Status::PermissionDenied: return "permission denied";
     case Status::IoError: return "I/O error";
     case Status::Timeout: return "timed out";
+    case Status::OutOfMemory: return "out of memory";
   }
   return "unknown status";
 }
 
-inline constexpr bool status_is_known(uint16_t value) { return value <= 14; }
+inline constexpr Status status_last = Status::OutOfMemory;
+inline constexpr bool status_is_known(uint16_t value) {
+  return value <= static_cast<uint16_t>(status_last);
+}
 
 }  // namespace kvpark

@@ -10,6 +10,8 @@
 #include <sstream>
 #include <string_view>
 
+#include "proto/version.h"
+
 namespace kvpark::proxy {
 
 const char* const version = KVPARK_VERSION;
@@ -176,7 +178,7 @@ bool parse_command_line(int argc, char** argv, ProxyOptions& o, bool& ret_exit_n
       return true;
     }
     if (std::strcmp(argv[i], "--version") == 0) {
-      std::printf("kvpark-proxy %s\n", version);
+      std::printf("kvpark-proxy %s\n", kvpark::version);
       ret_exit_now = true;
       return true;
     }

@@ -27,6 +27,7 @@ Status from_kvpark(kvpark_status s) {
     case KVPARK_CORRUPT:
       return Status::corrupt;
     case KVPARK_IO_ERROR:
+    case KVPARK_OUT_OF_MEMORY:
       return Status::io_error;
     default:
       return Status::invalid_argument;

@@ -1,6 +1,6 @@
 // Every limit a client controls, at N and N+1, against a real kvparkd:
 // connections, leases and reservations per connection, reservation bytes,
-// blocks per RESERVE, tokens and chunks per LOOKUP. And a peer that never reads
+// blocks per RESERVE, tokens and chunks per LOOKUP, namespaces. And a peer that never reads
 // its replies must not stall anyone else.
 #include <gtest/gtest.h>
 #include <sys/resource.h>
@@ -332,6 +332,35 @@ TEST_F(Limits, PeerThatNeverReadsRepliesDoesNotStallOthers) {
   other.reset();
   slow.close();
   observer_.expect_back_to(baseline_);
+}
+
+TEST_F(Limits, NamespacesAtCapAndCapPlusOne) {
+  start();
+  // The observer registered one namespace; engines bring the table to the cap.
+  ASSERT_EQ(observer_.stats().namespaces, 1u);
+  const uint32_t block_tokens = 16;
+  const uint64_t block_bytes = 3584;
+  for (uint64_t i = 1; i < limits::namespaces_max; ++i) {
+    ASSERT_NE(connect(make_ns(0xa000 + i, block_tokens, block_bytes)), nullptr) << i;
+  }
+  EXPECT_EQ(observer_.stats().namespaces, limits::namespaces_max);
+  EXPECT_EQ(connect(make_ns(0xa000 + limits::namespaces_max, block_tokens, block_bytes),
+                    KVPARK_LIMIT_EXCEEDED),
+            nullptr);
+  EXPECT_EQ(observer_.stats().namespaces, limits::namespaces_max);
+  // A namespace the daemon knows is not a new one: it still connects, and serves.
+  ClientPtr known = connect(make_ns(0xa001, block_tokens, block_bytes));
+  ASSERT_NE(known, nullptr);
+  const std::vector<int32_t> tokens = make_tokens(9, block_tokens + 1);
+  kvpark_publish_options options{.session_id = 1};
+  kvpark_reservation* r = nullptr;
+  ASSERT_EQ(kvpark_reserve_blocks(known.get(), &options, tokens.data(), tokens.size(), 0, 1, &r),
+            KVPARK_OK);
+  ASSERT_EQ(kvpark_seal(r), KVPARK_OK);
+  kvpark_stats settled = observer_.stats();  // the parked block stays
+  settled.connections = baseline_.connections;
+  known.reset();
+  observer_.expect_back_to(settled);
 }
 
 }  // namespace

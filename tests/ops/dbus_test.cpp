@@ -16,7 +16,8 @@
 #include <vector>
 
 #include "client/kvpark.h"
-#include "daemon/dbus_api.h"
+#include "proto/dbus_api.h"
+#include "proto/version.h"
 #include "tests/ops/dbus_bus.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/eventually.h"
@@ -114,7 +115,7 @@ TEST_F(DbusControl, StatusShowsArenaAndPopulation) {
   publish(7, 4);
   Result human = ctl({"status"});
   ASSERT_EQ(human.code, 0);
-  EXPECT_NE(human.out.find("kvparkd 0.1.0"), std::string::npos) << human.out;
+  EXPECT_NE(human.out.find(std::string("kvparkd ") + kvpark::version), std::string::npos) << human.out;
   EXPECT_NE(human.out.find("Entries: 4 (4 blocks, 0 snapshots, 0 pinned) in 1 namespaces"),
             std::string::npos) << human.out;
   EXPECT_NE(human.out.find(daemon_->socket_path()), std::string::npos) << human.out;
