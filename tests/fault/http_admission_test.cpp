@@ -135,7 +135,8 @@ Latency latency_under_slow_clients(uint16_t port, const std::string& path,
     const httplib::Result r = client.Get(path.c_str());
     const double took =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    if (r && r->status == 200) {
+    // kvpark-proxy's /health is 503 while its upstream is unverified: still an answer.
+    if (r && (r->status == 200 || (path == "/health" && r->status == 503))) {
       ++out.answered;
       msec.push_back(took);
     }
@@ -257,7 +258,7 @@ TEST_F(HttpAdmission, ProxyHealthAnswersUnderSlowClientsAndItsPortIsItsOwn) {
                                          "--upstream", "a=http://127.0.0.1:1", "--slot-dir", slots,
                                          "--socket", daemon_->socket_path()};
   ChildProcess first = spawn_process(argv);
-  ASSERT_TRUE(first.wait_for_line("kvpark-proxy: ready", 20'000));
+  ASSERT_TRUE(first.wait_for_line("kvpark-proxy: listening", 20'000));
   std::string output;
   std::vector<std::string> second = {"/bin/sh", "-c", ""};
   for (const std::string& a : argv) second[2] += "'" + a + "' ";
