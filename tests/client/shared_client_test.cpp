@@ -10,6 +10,7 @@
 
 #include "tests/integration/in_process.h"
 #include "tests/testing/daemon_process.h"
+#include "tests/testing/wait.h"
 
 namespace kvpark::testing {
 namespace {
@@ -52,12 +53,21 @@ TEST(SharedClient, ThreadsParkAndRestoreThroughOneClient) {
           if (!plan_blocks_match(plan.get(), ns_low, block_bytes, *tokens, block_tokens)) {
             ++mismatches;
           }
-          // Our own prompt is there whole, unless another thread still writes the head
-          // it shares with `shared` (those blocks were InFlight, not ours to write): then
-          // the plan says so, and that engine's seal completes the chain.
-          if (tokens == &own &&
-              kvpark_plan_restorable_tokens(plan.get()) != own.size() / block_tokens * block_tokens &&
-              kvpark_plan_inflight_tokens(plan.get()) == 0) {
+          // Our own prompt is there whole once every engine that was writing a block
+          // of it has sealed: its head is shared with `shared`, and a block another
+          // thread held InFlight was not ours to write. A lost block never comes back.
+          const uint32_t whole = static_cast<uint32_t>(own.size() / block_tokens * block_tokens);
+          if (tokens == &own && kvpark_plan_restorable_tokens(plan.get()) != whole &&
+              !wait_until([&] {
+                kvpark_plan* again = nullptr;
+                if (kvpark_lookup(client.get(), static_cast<uint64_t>(t + 1), own.data(), own.size(),
+                                  &again) != KVPARK_OK) {
+                  return false;
+                }
+                const bool complete = kvpark_plan_restorable_tokens(again) == whole;
+                kvpark_plan_release(again);
+                return complete;
+              })) {
             ++mismatches;
           }
         }
