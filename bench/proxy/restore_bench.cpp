@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "tests/testing/daemon_process.h"
+#include "tests/testing/wait.h"
 #include "tests/testing/llama_server_process.h"
 #include "tests/testing/openai_http.h"
 
@@ -171,10 +172,9 @@ bool run_restore_path(const RestorePathOptions& o, const std::string& work) {
   Sample cold;
   const int64_t publishes_before = get_proxy_status(proxy.url()).publishes;
   if (!measure(server, proxy.url(), request(head, 1), &cold)) return false;
-  for (int waited = 0; waited < publish_wait_msec_max; waited += 100) {
-    if (get_proxy_status(proxy.url()).publishes >= publishes_before + 2) break;
-    usleep(100'000);
-  }
+  // The head and the turn parked (in the background), before the restart.
+  (void)wait_until([&] { return get_proxy_status(proxy.url()).publishes >= publishes_before + 2; },
+                   publish_wait_msec_max);
   server.stop();
   if (!server.start()) return fail("llama-server did not restart");
   Sample restored;

@@ -17,6 +17,7 @@
 #include "shm/arena_format.h"
 #include "tests/fault/observer.h"
 #include "tests/testing/daemon_process.h"
+#include "tests/testing/wait.h"
 #include "tests/testing/raw_client.h"
 
 namespace kvpark::testing {
@@ -130,12 +131,7 @@ class Admission : public ::testing::Test {
   }
   uint64_t connections() { return observer_.stats().connections; }
   bool wait_connections(uint64_t n, int timeout_msec = 5000) {
-    const uint64_t deadline = monotonic_msec() + timeout_msec;
-    while (connections() != n) {
-      if (monotonic_msec() >= deadline) return false;
-      usleep(2000);
-    }
-    return true;
+    return wait_until([&] { return connections() == n; }, timeout_msec);
   }
 
   std::unique_ptr<DaemonProcess> daemon_;
@@ -210,12 +206,9 @@ TEST_F(Admission, SilentFloodOfOneUserEndsAtTheDeadline) {
   const kvpark_namespace ns = make_ns(0xf100d, 16, 4096);
   EXPECT_EQ(try_connect(daemon_->socket_path(), ns), KVPARK_LIMIT_EXCEEDED);
   // The flood sent no HELLO: the deadline closes it and a real engine gets in.
-  const uint64_t deadline = monotonic_msec() + 3 * limits::hello_timeout_usec / 1000;
   kvpark_status s = KVPARK_LIMIT_EXCEEDED;
-  while (s != KVPARK_OK && monotonic_msec() < deadline) {
-    s = try_connect(daemon_->socket_path(), ns);
-    if (s != KVPARK_OK) usleep(20'000);
-  }
+  EXPECT_TRUE(wait_until([&] { return (s = try_connect(daemon_->socket_path(), ns)) == KVPARK_OK; },
+                         static_cast<int>(3 * limits::hello_timeout_usec / 1000)));
   EXPECT_EQ(s, KVPARK_OK);
   EXPECT_TRUE(wait_connections(1));
   EXPECT_EQ(daemon_->stop(), 0);

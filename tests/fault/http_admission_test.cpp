@@ -21,6 +21,7 @@
 
 #include "proto/limits.h"
 #include "tests/testing/daemon_process.h"
+#include "tests/testing/wait.h"
 
 namespace kvpark::testing {
 namespace {
@@ -96,6 +97,7 @@ Latency latency_under_slow_clients(uint16_t port, const std::string& path,
                                    size_t clients = slow_clients) {
   std::atomic<bool> done{false};
   std::atomic<uint64_t> reconnects{0};
+  std::atomic<bool> flood_sent{false};  // every client connected and sent its first byte
   std::thread dribbler([&] {
     static const std::string head = "GET " + path + " HTTP/1.1\r\nHost: slow\r\nX-Pad: " +
                                     std::string(256, 'a') + "\r\n\r\n";
@@ -116,6 +118,7 @@ Latency latency_under_slow_clients(uint16_t port, const std::string& path,
         }
         ++sent[i];
       }
+      flood_sent = true;
       for (int waited = 0; waited < slow_byte_interval_msec && !done; waited += 20) {
         std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the attack's pace
       }
@@ -124,7 +127,7 @@ Latency latency_under_slow_clients(uint16_t port, const std::string& path,
       if (fd >= 0) close(fd);
     }
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // let the flood connect
+  EXPECT_TRUE(wait_until([&] { return flood_sent.load(); }));
   std::vector<double> msec;
   Latency out;
   for (size_t i = 0; i < probes; ++i) {
@@ -163,16 +166,9 @@ class HttpAdmission : public ::testing::Test {
     daemon_ = std::make_unique<DaemonProcess>(
         DaemonConfig{.extra_args = {"--http-listen", "127.0.0.1:0"}});
     ASSERT_TRUE(daemon_->start()) << read_file(daemon_->log_path());
-    unsigned port = 0;
-    const uint64_t deadline = now_msec() + 5000;
-    while (port == 0 && now_msec() < deadline) {
-      const std::string log = read_file(daemon_->log_path());
-      const size_t at = log.find("http listening on 127.0.0.1:");
-      if (at != std::string::npos) std::sscanf(log.c_str() + at, "http listening on 127.0.0.1:%u", &port);
-      if (port == 0) usleep(10'000);
-    }
-    ASSERT_NE(port, 0u) << read_file(daemon_->log_path());
-    port_ = static_cast<uint16_t>(port);
+    // The port it bound, from its READY=1 status (never from the log).
+    ASSERT_GT(daemon_->http_port(), 0) << read_file(daemon_->log_path());
+    port_ = static_cast<uint16_t>(daemon_->http_port());
   }
   void TearDown() override {
     if (daemon_ && daemon_->running()) {

@@ -17,6 +17,7 @@
 #include "tests/fault/allocation_seam.h"
 #include "tests/integration/in_process.h"
 #include "tests/testing/daemon_process.h"
+#include "tests/testing/wait.h"
 
 namespace kvpark::testing {
 namespace {
@@ -66,13 +67,12 @@ class OutOfMemory : public ::testing::Test {
   // Polls the daemon's stats until `done` holds; false if it did not within 10 s.
   template <typename Done>
   bool stats_reach(Done done) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    for (;;) {
-      kvpark_stats stats{};
-      if (kvpark_get_stats(client_.get(), &stats) == KVPARK_OK && done(stats)) return true;
-      if (std::chrono::steady_clock::now() > deadline) return false;
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
+    return wait_until(
+        [&] {
+          kvpark_stats stats{};
+          return kvpark_get_stats(client_.get(), &stats) == KVPARK_OK && done(stats);
+        },
+        10'000);
   }
 
   std::unique_ptr<DaemonProcess> daemon_;
