@@ -24,6 +24,22 @@
 namespace kvpark::http {
 namespace {
 
+// The text address and port of an IPv4 or IPv6 socket address ("" and 0 otherwise).
+void address_of(const sockaddr_storage& addr, std::string& ret_ip, int& ret_port) {
+  char text[INET6_ADDRSTRLEN] = {};
+  ret_port = 0;
+  if (addr.ss_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(&addr);
+    inet_ntop(AF_INET, &in->sin_addr, text, sizeof text);
+    ret_port = ntohs(in->sin_port);
+  } else if (addr.ss_family == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&addr);
+    inet_ntop(AF_INET6, &in6->sin6_addr, text, sizeof text);
+    ret_port = ntohs(in6->sin6_port);
+  }
+  ret_ip = text;
+}
+
 constexpr uint64_t listen_token = 0;
 constexpr uint64_t wake_token = 1;
 constexpr int listen_backlog = 128;
@@ -95,20 +111,10 @@ class BufferedStream : public httplib::Stream {
   void get_local_ip_and_port(std::string& ip, int& port) const override {
     sockaddr_storage addr{};
     socklen_t len = sizeof addr;
-    char text[INET6_ADDRSTRLEN] = {};
     ip.clear();
     port = 0;
     if (getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return;
-    if (addr.ss_family == AF_INET) {
-      const auto* in = reinterpret_cast<const sockaddr_in*>(&addr);
-      inet_ntop(AF_INET, &in->sin_addr, text, sizeof text);
-      port = ntohs(in->sin_port);
-    } else if (addr.ss_family == AF_INET6) {
-      const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&addr);
-      inet_ntop(AF_INET6, &in6->sin6_addr, text, sizeof text);
-      port = ntohs(in6->sin6_port);
-    }
-    ip = text;
+    address_of(addr, ip, port);
   }
   int socket() const override { return fd_; }
 
@@ -208,18 +214,9 @@ struct Listener::Impl {
       const int fd = accept4(listen_fd, reinterpret_cast<sockaddr*>(&addr), &len,
                              SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) return;  // EAGAIN, or a transient error: epoll tells us again
-      char text[INET6_ADDRSTRLEN] = {};
+      std::string peer;
       int port = 0;
-      if (addr.ss_family == AF_INET) {
-        const auto* in = reinterpret_cast<const sockaddr_in*>(&addr);
-        inet_ntop(AF_INET, &in->sin_addr, text, sizeof text);
-        port = ntohs(in->sin_port);
-      } else if (addr.ss_family == AF_INET6) {
-        const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&addr);
-        inet_ntop(AF_INET6, &in6->sin6_addr, text, sizeof text);
-        port = ntohs(in6->sin6_port);
-      }
-      const std::string peer = text;
+      address_of(addr, peer, port);
       const bool room =
           (per_peer[peer] < options.connections_per_peer_max || make_room(&peer)) &&
           (connections.size() < options.connections_max || make_room(nullptr));
