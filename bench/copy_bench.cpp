@@ -3,7 +3,9 @@
 // The entry is a snapshot in a snapshot-only namespace (one contiguous 1 GiB
 // payload), in an arena that holds exactly one such entry, so each publish evicts
 // the previous one and reuses its extent. Per repetition:
-//  - memcpy:         a 1 GiB copy between two private buffers, both already faulted in;
+//  - memcpy:         a 1 GiB copy between two private buffers, both already faulted in,
+//                    run right before each of the passes below; each pass's ratio is
+//                    paired with its own memcpy run, and the median ratio is reported;
 //  - publish, first: a fresh client (a fresh mapping of the arena) reserves, copies
 //                    1 GiB from private memory into the reservation, and seals. The
 //                    daemon committed every arena page at start, but this mapping has
@@ -169,16 +171,24 @@ bool run_copy_bench(const CopyConfig& config, CopyResult& ret_result, std::strin
     return false;
   }
   std::vector<double> memcpy_sec, publish_first, publish_warm, restore_first, restore_warm;
+  std::vector<double> publish_first_x, publish_warm_x, restore_first_x, restore_warm_x;
+  double reference_sec = 0;  // the memcpy run right before the pass being timed
+  const auto reference = [&] {
+    const uint64_t t0 = now_nsec();
+    std::memcpy(dst.data, src.data, config.bytes);
+    reference_sec = double(now_nsec() - t0) * 1e-9;
+    memcpy_sec.push_back(reference_sec);
+  };
+  const auto record = [&](std::vector<double>& secs, std::vector<double>& ratios, double sec) {
+    secs.push_back(sec);
+    ratios.push_back(reference_sec / sec);
+  };
   bool reused = true;
   uint64_t serial = 0;
   std::memcpy(dst.data, src.data, config.bytes);  // warm the copy path once
   std::string pages = "?";
   std::vector<uint32_t> loop_idle, loop_busy;
   for (int rep = 0; rep < config.repetitions; ++rep) {
-    uint64_t t0 = now_nsec();
-    std::memcpy(dst.data, src.data, config.bytes);
-    memcpy_sec.push_back(double(now_nsec() - t0) * 1e-9);
-
     kvpark_client* writer = nullptr;
     kvpark_client* reader = nullptr;
     kvpark_status s = kvpark_connect(config.socket_path.c_str(), &copy_namespace, &writer);
@@ -202,9 +212,11 @@ bool run_copy_bench(const CopyConfig& config, CopyResult& ret_result, std::strin
       stop = true;
       probe.join();
     }
+    reference();
     void* first = publish(writer, ++serial, src, sec, ret_error);
     ok = first != nullptr;
-    if (ok) publish_first.push_back(sec);
+    if (ok) record(publish_first, publish_first_x, sec);
+    reference();
     std::atomic<bool> stop{false};
     std::thread probe(probe_loop, config.socket_path, std::cref(stop), std::ref(loop_busy));
     void* second = ok ? publish(writer, ++serial, src, sec, ret_error) : nullptr;
@@ -212,13 +224,15 @@ bool run_copy_bench(const CopyConfig& config, CopyResult& ret_result, std::strin
     probe.join();
     ok = ok && second != nullptr;
     if (ok) {
-      publish_warm.push_back(sec);
+      record(publish_warm, publish_warm_x, sec);
       reused = reused && first == second;
     }
+    reference();
     ok = ok && restore(reader, serial, src, dst, sec, ret_error);
-    if (ok) restore_first.push_back(sec);
+    if (ok) record(restore_first, restore_first_x, sec);
+    reference();
     ok = ok && restore(reader, serial, src, dst, sec, ret_error);
-    if (ok) restore_warm.push_back(sec);
+    if (ok) record(restore_warm, restore_warm_x, sec);
     kvpark_disconnect(writer);
     kvpark_disconnect(reader);
     if (!ok) return false;
@@ -231,6 +245,10 @@ bool run_copy_bench(const CopyConfig& config, CopyResult& ret_result, std::strin
                 .publish_warm_sec = median(publish_warm),
                 .restore_first_sec = median(restore_first),
                 .restore_warm_sec = median(restore_warm),
+                .publish_first_ratio = median(publish_first_x),
+                .publish_warm_ratio = median(publish_warm_x),
+                .restore_first_ratio = median(restore_first_x),
+                .restore_warm_ratio = median(restore_warm_x),
                 .warm_reused_extent = reused,
                 .loop_idle = percentiles(loop_idle),
                 .loop_during_publish = percentiles(loop_busy)};

@@ -24,7 +24,10 @@
 namespace kvpark::bench {
 namespace {
 
-constexpr uint64_t start_timeout_nsec = 30'000'000'000;  // a large arena takes a while to commit
+// The daemon commits every arena page before it accepts: a large arena takes a while,
+// longer on a busy machine.
+constexpr uint64_t start_timeout_nsec = 30'000'000'000;
+constexpr uint64_t start_timeout_nsec_per_gib = 15'000'000'000;
 constexpr uint64_t stop_timeout_nsec = 10'000'000'000;
 
 std::atomic<int> instance_counter{0};
@@ -122,8 +125,8 @@ bool BenchDaemon::start(const DaemonSpec& spec, std::string& ret_error) {
   }
   const std::vector<std::string> isolation = isolation_flags(spec.kvparkd);
   argv.insert(argv.end(), isolation.begin(), isolation.end());
-  return spawn_daemon(argv, log_path_, /*append=*/false, socket_path_, start_timeout_nsec, pid_,
-                      ret_error);
+  const uint64_t timeout_nsec = start_timeout_nsec + spec.arena_bytes / (1ull << 30) * start_timeout_nsec_per_gib;
+  return spawn_daemon(argv, log_path_, /*append=*/false, socket_path_, timeout_nsec, pid_, ret_error);
 }
 
 

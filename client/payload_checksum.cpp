@@ -1,13 +1,11 @@
 // Fused copy and XXH3-64 (see payload_checksum.h).
 #include "client/payload_checksum.h"
 
-#define XXH_STATIC_LINKING_ONLY
-#include <xxhash.h>
-
 #include <algorithm>
 #include <cstring>
 
 #include "proto/limits.h"
+#include "proto/xxh3.h"
 
 namespace kvpark::client {
 namespace {

@@ -1,10 +1,10 @@
 // Record header math, checksums and the checks at both ends of the disk boundary.
 #include "iouring/record_format.h"
 
-#include <xxhash.h>
-
 #include <cassert>
 #include <cstring>
+
+#include "proto/xxh3.h"
 
 namespace kvpark::disk {
 
