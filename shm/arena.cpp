@@ -301,9 +301,12 @@ Status ArenaMapping::attach(int header_fd, int data_fd, uint64_t data_bytes, uin
     return s;
   };
   struct stat hst {}, dst {};
+  // The data object may have grown: F_SEAL_GROW stops ftruncate and write, but a
+  // writable mmap past the end of a hugetlb memfd still extends its size. Nobody
+  // maps beyond data_bytes, so growth changes nothing here; shrinking is sealed.
   if (header_fd < 0 || data_fd < 0 || fstat(header_fd, &hst) != 0 || fstat(data_fd, &dst) != 0 ||
       static_cast<uint64_t>(hst.st_size) != limits::arena_header_bytes ||
-      static_cast<uint64_t>(dst.st_size) != data_bytes || data_bytes == 0) {
+      static_cast<uint64_t>(dst.st_size) < data_bytes || data_bytes == 0) {
     return done(Status::Corrupt);
   }
   // Pair assertion with the daemon's create: an unsealed object is not the daemon's.
