@@ -37,7 +37,7 @@ struct Sizes {
   size_t memory_blocks;
   uint64_t attach_arena_bytes;
 };
-constexpr Sizes full_sizes = {2000, 200, 1ull << 30, 5, 300, 100'000, 8ull << 30};
+constexpr Sizes full_sizes = {2000, 200, 1ull << 30, 9, 300, 100'000, 8ull << 30};
 constexpr Sizes quick_sizes = {200, 20, 64ull << 20, 2, 20, 10'000, 64ull << 20};
 // Restoring through the verifying copy may cost this much of memcpy (issue 12).
 constexpr double verified_restore_ratio_min = 0.85;

@@ -28,6 +28,7 @@
 #include "proto/limits.h"
 #include "proto/version.h"
 #include "shm/arena.h"
+#include "shm/arena_guard.h"
 
 using namespace kvpark;
 using daemon::monotonic_usec;
@@ -269,6 +270,7 @@ int main(int argc, char** argv) {
   }
   std::unique_ptr<shm::ArenaOwner> arena;
   if (!create_arena(options, incarnation, arena)) return exit_failure;
+  shm::guard_arena(arena->data(), arena->data_bytes());
 
   // The disk tier is optional: without it (or if it cannot start) the host tier serves.
   disk::RecoveryReport recovery;

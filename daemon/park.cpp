@@ -11,6 +11,7 @@
 #include "daemon/log.h"
 #include "proto/limits.h"
 #include "shm/arena_format.h"
+#include "shm/arena_guard.h"
 
 namespace kvpark::daemon {
 Park::Park(const ParkOptions& options, EntryTable& table) : options_(options), table_(table) {
@@ -213,7 +214,12 @@ Status Park::reserve_blocks(ConnectionId id, const wire::ReserveBlocksRequest& r
   for (EntrySlot slot : r.slots) {
     const Entry& e = table_.entry(slot);
     shm::EntryHeader h = make_entry_header(e, block_tokens, info.geometry.block_payload_bytes);
-    std::memcpy(options_.arena_data + e.extent_offset, &h, sizeof h);
+    if (!shm::guarded_copy(options_.arena_data + e.extent_offset, &h, sizeof h)) {
+      log_arena_fault(e.extent_offset);
+      drop_reservation(r);
+      ret = wire::ReserveBlocksReply{};
+      return Status::IoError;
+    }
     r.headers.push_back(h);
   }
   ret.reservation_id = next_reservation_id_++;
@@ -274,13 +280,17 @@ Status Park::reserve_snapshot(ConnectionId id, const wire::ReserveSnapshotReques
   // The daemon knows a snapshot's tail, so it writes header and tokens itself.
   shm::EntryHeader h = make_entry_header(e, tail, req.payload_bytes);
   uint8_t* extent = options_.arena_data + e.extent_offset;
-  std::memcpy(extent, &h, sizeof h);
-  if (tail > 0) {  // an empty tail may have no storage: memcpy from null is undefined
-    std::memcpy(extent + limits::entry_header_bytes, req.tail_tokens.data(),
-                tail * sizeof(int32_t));
-  }
+  // An empty tail may have no storage: memcpy from null is undefined.
+  const bool written = shm::guarded_copy(extent, &h, sizeof h) &&
+                       (tail == 0 || shm::guarded_copy(extent + limits::entry_header_bytes,
+                                                       req.tail_tokens.data(), tail * sizeof(int32_t)));
   Reservation r;
   r.slots.push_back(slot);
+  if (!written) {
+    log_arena_fault(e.extent_offset);
+    drop_reservation(r);
+    return Status::IoError;
+  }
   r.headers.push_back(h);
   ret.reservation_id = next_reservation_id_++;
   ret.extent_offset = e.extent_offset;
@@ -290,6 +300,13 @@ Status Park::reserve_snapshot(ConnectionId id, const wire::ReserveSnapshotReques
   c->reservations.emplace(ret.reservation_id, std::move(r));
   ++reservations_open_;
   return Status::Ok;
+}
+
+void Park::log_arena_fault(uint64_t extent_offset) {
+  log_warning_limited("kvparkd: the arena page at offset %llu is gone (a client punched a hole, and no page "
+                      "was left to refill it); the entry there is dropped (%llu such faults so far)",
+                      static_cast<unsigned long long>(extent_offset),
+                      static_cast<unsigned long long>(shm::arena_faults()));
 }
 
 Status Park::seal(ConnectionId id, const wire::ReservationRequest& req) {
@@ -303,7 +320,7 @@ Status Park::seal(ConnectionId id, const wire::ReservationRequest& req) {
   bool intact = true;
   for (size_t i = 0; i < r.slots.size(); ++i) {
     const uint8_t* extent = options_.arena_data + table_.entry(r.slots[i]).extent_offset;
-    intact = intact && std::memcmp(extent, &r.headers[i], sizeof(shm::EntryHeader)) == 0;
+    intact = intact && shm::guarded_equal(extent, &r.headers[i], sizeof(shm::EntryHeader));
   }
   Status status = Status::Ok;
   if (intact) {

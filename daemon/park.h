@@ -201,6 +201,8 @@ class Park {
   shm::EntryHeader make_entry_header(const Entry& e, uint32_t token_count,
                                      uint64_t payload_bytes) const;
   void drop_reservation(Reservation& r);
+  // A guarded access to the arena failed: a client took a page away (arena_guard.h).
+  void log_arena_fault(uint64_t extent_offset);
   void drop_lease(Lease& lease);
   bool evict_entry_unpinned(EntrySlot slot);  // drop-namespace: pins do not protect
   // Fills a LOOKUP/WAIT answer from a lease's current state.

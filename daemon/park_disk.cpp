@@ -11,6 +11,7 @@
 #include "daemon/log.h"
 #include "daemon/park.h"
 #include "proto/limits.h"
+#include "shm/arena_guard.h"
 
 namespace kvpark::daemon {
 
@@ -128,8 +129,11 @@ bool Park::start_spill(EntrySlot slot, uint64_t flush_job, bool budget_exempt) {
     return false;
   }
   // Pair check with the header this daemon wrote at reserve before trusting its sizes.
-  shm::EntryHeader h;
-  std::memcpy(&h, options_.arena_data + e.extent_offset, sizeof h);
+  shm::EntryHeader h{};
+  if (!shm::guarded_copy(&h, options_.arena_data + e.extent_offset, sizeof h)) {
+    log_arena_fault(e.extent_offset);
+    h = shm::EntryHeader{};  // fails the check below
+  }
   if (h.magic != shm::entry_magic || h.key_hash != e.key_hash ||
       uint64_t{h.payload_offset} + h.payload_bytes > e.extent_bytes) {
     ++counters_.spill_failures;
@@ -225,8 +229,11 @@ void Park::on_disk_completions() {
     if (good) {
       // The image carries the header of the incarnation that wrote it: check it names
       // this entry, then stamp it with ours.
-      shm::EntryHeader h;
-      std::memcpy(&h, options_.arena_data + e.extent_offset, sizeof h);
+      shm::EntryHeader h{};
+      if (!shm::guarded_copy(&h, options_.arena_data + e.extent_offset, sizeof h)) {
+        log_arena_fault(e.extent_offset);
+        h = shm::EntryHeader{};  // fails the check below
+      }
       const uint32_t tokens = e.kind == EntryKind::Block
                                   ? table_.namespace_info(e.ns).geometry.block_tokens
                                   : static_cast<uint32_t>(e.tail_tokens.size());
@@ -237,7 +244,8 @@ void Park::on_disk_completions() {
              shm::extent_bytes_for(tokens, h.payload_bytes) == e.extent_bytes;
       if (good) {
         const shm::EntryHeader fresh = make_entry_header(e, tokens, h.payload_bytes);
-        std::memcpy(options_.arena_data + e.extent_offset, &fresh, sizeof fresh);
+        good = shm::guarded_copy(options_.arena_data + e.extent_offset, &fresh, sizeof fresh);
+        if (!good) log_arena_fault(e.extent_offset);
       }
     }
     table_.finish_promotion(job.slot, good);

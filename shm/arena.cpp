@@ -85,7 +85,10 @@ uint8_t* map_aligned(int fd, uint64_t bytes, uint64_t alignment, int prot, uint8
   if (r == MAP_FAILED) return nullptr;
   auto* base = static_cast<uint8_t*>(r);
   auto* aligned = reinterpret_cast<uint8_t*>(align_up(reinterpret_cast<uint64_t>(base), alignment));
-  void* m = mmap(aligned, bytes, prot, MAP_SHARED | MAP_FIXED, fd, 0);
+  // MAP_NORESERVE: every page was allocated at the daemon's start; on hugetlb a
+  // mapping would otherwise reserve pool pages for any hole a client punched, and
+  // fail (locking later clients out) once another client has emptied the pool.
+  void* m = mmap(aligned, bytes, prot, MAP_SHARED | MAP_FIXED | MAP_NORESERVE, fd, 0);
   if (m == MAP_FAILED) {
     const int err = errno;
     munmap(base, reserve);

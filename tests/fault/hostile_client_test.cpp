@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <vector>
 
@@ -273,6 +274,46 @@ TEST_F(HostileClient, PunchedHolesRestoreAsMissesAndTheDaemonKeepsServing) {
   ASSERT_TRUE(wait_until([&] { return corrupt_payloads() > 0; }, 5'000));
   ASSERT_EQ(park_blocks_fused(victim_.get(), tokens_), KVPARK_OK);
   expect_service_intact(victim_blocks);
+}
+
+// On a hugetlb arena a punched hole is refilled from the reserved pool, and a
+// client can empty the pool first (a writable mapping past the end of the memfd
+// grows it). The daemon's next write into the hole would be SIGBUS: it must fail
+// that reservation and live. (Only where huge pages back the arena.)
+TEST_F(HostileClient, PunchingHugePagesAndEmptyingThePoolCannotKillTheDaemon) {
+  kvpark_stats st{};
+  ASSERT_EQ(kvpark_get_stats(victim_.get(), &st), KVPARK_OK);
+  if (st.arena_pages != 2) GTEST_SKIP() << "the arena is not on hugetlb pages (vm.nr_hugepages reserves them)";
+  const int drained = in_child([&] {
+    HostileAttachment a = attach_hostile(daemon_.socket_path());
+    if (!a.ok) return 255;
+    if (fallocate(a.data_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, static_cast<off_t>(a.data_bytes)) != 0)
+      return 254;
+    // Take every free huge page: touch pages past the end until the pool is empty
+    // (a touch that finds none is SIGBUS, in a grandchild of its own).
+    const uint64_t page = 2ull << 20, extra = 4096 * page;
+    void* m = mmap(nullptr, a.data_bytes + extra, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, a.data_fd, 0);
+    if (m == MAP_FAILED) return 253;
+    const pid_t toucher = fork();
+    if (toucher == 0) {
+      for (uint64_t off = a.data_bytes; off < a.data_bytes + extra; off += page) static_cast<volatile uint8_t*>(m)[off] = 1;
+      _exit(0);
+    }
+    int status = 0;
+    waitpid(toucher, &status, 0);
+    return WIFSIGNALED(status) && WTERMSIG(status) == SIGBUS ? 0 : 252;
+  });
+  ASSERT_EQ(drained, 0) << "the pool was not emptied";
+  // The victim parks a new prompt: the daemon writes its entry headers into free
+  // extents, all punched.
+  EXPECT_NE(park_blocks_fused(victim_.get(), engine_prompt(43, victim_blocks * block_tokens + 5)), KVPARK_OK);
+  ASSERT_TRUE(daemon_.running());
+  EXPECT_EQ(kvpark_get_stats(victim_.get(), &st), KVPARK_OK) << "the daemon stopped answering";
+  ClientPtr newcomer = connect_client(daemon_.socket_path(), engine_namespace(victim_ns, block_tokens, block_bytes));
+  EXPECT_NE(newcomer, nullptr) << "a later client could not attach";
+  std::ifstream log(daemon_.log_path());
+  const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("is gone"), std::string::npos) << text;
 }
 
 TEST_F(HostileClient, MappingPastTheEndFaultsOnlyThatClient) {
