@@ -233,7 +233,7 @@ TEST_F(DbusControl, FlushWritesEveryHostEntryToDiskAndShowsProgress) {
   EXPECT_EQ(json_number(ctl({"--json", "status"}).out, "spills"), 20);
   size_t records = 0;
   for (const auto& e : std::filesystem::recursive_directory_iterator(disk)) {
-    records += e.is_regular_file() && e.path().extension() != ".tmp";
+    records += e.is_regular_file() && e.path().extension() == ".kvr";
   }
   EXPECT_EQ(records, 20u);
   Result json = ctl({"--json", "flush"});  // nothing left: done at once

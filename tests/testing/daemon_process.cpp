@@ -154,7 +154,8 @@ bool DaemonProcess::start() {
   std::vector<std::string> argv = {built_binary("KVPARKD"), "--socket", socket_path_,
                                    "--arena-name", arena_name_, "--arena-size",
                                    std::to_string(config_.arena_bytes), "--http-listen", "off",
-                                   "--dbus", "off", "--disk-dir", "off"};
+                                   "--dbus", "off", "--disk-dir", "off",
+                                   "--state-dir", "off"};
   if (config_.reservation_bytes_max != 0) {
     argv.push_back("--reservation-max");
     argv.push_back(std::to_string(config_.reservation_bytes_max));

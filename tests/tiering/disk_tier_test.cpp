@@ -42,11 +42,12 @@ class DiskDirectory {
   }
   const std::string& path() const { return path_; }
 
-  // Final record files (interrupted writes end in .tmp).
+  // Final record files (interrupted writes end in .tmp; the tier's own state, such as
+  // written-today, is not a record).
   std::vector<fs::path> records() const {
     std::vector<fs::path> out;
     for (const auto& e : fs::recursive_directory_iterator(path_)) {
-      if (e.is_regular_file() && e.path().extension() != ".tmp") out.push_back(e.path());
+      if (e.is_regular_file() && e.path().extension() == ".kvr") out.push_back(e.path());
     }
     std::sort(out.begin(), out.end());
     return out;
