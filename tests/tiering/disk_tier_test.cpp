@@ -467,6 +467,12 @@ TEST_F(DiskTierTest, ReadOnlyDirectoryIsServedReadOnly) {
   const auto status = client.Get("/v1/status");
   ASSERT_TRUE(status);
   EXPECT_NE(status->body.find("\"disk_read_only\":true"), std::string::npos) << status->body;
+  // And /health calls it degraded, naming why.
+  const auto health = client.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 503) << health->body;
+  EXPECT_NE(health->body.find("\"status\":\"degraded\""), std::string::npos) << health->body;
+  EXPECT_NE(health->body.find("is read-only"), std::string::npos) << health->body;
   daemon_->kill_hard();
 }
 
