@@ -150,6 +150,14 @@ void recover_disk(daemon::Park& park, const daemon::DiskTier& disk,
   for (const std::string& note : recovery.engine_notes) {
     log_notice("kvparkd: io_uring: %s", note.c_str());
   }
+  if (disk.written_today_bytes() > 0) {
+    log_info("kvparkd: disk tier wrote %s today before this start (%s)",
+             daemon::format_size(disk.written_today_bytes()).c_str(),
+             disk.write_budget_bytes_per_day() == 0
+                 ? "no daily budget"
+                 : ("budget " + daemon::format_size(disk.write_budget_bytes_per_day()) + " a day")
+                       .c_str());
+  }
   if (disk.read_only()) {
     log_warning("kvparkd: disk tier at %s is read-only: its records are served, nothing is "
                 "spilled or removed there",
