@@ -2,22 +2,33 @@
 #include "daemon/config.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cassert>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
 
+#include "daemon/control.h"
+#include "daemon/disk_tier.h"
+#include "daemon/log.h"
 #include "daemon/park.h"
 #include "proto/limits.h"
 #include "proto/paths.h"
 
 namespace kvpark::daemon {
 namespace {
+
+// With a disk tier and no arena_low_water given, keep 1/8 of the arena free: entries
+// are demoted to disk ahead of need, so valuable ones are never just dropped.
+constexpr uint64_t arena_low_water_divisor_with_disk = 8;
 
 // Every key, in --print-config order. `runtime`: reload applies it without a restart.
 struct KeyInfo {
@@ -37,9 +48,18 @@ constexpr KeyInfo config_keys[] = {
     {"http_allow_remote", false},
     {"dbus", false},
     {"disk_dir", false},
-    {"disk_capacity", false},
-    {"disk_write_budget_per_day", false},
+    {"disk_capacity", true},
+    {"disk_write_budget_per_day", true},
     {"spill_on_shutdown", true},
+    {"state_dir", false},
+};
+
+// set-limit names and the keys they change; only these may be in the overrides file.
+constexpr std::pair<const char*, const char*> limit_keys[] = {
+    {limit_arena_low_water, "arena_low_water"},
+    {limit_reservation_max, "reservation_max"},
+    {limit_disk_capacity, "disk_capacity"},
+    {limit_disk_write_budget, "disk_write_budget_per_day"},
 };
 
 std::string_view trim(std::string_view s) {
@@ -183,6 +203,7 @@ DaemonOptions default_options() {
   if (const char* state = std::getenv("STATE_DIRECTORY"); state != nullptr && state[0] == '/') {
     const std::string all = state;
     o.disk_directory = all.substr(0, all.find(':'));  // systemd lists several with ':'
+    o.state_directory = o.disk_directory;
   }
   o.disk_write_budget_bytes_per_day = 100ull << 30;
   if (const char* watchdog = std::getenv("WATCHDOG_USEC"); watchdog != nullptr) {
@@ -238,6 +259,7 @@ bool set_config_value(DaemonOptions& o, std::string_view key, std::string_view v
       return bad(error);
   } else if (key == "arena_low_water") {
     if (!set_size(value, 0, o.arena_low_water_bytes, error)) return bad(error);
+    o.arena_low_water_set = true;
   } else if (key == "attach_group" || key == "admin_group") {
     if (!valid_group(value)) return bad("'" + text + "' is not a group name");
     (key == "attach_group" ? o.attach_group : o.admin_group) = text;
@@ -266,11 +288,12 @@ bool set_config_value(DaemonOptions& o, std::string_view key, std::string_view v
       o.dbus_bus = under_systemd() ? DbusBus::System : DbusBus::Session;
     else
       return bad("'" + text + "' is not one of auto, session, system, off");
-  } else if (key == "disk_dir") {
+  } else if (key == "disk_dir" || key == "state_dir") {
+    std::string& directory = key == "disk_dir" ? o.disk_directory : o.state_directory;
     if (text == "off")
-      o.disk_directory.clear();
+      directory.clear();
     else if (text.front() == '/')
-      o.disk_directory = text;
+      directory = text;
     else
       return bad("'" + text + "' is not 'off' or an absolute path");
   } else if (key == "disk_capacity") {
@@ -334,6 +357,10 @@ bool apply_config_file(const std::string& path, bool required, DaemonOptions& o,
 
 bool finish_options(DaemonOptions& o, std::string& ret_error) {
   if (o.reservation_bytes_max == 0) o.reservation_bytes_max = o.arena_bytes / 2;
+  if (!o.arena_low_water_set) {
+    o.arena_low_water_bytes =
+        o.disk_directory.empty() ? 0 : o.arena_bytes / arena_low_water_divisor_with_disk;
+  }
   if (o.arena_low_water_bytes > o.arena_bytes) {
     ret_error = "arena_low_water (" + format_size(o.arena_low_water_bytes) +
                 ") is larger than arena_size (" + format_size(o.arena_bytes) + ")";
@@ -352,11 +379,133 @@ bool finish_options(DaemonOptions& o, std::string& ret_error) {
   return true;
 }
 
+std::string runtime_overrides_path(const DaemonOptions& o) {
+  return o.state_directory.empty() ? std::string()
+                                   : o.state_directory + "/" + runtime_overrides_file_name;
+}
+
+const char* limit_config_key(std::string_view limit_name) {
+  for (const auto& [limit, key] : limit_keys) {
+    if (limit_name == limit) return key;
+  }
+  return nullptr;
+}
+
+bool finish_with_overrides(DaemonOptions& o, std::string& ret_error, std::string& ret_warning) {
+  ret_warning.clear();
+  o.override_values.clear();
+  const std::string path = runtime_overrides_path(o);
+  DaemonOptions with = o;
+  std::ifstream in(path);
+  if (path.empty() || !in) {
+    const int err = errno;
+    if (!path.empty() && err != ENOENT) {
+      ret_warning = path + ": cannot read: " + strerror(err) + "; runtime overrides not applied";
+    }
+    return finish_options(o, ret_error);
+  }
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  std::string error;
+  bool usable = apply_config_text(buffer.str(), path, with, error);
+  // Only keys set-limit sets, each once (apply_config_text refused duplicates).
+  std::istringstream lines(buffer.str());
+  for (std::string line; usable && std::getline(lines, line);) {
+    const std::string_view text = trim(line);
+    if (text.empty() || text.front() == '#' || text.front() == ';') continue;
+    const std::string key(trim(text.substr(0, text.find('='))));
+    const bool allowed = std::any_of(std::begin(limit_keys), std::end(limit_keys),
+                                     [&](const auto& k) { return key == k.second; });
+    if (!allowed) {
+      error = path + ": '" + key + "' is not a limit set-limit sets";
+      usable = false;
+      break;
+    }
+    with.override_values.emplace_back(key, std::string(trim(text.substr(text.find('=') + 1))));
+  }
+  if (usable && !finish_options(with, error)) {
+    error = path + ": " + error;
+    usable = false;
+  }
+  if (!usable) {
+    ret_warning = error + "; runtime overrides not applied (remove the file to silence this)";
+    with.override_values.clear();
+    return finish_options(o, ret_error);
+  }
+  o = std::move(with);
+  return true;
+}
+
+void keep_limit_change(DaemonOptions& current, const LimitChange& change) {
+  const char* key = limit_config_key(change.name);
+  assert(key != nullptr && "a limit set-limit applied has a config key");
+  const std::string value = format_size(change.new_value);
+  std::string ignored;
+  set_config_value(current, key, value, ignored);  // the text of a value it just printed
+  auto& values = current.override_values;
+  const auto it = std::find_if(values.begin(), values.end(),
+                               [&](const auto& kv) { return kv.first == key; });
+  if (it != values.end()) {
+    it->second = value;
+  } else {
+    values.emplace_back(key, value);
+  }
+  const std::string path = runtime_overrides_path(current);
+  std::string kept;
+  if (path.empty()) {
+    kept = "not kept across a restart: state_dir is off";
+  } else if (write_runtime_overrides(path, values)) {
+    kept = "kept in " + path;
+  } else {
+    kept = "NOT kept across a restart: cannot write " + path + ": " + strerror(errno);
+  }
+  log_at(path.empty() || kept.front() != 'N' ? 5 : 3,
+         "kvparkd: limit %s changed from %s to %s by %s; %s", change.name.c_str(),
+         format_size(change.old_value).c_str(), value.c_str(),
+         change.caller.empty() ? "an unnamed caller" : change.caller.c_str(), kept.c_str());
+}
+
+bool write_runtime_overrides(const std::string& path,
+                             const std::vector<std::pair<std::string, std::string>>& values) {
+  const std::filesystem::path file(path);
+  std::error_code ec;
+  std::filesystem::create_directories(file.parent_path(), ec);
+  std::string text =
+      "# kvparkd runtime overrides: limits changed with kvparkctl set-limit, applied at\n"
+      "# start and reload after kvparkd.conf and the command line (kvparkd.conf(5)).\n"
+      "# Written by kvparkd; to go back to the configured values, remove this file and\n"
+      "# run kvparkctl reload.\n";
+  for (const auto& [key, value] : values) text += key + " = " + value + "\n";
+  const std::string temp = path + ".tmp";
+  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+  if (fd < 0) return false;
+  const bool written = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) &&
+                       fsync(fd) == 0;
+  const int err = errno;
+  ::close(fd);
+  if (!written || rename(temp.c_str(), path.c_str()) != 0) {
+    const int failure = written ? errno : err;
+    unlink(temp.c_str());
+    errno = failure;
+    return false;
+  }
+  const int dir = ::open(file.parent_path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir < 0) return false;
+  const bool synced = fsync(dir) == 0;
+  ::close(dir);
+  return synced;
+}
+
 std::string format_config(const DaemonOptions& o) {
   std::string out = "# kvparkd effective configuration (kvparkd.conf(5))\n";
   out += o.config_file_read
              ? "# read from " + o.config_path + ", then the command line\n"
              : "# " + o.config_path + " not present: embedded defaults and the command line\n";
+  if (!o.override_values.empty()) {
+    out += "# then the runtime overrides in " + runtime_overrides_path(o) + ":";
+    for (const auto& [key, value] : o.override_values) out += " " + key;
+    out += "\n";
+  }
   const auto line = [&out](const char* key, const std::string& value) {
     out += std::string(key) + " = " + value + "\n";
   };
@@ -374,9 +523,13 @@ std::string format_config(const DaemonOptions& o) {
   line("http_allow_remote", o.http_allow_remote ? "true" : "false");
   line("dbus", bus_name(o.dbus_bus));
   line("disk_dir", o.disk_directory.empty() ? "off" : o.disk_directory);
+  if (o.disk_capacity_bytes == 0 && !o.disk_directory.empty()) {
+    out += "# disk_capacity 0: sized at start, what the tier holds plus 90% of the free space\n";
+  }
   line("disk_capacity", format_size(o.disk_capacity_bytes));
   line("disk_write_budget_per_day", format_size(o.disk_write_budget_bytes_per_day));
   line("spill_on_shutdown", o.spill_on_shutdown ? "true" : "false");
+  line("state_dir", o.state_directory.empty() ? "off" : o.state_directory);
   out += "# watchdog (from $WATCHDOG_USEC): " +
          (o.watchdog_usec == 0 ? std::string("off") : std::to_string(o.watchdog_usec) + " usec") +
          "\n";
@@ -397,7 +550,9 @@ bool reread_options(const DaemonOptions& current, DaemonOptions& ret_options,
       return false;
     }
   }
-  if (!finish_options(o, ret_error)) return false;
+  std::string warning;
+  if (!finish_with_overrides(o, ret_error, warning)) return false;
+  o.overrides_warning = warning;
   o.watchdog_usec = current.watchdog_usec;  // the environment of this process, not the file's
   ret_options = std::move(o);
   return true;
@@ -414,14 +569,22 @@ Status reload_options(DaemonOptions& current, Park& park, std::string& ret_messa
   std::string restart;
   const std::string before = format_config(current);
   const std::string after = format_config(next);
-  // Compare line by line: the printed form is the canonical one.
-  std::istringstream before_lines(before);
-  std::istringstream after_lines(after);
-  std::string a;
-  std::string b;
-  while (std::getline(before_lines, a) && std::getline(after_lines, b)) {
-    if (a == b || a.empty() || a.front() == '#') continue;
-    const std::string key = a.substr(0, a.find(' '));
+  // Compare key by key: the printed form is the canonical one.
+  const auto key_lines = [](const std::string& text) {
+    std::vector<std::pair<std::string, std::string>> out;  // key, line; in key order
+    std::istringstream lines(text);
+    for (std::string line; std::getline(lines, line);) {
+      if (!line.empty() && line.front() != '#') out.emplace_back(line.substr(0, line.find(' ')), line);
+    }
+    return out;
+  };
+  const auto before_keys = key_lines(before);
+  const auto after_keys = key_lines(after);
+  for (size_t i = 0; i < before_keys.size() && i < after_keys.size(); ++i) {
+    const std::string& a = before_keys[i].second;
+    const std::string& b = after_keys[i].second;
+    if (a == b) continue;
+    const std::string& key = before_keys[i].first;
     const auto* info = std::find_if(std::begin(config_keys), std::end(config_keys),
                                     [&](const KeyInfo& k) { return key == k.name; });
     if (info != std::end(config_keys) && info->runtime) {
@@ -439,13 +602,28 @@ Status reload_options(DaemonOptions& current, Park& park, std::string& ret_messa
   if (next.reservation_bytes_max != current.reservation_bytes_max) {
     park.set_reservation_bytes_max(next.reservation_bytes_max);
   }
+  if (DiskTier* disk = park.disk()) {
+    if (next.disk_capacity_bytes != current.disk_capacity_bytes) {
+      disk->set_capacity_bytes(next.disk_capacity_bytes);
+      park.tick();
+    }
+    if (next.disk_write_budget_bytes_per_day != current.disk_write_budget_bytes_per_day) {
+      disk->set_write_budget_bytes_per_day(next.disk_write_budget_bytes_per_day);
+    }
+  }
   current.reservation_bytes_max = next.reservation_bytes_max;
   current.arena_low_water_bytes = next.arena_low_water_bytes;
+  current.arena_low_water_set = next.arena_low_water_set;
+  current.disk_capacity_bytes = next.disk_capacity_bytes;
+  current.disk_write_budget_bytes_per_day = next.disk_write_budget_bytes_per_day;
   current.spill_on_shutdown = next.spill_on_shutdown;
   current.config_file_read = next.config_file_read;
+  current.override_values = next.override_values;
+  current.overrides_warning = next.overrides_warning;
   ret_message = "reloaded " + current.config_path + ": " +
                 (applied.empty() ? "nothing changed" : "applied " + applied);
   if (!restart.empty()) ret_message += "; needs a restart: " + restart;
+  if (!next.overrides_warning.empty()) ret_message += "; " + next.overrides_warning;
   return Status::Ok;
 }
 

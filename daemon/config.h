@@ -7,14 +7,21 @@
 // a key given twice is an error. Errors name their place: "path:line: message" for
 // the file, "--flag: message" for the command line.
 //
-// --print-config writes the effective values in the file's own format; its output
-// read back as a file gives the same options.
+// Last come the runtime overrides: what `kvparkctl set-limit` changed, kept in
+// `<state_dir>/runtime-overrides.conf` (same format, only the keys set-limit sets) so
+// a restart keeps it. A damaged overrides file, or one that no longer fits the other
+// values, is ignored with a warning: the daemon still starts.
+//
+// --print-config writes the effective values in the file's own format (derived ones
+// such as reservation_max and arena_low_water computed by finish_options, the code
+// the daemon runs with); its output read back as a file gives the same options.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <string_view>
 
+#include "daemon/control.h"
 #include "daemon/options.h"
 #include "proto/status.h"
 
@@ -39,6 +46,31 @@ bool apply_config_file(const std::string& path, bool required, DaemonOptions& o,
 
 // Fills values derived from others and checks how values relate.
 bool finish_options(DaemonOptions& o, std::string& ret_error);
+
+// The overrides file's name in the state directory.
+inline constexpr const char* runtime_overrides_file_name = "runtime-overrides.conf";
+// `<state_dir>/runtime-overrides.conf`; empty when state_dir is off.
+std::string runtime_overrides_path(const DaemonOptions& o);
+
+// Finishes `o` (finish_options) with the overrides file applied over it. False with
+// the message when the layers below are wrong; an overrides file that cannot be used
+// leaves `o` without it and says why in ret_warning (otherwise emptied).
+bool finish_with_overrides(DaemonOptions& o, std::string& ret_error, std::string& ret_warning);
+
+// The config key a set-limit name changes ("arena-low-water" -> "arena_low_water");
+// null for a name set-limit does not know.
+const char* limit_config_key(std::string_view limit_name);
+
+// A set-limit took effect (loop thread): updates `current` to match, keeps the
+// change in the overrides file when there is a state directory, and logs who changed
+// what from what to what, and where it is kept.
+void keep_limit_change(DaemonOptions& current, const LimitChange& change);
+
+// Writes `values` as the overrides file at `path`, atomically (a temporary file,
+// fsync, rename, fsync of the directory, which is created when missing). False with
+// errno set.
+bool write_runtime_overrides(const std::string& path,
+                             const std::vector<std::pair<std::string, std::string>>& values);
 
 // The effective values in the file's format (one `key = value` per line).
 std::string format_config(const DaemonOptions& o);

@@ -126,6 +126,14 @@ struct EntryFilter {
   uint64_t limit = 100;
 };
 
+// GET /health: "ready" (200) when the daemon serves engines with every tier it was
+// configured with; otherwise 503 with the state and why (docs/operations.md).
+struct HealthInfo {
+  bool ready = false;
+  std::string state;                 // "ready", "degraded", "starting", "stopping", "stuck"
+  std::vector<std::string> reasons;  // empty when ready
+};
+
 struct FlushProgress {
   uint64_t job_id = 0;
   bool done = false;
@@ -142,11 +150,20 @@ inline constexpr const char* limit_reservation_max = "reservation-max";
 inline constexpr const char* limit_disk_capacity = "disk-capacity";
 inline constexpr const char* limit_disk_write_budget = "disk-write-budget";
 
+// A set-limit that took effect.
+struct LimitChange {
+  std::string name;  // as set-limit names it ("arena-low-water")
+  uint64_t old_value = 0;
+  uint64_t new_value = 0;
+  std::string caller;
+};
+
 class Control {
  public:
   virtual ~Control() = default;
 
   virtual StatusInfo status() = 0;
+  virtual HealthInfo health() = 0;
   virtual std::vector<NamespaceSummary> namespaces() = 0;
   // A page of entries matching `filter`; ret_total is the count before paging.
   virtual std::vector<EntrySummary> entries(const EntryFilter& filter, uint64_t& ret_total) = 0;
@@ -156,7 +173,8 @@ class Control {
   virtual Status pin(uint64_t id, bool pinned) = 0;
   virtual Status evict(uint64_t id) = 0;  // from every tier; BadState if leased or pinned
   virtual Status drop_namespace(const NamespaceId& id, uint64_t& ret_dropped) = 0;
-  virtual Status set_limit(const std::string& name, uint64_t value) = 0;
+  // `caller` says who asked ("root (uid 0, pid 4242) over D-Bus"), for the log.
+  virtual Status set_limit(const std::string& name, uint64_t value, const std::string& caller) = 0;
   // Starts writing every host-only entry worth keeping to disk; progress by job id.
   virtual Status start_flush(uint64_t& ret_job_id) = 0;
   virtual Status flush_progress(uint64_t job_id, FlushProgress& ret_progress) = 0;

@@ -199,32 +199,65 @@ Status ControlPlane::drop_namespace(const NamespaceId& id, uint64_t& ret_dropped
   return r->status;
 }
 
-Status ControlPlane::set_limit(const std::string& name, uint64_t value) {
+HealthInfo ControlPlane::health() {
+  if (!serving_) {
+    return {.ready = false,
+            .state = stopped_ ? "stopping" : "starting",
+            .reasons = {stopped_ ? "kvparkd is stopping" : "kvparkd has not finished starting"}};
+  }
+  auto r = loop_.call<HealthInfo>(
+      [this] {
+        HealthInfo h{.ready = true, .state = "ready", .reasons = {}};
+        if (!options_.disk_failure.empty()) {
+          h.reasons.push_back("disk tier off: " + options_.disk_failure);
+        } else if (const DiskTier* disk = park_.disk(); disk != nullptr && disk->read_only()) {
+          h.reasons.push_back("disk tier at " + disk->directory() +
+                              " is read-only: nothing is spilled there");
+        }
+        if (!h.reasons.empty()) h = {.ready = false, .state = "degraded", .reasons = h.reasons};
+        return h;
+      },
+      limits::health_loop_timeout_usec);
+  if (r) return *r;
+  if (!serving_) return {.ready = false, .state = "stopping", .reasons = {"kvparkd is stopping"}};
+  return {.ready = false,
+          .state = "stuck",
+          .reasons = {"the event loop did not answer within " +
+                      std::to_string(limits::health_loop_timeout_usec / 1000) + " ms"}};
+}
+
+Status ControlPlane::set_limit(const std::string& name, uint64_t value, const std::string& caller) {
   return loop_
-      .call<Status>([this, name, value] {
+      .call<Status>([this, name, value, caller] {
+        uint64_t old_value = 0;
         if (name == limit_arena_low_water) {
           if (value > table_.data_bytes()) return Status::InvalidArgument;
+          old_value = park_.low_water_bytes();
           park_.set_low_water_bytes(value);
           park_.tick();
-          return Status::Ok;
-        }
-        if (name == limit_reservation_max) {
+        } else if (name == limit_reservation_max) {
           if (value < limits::extent_align_bytes) return Status::InvalidArgument;
+          old_value = park_.reservation_bytes_max();
           park_.set_reservation_bytes_max(value);
-          return Status::Ok;
-        }
-        if (name == limit_disk_capacity || name == limit_disk_write_budget) {
+        } else if (name == limit_disk_capacity || name == limit_disk_write_budget) {
           DiskTier* disk = park_.disk();
           if (disk == nullptr) return Status::BadState;  // no disk tier configured
           if (name == limit_disk_capacity) {
+            old_value = disk->capacity_bytes();
             disk->set_capacity_bytes(value);
             park_.tick();
           } else {
+            old_value = disk->write_budget_bytes_per_day();
             disk->set_write_budget_bytes_per_day(value);
           }
-          return Status::Ok;
+        } else {
+          return Status::InvalidArgument;
         }
-        return Status::InvalidArgument;
+        if (options_.limit_changed) {
+          options_.limit_changed(
+              {.name = name, .old_value = old_value, .new_value = value, .caller = caller});
+        }
+        return Status::Ok;
       })
       .value_or(Status::Unavailable);
 }

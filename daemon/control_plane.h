@@ -2,6 +2,7 @@
 // event loop through LoopQueue.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <string>
 
@@ -22,6 +23,10 @@ struct ControlPlaneOptions {
   // Re-reads the configuration file and applies what can change at run time
   // (loop thread); empty when the daemon runs without a file.
   std::function<Status(std::string& ret_message)> reload;
+  // A set-limit that took effect (loop thread): the daemon logs it and keeps it.
+  std::function<void(const LimitChange&)> limit_changed;
+  // Why a configured disk tier is not serving; empty when it serves or none is configured.
+  std::string disk_failure;
 };
 
 class ControlPlane final : public Control {
@@ -35,13 +40,16 @@ class ControlPlane final : public Control {
   Status pin(uint64_t id, bool pinned) override;
   Status evict(uint64_t id) override;
   Status drop_namespace(const NamespaceId& id, uint64_t& ret_dropped) override;
-  Status set_limit(const std::string& name, uint64_t value) override;
+  HealthInfo health() override;
+  Status set_limit(const std::string& name, uint64_t value, const std::string& caller) override;
   Status start_flush(uint64_t& ret_job_id) override;
   Status flush_progress(uint64_t job_id, FlushProgress& ret_progress) override;
   Status reload_config(std::string& ret_message) override;
 
   // Loop thread only: the same snapshot status() returns (for in-loop users).
   StatusInfo status_in_loop() const;
+  // main: true once READY=1 is sent, false again when stopping starts (any thread).
+  void set_serving(bool serving) { serving_ = serving; stopped_ = stopped_ || !serving; }
 
  private:
   EntrySummary summarize(EntrySlot slot, uint64_t now_usec) const;
@@ -50,6 +58,8 @@ class ControlPlane final : public Control {
   Park& park_;
   EntryTable& table_;
   LoopQueue& loop_;
+  std::atomic<bool> serving_{false};
+  std::atomic<bool> stopped_{false};  // was serving once: "stopping", not "starting"
 };
 
 }  // namespace kvpark::daemon

@@ -7,6 +7,7 @@
 
 #include <grp.h>
 #include <poll.h>
+#include <pwd.h>
 #include <sys/eventfd.h>
 #include <time.h>
 #include <unistd.h>
@@ -263,7 +264,9 @@ class DbusAdapterImpl final : public DbusAdapter {
   void register_members();
   void run();
   void on_tick();
-  void require_privileged(const char* method);
+  // Throws PermissionDenied unless the caller may mutate; returns who the caller is
+  // ("alice (uid 1000, pid 4242) over D-Bus"), for the log.
+  std::string require_privileged(const char* method);
 
   Control& control_;
   int stop_fd_;
@@ -276,7 +279,7 @@ class DbusAdapterImpl final : public DbusAdapter {
   bool below_low_water_ = false;
 };
 
-void DbusAdapterImpl::require_privileged(const char* method) {
+std::string DbusAdapterImpl::require_privileged(const char* method) {
   const sdbus::Message* m = object_->getCurrentlyProcessedMessage();
   uid_t euid = static_cast<uid_t>(-1);
   gid_t gid = static_cast<gid_t>(-1);
@@ -300,6 +303,15 @@ void DbusAdapterImpl::require_privileged(const char* method) {
     throw sdbus::Error(dbus_api::error_permission_denied,
                        std::string(method) + " needs root or the admin group");
   }
+  std::string who;
+  if (const passwd* user = getpwuid(euid); user != nullptr) who = std::string(user->pw_name) + " ";
+  who += "(uid " + std::to_string(euid);
+  try {
+    who += ", pid " + std::to_string(m->getCredsPid());
+  } catch (const sdbus::Error&) {
+    // The pid is for the log only.
+  }
+  return who + ") over D-Bus";
 }
 
 void DbusAdapterImpl::register_members() {
@@ -383,8 +395,8 @@ void DbusAdapterImpl::register_members() {
       .onInterface(iface)
       .withInputParamNames("name", "value")
       .implementedAs([this](const std::string& name, uint64_t value) {
-        require_privileged("SetLimit");
-        check(control_.set_limit(name, value), "limit " + name);
+        const std::string caller = require_privileged("SetLimit");
+        check(control_.set_limit(name, value, caller), "limit " + name);
       });
   o.registerMethod("Reload").onInterface(iface).withOutputParamNames("message").implementedAs(
       [this] {

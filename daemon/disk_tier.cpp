@@ -9,6 +9,7 @@
 #include <cassert>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 
 #include "proto/limits.h"
 
@@ -45,6 +46,7 @@ Status DiskTier::open(const DiskTierOptions& options, std::unique_ptr<DiskTier>&
   tier->options_ = options;
   tier->store_ = std::move(store);
   tier->day_ = unix_usec() / usec_per_day;
+  tier->load_budget();
   if (tier->options_.capacity_bytes == 0) {
     // Unset: what the tier holds now plus most of the file system's free space.
     struct statvfs fs {};
@@ -122,8 +124,54 @@ void DiskTier::roll_day() {
   const uint64_t today = unix_usec() / usec_per_day;
   if (today != day_) {
     day_ = today;
+    budget_dirty_ = budget_dirty_ || written_today_bytes_ != 0;
     written_today_bytes_ = 0;
   }
+}
+
+std::string DiskTier::budget_path() const {
+  return options_.directory + "/written-today";
+}
+
+void DiskTier::load_budget() {
+  std::ifstream in(budget_path());
+  std::string format;
+  std::string day_key;
+  std::string bytes_key;
+  uint64_t day = 0;
+  uint64_t bytes = 0;
+  if (!std::getline(in, format) || format != disk_budget_format) return;
+  if (!(in >> day_key >> day >> bytes_key >> bytes) || day_key != "day" || bytes_key != "bytes")
+    return;
+  if (day == day_) written_today_bytes_ = bytes;
+}
+
+bool DiskTier::save_budget(uint64_t now_usec, bool force) {
+  roll_day();
+  if (!budget_dirty_ || read_only()) return true;
+  if (!force && now_usec - budget_saved_usec_ < limits::disk_budget_save_interval_usec) return true;
+  budget_saved_usec_ = now_usec;
+  const std::string text = std::string(disk_budget_format) + "\nday " + std::to_string(day_) +
+                           "\nbytes " + std::to_string(written_today_bytes_) + "\n";
+  const std::string path = budget_path();
+  const std::string temp = path + ".tmp";
+  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+  if (fd < 0) return false;
+  const bool written =
+      ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) && fsync(fd) == 0;
+  const int err = errno;
+  ::close(fd);
+  if (!written || rename(temp.c_str(), path.c_str()) != 0) {
+    const int failure = written ? errno : err;
+    unlink(temp.c_str());
+    errno = failure;
+    return false;
+  }
+  const int dir = ::open(options_.directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  const bool synced = dir >= 0 && fsync(dir) == 0;
+  if (dir >= 0) ::close(dir);
+  budget_dirty_ = !synced;
+  return synced;
 }
 
 bool DiskTier::budget_allows(uint64_t bytes) {
@@ -135,6 +183,7 @@ bool DiskTier::budget_allows(uint64_t bytes) {
 void DiskTier::charge(uint64_t bytes) {
   roll_day();
   written_today_bytes_ += bytes;
+  budget_dirty_ = budget_dirty_ || bytes != 0;
 }
 
 }  // namespace kvpark::daemon

@@ -2,7 +2,11 @@
 // keeps the daily write budget, and owns the DiskStore (iouring/).
 //
 // Records are named by their key, so an entry's record is found again from the
-// entry alone; the daemon keeps no record ids. Budget accounting is by UTC day.
+// entry alone; the daemon keeps no record ids. Budget accounting is by UTC day, and
+// survives restarts: "written today" and its day are kept in `<directory>/written-today`
+// (text, versioned, replaced atomically), read at open and saved while it changes
+// (limits::disk_budget_save_interval_usec) and at stop. A file of another day, or one
+// that does not parse, counts from zero.
 #pragma once
 
 #include <sys/uio.h>
@@ -45,6 +49,11 @@ class DiskTier {
   bool budget_allows(uint64_t bytes);
   void charge(uint64_t bytes);
   uint64_t written_today_bytes() const { return written_today_bytes_; }
+  // Saves "written today" when it changed and the last save is older than
+  // limits::disk_budget_save_interval_usec (`force`: whenever it changed). False,
+  // errno set, when the file cannot be written; true when nothing was due.
+  bool save_budget(uint64_t now_usec, bool force);
+  std::string budget_path() const;
 
   uint64_t capacity_bytes() const { return options_.capacity_bytes; }
   void set_capacity_bytes(uint64_t bytes) { options_.capacity_bytes = bytes; }
@@ -59,12 +68,18 @@ class DiskTier {
  private:
   disk::RecordHeader meta_for(const Entry& e, const NamespaceInfo& ns, uint64_t payload_bytes) const;
   void roll_day();
+  void load_budget();
 
   DiskTierOptions options_;
   std::unique_ptr<disk::DiskStore> store_;
   uint64_t day_ = 0;  // UTC day number of written_today_bytes_
   uint64_t written_today_bytes_ = 0;
+  bool budget_dirty_ = false;       // written_today_bytes_ differs from the saved file
+  uint64_t budget_saved_usec_ = 0;  // CLOCK_MONOTONIC of the last save
 };
+
+// The budget file's first line; bump the number when the layout changes.
+inline constexpr const char* disk_budget_format = "kvpark-disk-written-today 1";
 
 // XXH3-128 of a snapshot's tail token ids (zero for blocks), as records store it.
 Hash128 tail_digest(std::span<const int32_t> tail_tokens);

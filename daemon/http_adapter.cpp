@@ -11,6 +11,7 @@
 #include <cstdio>
 
 #include "http/listener.h"
+#include "http/process_metrics.h"
 #include "proto/limits.h"
 
 namespace kvpark::daemon {
@@ -431,7 +432,26 @@ bool HttpAdapter::start(const std::string& host, uint16_t port, std::string& ret
 
   server.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     const StatusInfo status = control_.status();
-    res.set_content(render_metrics(status, control_.namespaces()), metrics_content_type);
+    res.set_content(render_metrics(status, control_.namespaces()) + http::process_metrics_text(),
+                    metrics_content_type);
+  });
+  // 200 {"status":"ready"} or 503 {"status":STATE,"reasons":[...]} (control.h HealthInfo).
+  server.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    const HealthInfo h = control_.health();
+    rapidjson::StringBuffer buffer;
+    JsonWriter w(buffer);
+    w.StartObject();
+    w.Key("status");
+    w.String(h.state.c_str());
+    if (!h.reasons.empty()) {
+      w.Key("reasons");
+      w.StartArray();
+      for (const std::string& reason : h.reasons) w.String(reason.c_str());
+      w.EndArray();
+    }
+    w.EndObject();
+    res.status = h.ready ? 200 : 503;
+    res.set_content(std::string(buffer.GetString()) + "\n", json_content_type);
   });
   server.Get("/v1/status", [this](const httplib::Request&, httplib::Response& res) {
     rapidjson::StringBuffer buffer;

@@ -1,4 +1,7 @@
-// Logging to stderr with journald priority prefixes (sd-daemon(3)).
+// Logging to stderr, with journald priority prefixes (sd-daemon(3)) only when stderr
+// is the journal: $JOURNAL_STREAM names the device and inode of the stream systemd
+// connected (systemd.exec(5)), and they must be stderr's own. On a terminal, a pipe
+// or a plain file lines carry no prefix.
 //
 // Only the daemon logs; libraries return a status. Hot paths use the
 // *_limited variants, which let through log_burst_max lines per
@@ -12,6 +15,9 @@ namespace kvpark::daemon {
 
 inline constexpr uint64_t log_interval_usec = 10'000'000;
 inline constexpr uint32_t log_burst_max = 10;
+
+// True when stderr is the journal stream that $JOURNAL_STREAM names.
+bool stderr_is_journal();
 
 void log_at(int priority, const char* format, ...) __attribute__((format(printf, 2, 3)));
 void log_limited_at(int priority, const char* format, ...) __attribute__((format(printf, 2, 3)));

@@ -6,6 +6,7 @@
 // loop that is gone.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -28,9 +29,11 @@ class LoopQueue {
   // Loop thread, at shutdown: refuses new work and drops what is queued.
   void close();
 
-  // Any thread but the loop's: runs `work` on the loop and returns its result.
+  // Any thread but the loop's: runs `work` on the loop and returns its result;
+  // std::nullopt when the loop is closed or, with a nonzero timeout_usec, did not
+  // answer in time.
   template <typename Result>
-  std::optional<Result> call(std::function<Result()> work) {
+  std::optional<Result> call(std::function<Result()> work, uint64_t timeout_usec = 0) {
     struct Slot {
       std::mutex mutex;
       std::condition_variable done_cv;
@@ -48,7 +51,12 @@ class LoopQueue {
     });
     if (!queued) return std::nullopt;
     std::unique_lock lock(slot->mutex);
-    slot->done_cv.wait(lock, [&] { return slot->done; });
+    if (timeout_usec == 0) {
+      slot->done_cv.wait(lock, [&] { return slot->done; });
+    } else if (!slot->done_cv.wait_for(lock, std::chrono::microseconds(timeout_usec),
+                                       [&] { return slot->done; })) {
+      return std::nullopt;  // the closure still runs later, into the shared slot
+    }
     return std::move(slot->result);
   }
 

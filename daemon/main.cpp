@@ -37,7 +37,6 @@ namespace {
 
 constexpr int tick_msec = 50;  // WAIT deadlines are honoured to this resolution
 constexpr uint64_t shutdown_flush_timeout_usec = 120'000'000;
-constexpr uint64_t arena_low_water_divisor_with_disk = 8;  // default low water: 1/8 of the arena
 // Exit codes (kvparkd(8)): 1 a start or loop failure, 2 a bad flag or config file,
 // 3 another kvparkd already serves this socket.
 constexpr int exit_failure = 1;
@@ -85,6 +84,10 @@ struct Ticker {
     t.park.tick();
     const uint64_t now = monotonic_usec();
     t.notifier.tick(now);
+    if (daemon::DiskTier* disk = t.park.disk(); disk != nullptr && !disk->save_budget(now, false)) {
+      log_warning_limited("kvparkd: cannot save the day's disk writes to %s: %s",
+                          disk->budget_path().c_str(), strerror(errno));
+    }
     if (now - t.last_status_usec >= status_interval_usec) {
       t.last_status_usec = now;
       const daemon::StatusInfo s = t.control.status_in_loop();
@@ -104,11 +107,12 @@ int open_reload_signal_fd() {
 }
 
 
-// The disk tier, if configured; null (and logged) when it cannot start: the host tier
-// serves alone then.
+// The disk tier, if configured; null (logged, and why in ret_failure) when it cannot
+// start: the host tier serves alone then.
 std::unique_ptr<daemon::DiskTier> open_disk_tier(const daemon::DaemonOptions& options,
                                                  shm::ArenaOwner& arena,
-                                                 disk::RecoveryReport& ret_recovery) {
+                                                 disk::RecoveryReport& ret_recovery,
+                                                 std::string& ret_failure) {
   std::unique_ptr<daemon::DiskTier> disk;
   if (options.disk_directory.empty()) return disk;
   disk::OpenError open_error;
@@ -119,6 +123,9 @@ std::unique_ptr<daemon::DiskTier> open_disk_tier(const daemon::DaemonOptions& op
       .fixed_buffers = {iovec{arena.data(), arena.data_bytes()}}};
   if (Status s = daemon::DiskTier::open(disk_options, disk, ret_recovery, open_error);
       s != Status::Ok) {
+    ret_failure = options.disk_directory + ": " + std::string(status_name(s)) + ": " +
+                  open_error.detail +
+                  (open_error.err != 0 ? std::string(": ") + strerror(open_error.err) : "");
     log_error("kvparkd: disk tier off, serving from memory only: %s: %s%s%s",
               std::string(status_name(s)).c_str(), open_error.detail.c_str(),
               open_error.err != 0 ? ": " : "", open_error.err != 0 ? strerror(open_error.err) : "");
@@ -143,6 +150,14 @@ void recover_disk(daemon::Park& park, const daemon::DiskTier& disk,
            recovery.fixed_buffers_registered ? "" : "; arena not registered with io_uring");
   for (const std::string& note : recovery.engine_notes) {
     log_notice("kvparkd: io_uring: %s", note.c_str());
+  }
+  if (disk.written_today_bytes() > 0) {
+    log_info("kvparkd: disk tier wrote %s today before this start (%s)",
+             daemon::format_size(disk.written_today_bytes()).c_str(),
+             disk.write_budget_bytes_per_day() == 0
+                 ? "no daily budget"
+                 : ("budget " + daemon::format_size(disk.write_budget_bytes_per_day()) + " a day")
+                       .c_str());
   }
   if (disk.read_only()) {
     log_warning("kvparkd: disk tier at %s is read-only: its records are served, nothing is "
@@ -235,6 +250,15 @@ int main(int argc, char** argv) {
   daemon::DaemonOptions options;
   int exit_code = 0;
   if (!daemon::parse_options(argc, argv, options, exit_code)) return exit_code;
+  if (!options.overrides_warning.empty()) {
+    log_warning("kvparkd: %s", options.overrides_warning.c_str());
+  } else if (!options.override_values.empty()) {
+    std::string keys;
+    for (const auto& [key, value] : options.override_values)
+      keys += (keys.empty() ? "" : ", ") + key + " = " + value;
+    log_notice("kvparkd: runtime overrides from %s: %s",
+               daemon::runtime_overrides_path(options).c_str(), keys.c_str());
+  }
 
   if (!setup_signals()) {
     log_error("kvparkd: cannot set up signal handling: %s", strerror(errno));
@@ -274,7 +298,8 @@ int main(int argc, char** argv) {
 
   // The disk tier is optional: without it (or if it cannot start) the host tier serves.
   disk::RecoveryReport recovery;
-  std::unique_ptr<daemon::DiskTier> disk = open_disk_tier(options, *arena, recovery);
+  std::string disk_failure;
+  std::unique_ptr<daemon::DiskTier> disk = open_disk_tier(options, *arena, recovery, disk_failure);
 
   daemon::EntryTable table(arena->data_bytes(), limits::extent_align_bytes);
   daemon::Park park({.arena_data = arena->data(),
@@ -287,11 +312,7 @@ int main(int argc, char** argv) {
                      .disk = disk.get()},
                     table);
   if (disk) recover_disk(park, *disk, recovery);
-  park.set_low_water_bytes(options.arena_low_water_bytes);
-  if (disk && options.arena_low_water_bytes == 0) {
-    // With a disk tier, demote ahead of need so valuable entries are never just dropped.
-    park.set_low_water_bytes(arena->data_bytes() / arena_low_water_divisor_with_disk);
-  }
+  park.set_low_water_bytes(options.arena_low_water_bytes);  // derived by finish_options
   gid_t attach_gid = static_cast<gid_t>(-1);
   if (const group* g = getgrnam(options.attach_group.c_str()); g != nullptr) {
     attach_gid = g->gr_gid;
@@ -316,7 +337,12 @@ int main(int argc, char** argv) {
                                 .reload =
                                     [&options, &park](std::string& ret_message) {
                                       return daemon::reload_options(options, park, ret_message);
-                                    }},
+                                    },
+                                .limit_changed =
+                                    [&options](const daemon::LimitChange& change) {
+                                      daemon::keep_limit_change(options, change);
+                                    },
+                                .disk_failure = disk_failure},
                                park, table, loop);
   // Operations: SIGHUP reload, HTTP status and metrics, the systemd notify protocol.
   daemon::Notifier notifier(options.watchdog_usec);
@@ -350,24 +376,32 @@ int main(int argc, char** argv) {
         {.bus = options.dbus_bus, .admin_group = options.admin_group}, control, dbus_error);
     if (!dbus) log_warning("kvparkd: no D-Bus control: %s", dbus_error.c_str());
   }
-  log_info("kvparkd: ready on %s, arena %s of %llu MiB on %s pages, incarnation %016llx",
-           options.socket_path.c_str(), options.arena_name.c_str(),
+  log_info("kvparkd %s started: listening on %s%s%s, arena %s of %llu MiB on %s pages, "
+           "incarnation %016llx",
+           kvpark::version, options.socket_path.c_str(), http_bound.empty() ? "" : ", http on ",
+           http_bound.c_str(), options.arena_name.c_str(),
            static_cast<unsigned long long>(arena->data_bytes() >> 20), shm::arena_pages_name(arena->pages()),
            static_cast<unsigned long long>(incarnation));
   notifier.ready("serving on " + options.socket_path +
                  (http_bound.empty() ? "" : ", http on " + http_bound));
+  control.set_serving(true);
   Ticker ticker{.park = park, .control = control, .notifier = notifier};
   if (server.run(daemon::watchdog_tick_msec(options.watchdog_usec, tick_msec), Ticker::run,
                  &ticker) != Status::Ok) {
     log_error("kvparkd: event loop failed: %s", strerror(errno));
     return exit_failure;
   }
+  control.set_serving(false);
   notifier.stopping("stopping");
   server.close_connections();
   if (disk && options.spill_on_shutdown) spill_before_stopping(park, *disk, notifier);
+  if (disk && !disk->save_budget(monotonic_usec(), true)) {
+    log_error("kvparkd: cannot save the day's disk writes to %s: %s", disk->budget_path().c_str(),
+              strerror(errno));
+  }
   loop.close();  // adapter threads waiting on the loop get 'unavailable' from here on
   http.stop();
   dbus.reset();
-  log_info("kvparkd: stopped cleanly");
+  log_info("kvparkd: stopped");
   return 0;
 }

@@ -40,7 +40,24 @@ bool parse_size(const std::string& text, uint64_t& ret_bytes) {
 
 namespace {
 
+// The defaults shown are computed as the daemon computes them (default_options, then
+// finish_options), so --help cannot say one thing while the daemon runs with another.
 void print_usage(FILE* out) {
+  DaemonOptions plain = default_options();
+  plain.disk_directory.clear();
+  DaemonOptions with_disk = default_options();
+  with_disk.disk_directory = "/";
+  std::string ignored;
+  finish_options(plain, ignored);
+  finish_options(with_disk, ignored);
+  const DaemonOptions here = default_options();
+  const std::string dbus_here = here.dbus_bus == DbusBus::System ? "system" : "session";
+  const auto from_state = [](const std::string& dir) {
+    return dir.empty() ? std::string("$STATE_DIRECTORY, unset here: off")
+                       : "$STATE_DIRECTORY: " + dir;
+  };
+  const std::string disk_default = from_state(here.disk_directory);
+  const std::string state_default = from_state(here.state_directory);
   fprintf(out,
           "Usage: kvparkd [OPTIONS]\n"
           "Keeps parked LLM inference state for the engines on this machine.\n"
@@ -48,30 +65,37 @@ void print_usage(FILE* out) {
           "  --config PATH                    configuration file (see kvparkd.conf(5))\n"
           "  --print-config                   print the effective configuration and exit\n"
           "  --socket PATH                    engine socket (default %s)\n"
-          "  --arena-size SIZE                host arena data bytes, e.g. 8G (default 1G)\n"
+          "  --arena-size SIZE                host arena data bytes, e.g. 8G (default %s)\n"
           "  --arena-name NAME                arena memfd name, shown in /proc (default /kvpark-arena-$EUID)\n"
           "  --huge-pages try|on|off          huge pages for the arena (default try)\n"
-          "  --reservation-max SIZE           largest single reservation (default half the arena)\n"
-          "  --arena-low-water SIZE           evict to keep this much of the arena free (default 0)\n"
+          "  --reservation-max SIZE           largest single reservation (default half the arena: %s)\n"
+          "  --arena-low-water SIZE           evict to keep this much of the arena free\n"
+          "                                   (default %s; with a disk tier 1/8 of the arena: %s)\n"
           "  --attach-group GROUP             members of GROUP may attach (default kvpark)\n"
           "  --admin-group GROUP              members of GROUP may change state over D-Bus\n"
           "  --http-listen ADDR:PORT|off      HTTP status and metrics (default 127.0.0.1:7797)\n"
           "  --http-allow-remote[=BOOL]       allow a non-loopback --http-listen\n"
-          "  --dbus auto|session|system|off   message bus to join (default auto)\n"
-          "  --disk-dir PATH|off              disk tier directory (default $STATE_DIRECTORY)\n"
+          "  --dbus auto|session|system|off   message bus to join (default auto: %s here)\n"
+          "  --disk-dir PATH|off              disk tier directory (default %s)\n"
           "  --disk-capacity SIZE             disk tier size (default 0: from free space)\n"
-          "  --disk-write-budget-per-day SIZE bytes the disk tier may write per day\n"
-          "  --spill-on-shutdown[=BOOL]       spill valuable host entries to disk at stop\n"
+          "  --disk-write-budget-per-day SIZE bytes the disk tier may write per day (default %s)\n"
+          "  --spill-on-shutdown[=BOOL]       spill valuable host entries to disk at stop (default %s)\n"
+          "  --state-dir PATH|off             where set-limit changes are kept (default %s)\n"
           "  --version                        print the version and exit\n"
           "  -h, --help                       show this help\n",
-          config_path_default, default_socket_path().c_str());
+          config_path_default, default_socket_path().c_str(), format_size(plain.arena_bytes).c_str(),
+          format_size(plain.reservation_bytes_max).c_str(),
+          format_size(plain.arena_low_water_bytes).c_str(),
+          format_size(with_disk.arena_low_water_bytes).c_str(), dbus_here.c_str(),
+          disk_default.c_str(), format_size(plain.disk_write_budget_bytes_per_day).c_str(),
+          plain.spill_on_shutdown ? "true" : "false", state_default.c_str());
 }
 
 // Flags that are config keys: "--arena-size" sets "arena_size".
 constexpr const char* key_flags[] = {
     "socket", "arena-size", "arena-name", "huge-pages", "reservation-max", "arena-low-water", "attach-group",
     "admin-group", "http-listen", "http-allow-remote", "dbus", "disk-dir", "disk-capacity",
-    "disk-write-budget-per-day", "spill-on-shutdown",
+    "disk-write-budget-per-day", "spill-on-shutdown", "state-dir",
 };
 constexpr size_t key_flag_count = sizeof key_flags / sizeof key_flags[0];
 
@@ -154,11 +178,14 @@ bool parse_options(int argc, char** argv, DaemonOptions& o, int& ret_exit) {
       return false;
     }
   }
-  if (!finish_options(o, error)) {
+  std::string warning;
+  if (!finish_with_overrides(o, error, warning)) {
     fprintf(stderr, "kvparkd: %s\n", error.c_str());
     ret_exit = 2;
     return false;
   }
+  o.overrides_warning = warning;  // main logs it: --print-config says it too
+  if (!warning.empty() && print_config) fprintf(stderr, "kvparkd: %s\n", warning.c_str());
   if (print_config) {
     fputs(format_config(o).c_str(), stdout);
     ret_exit = 0;

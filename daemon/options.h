@@ -25,10 +25,12 @@ struct DaemonOptions {
   std::string attach_group = "kvpark"; // members may attach; ignored if the group is missing
   std::string admin_group = "kvpark-admin";  // members may mutate over D-Bus (root always may)
   uint64_t arena_low_water_bytes = 0;  // evict (LRU) to keep this many bytes free
+  bool arena_low_water_set = false;    // given by a layer; else derived (finish_options)
   std::string http_listen = "127.0.0.1:7797";  // "host:port", "[v6]:port"; empty: off
   bool http_allow_remote = false;      // a non-loopback http_listen needs this
   DbusBus dbus_bus = DbusBus::Session; // default: System under systemd, else Session
   std::string disk_directory;          // disk tier records; empty: no disk tier
+  std::string state_directory;         // runtime overrides; default $STATE_DIRECTORY; empty: off
   uint64_t disk_capacity_bytes = 0;    // 0: the daemon sizes the tier from free space
   uint64_t disk_write_budget_bytes_per_day = 0;  // 0: no budget
   bool spill_on_shutdown = true;       // write valuable host-only entries to disk at stop
@@ -39,6 +41,9 @@ struct DaemonOptions {
   bool config_path_explicit = false;   // --config given: a missing file is an error
   bool config_file_read = false;       // the file existed and was applied
   std::vector<std::pair<std::string, std::string>> flag_values;  // key, value from argv
+  std::vector<std::pair<std::string, std::string>> override_values;  // key, value in force
+                                                                     // from the overrides file
+  std::string overrides_warning;       // why the overrides file was not applied; empty: it was
 };
 
 // Parses argv over the config file over the embedded defaults. Returns true to

@@ -194,7 +194,8 @@ Status Server::run(int tick_msec, void (*on_tick)(void*), void* tick_context) {
       } else if (token == signal_token) {
         signalfd_siginfo info{};
         while (read(signal_fd_, &info, sizeof info) == sizeof info) {
-          log_info("kvparkd: received %s, stopping", strsignal(static_cast<int>(info.ssi_signo)));
+          log_info("kvparkd: stopping on %s",
+                   info.ssi_signo == SIGTERM ? "SIGTERM" : info.ssi_signo == SIGINT ? "SIGINT" : "a signal");
           stop_requested_ = true;
         }
       } else {

@@ -88,6 +88,13 @@ inline constexpr uint64_t http_write_timeout_usec = 5'000'000;
 inline constexpr size_t http_connections_max = 256;          // connections held, all peers
 inline constexpr size_t http_connections_per_peer_max = 16;  // from one peer address
 static_assert(http_connections_per_peer_max < http_connections_max);
+// The disk tier's "written today" (the daily write budget's count) is saved to its
+// directory at most this often while it changes, and at a clean stop: a crash forgets
+// at most this much of the day's writes.
+inline constexpr uint64_t disk_budget_save_interval_usec = 5'000'000;
+// kvparkd's /health waits this long for the event loop to answer; past it the loop is
+// stuck (503 "not ready"), which a probe must learn from the answer, not a hang.
+inline constexpr uint64_t health_loop_timeout_usec = 1'000'000;
 // kvparkd's API is read-only: a request body is never needed.
 inline constexpr size_t http_status_body_bytes_max = 4 * 1024;
 // kvpark-proxy forwards chat requests: a 1 Mi-token prompt of JSON fits.

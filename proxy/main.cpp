@@ -33,6 +33,8 @@ void stop_on_signals(kvpark::http::Listener& listener) {
   std::thread([signals, &listener] {
     int received = 0;
     sigwait(&signals, &received);
+    std::fprintf(stderr, "kvpark-proxy: stopping on %s\n",
+                 received == SIGTERM ? "SIGTERM" : "SIGINT");
     listener.stop();
   }).detach();
 }
@@ -113,7 +115,7 @@ int main(int argc, char** argv) {
   }
   stop_on_signals(listener);
   std::fprintf(stderr,
-               "kvpark-proxy %s: listening on http://%s:%u (OpenAI base URL http://%s:%u/v1), "
+               "kvpark-proxy %s started: listening on http://%s:%u (OpenAI base URL http://%s:%u/v1), "
                "slot directory %s; verifying %zu upstream(s)\n",
                version, proxy.options.listen_host.c_str(), listener.port(),
                proxy.options.listen_host.c_str(), listener.port(),

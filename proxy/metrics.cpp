@@ -1,8 +1,10 @@
 // GET /metrics: the proxy's counters and its upstreams' state in the Prometheus text
 // exposition format 0.0.4. Every family is declared (HELP, TYPE) before its samples;
-// counters end in _total. Names: kvpark_proxy_*.
+// counters end in _total. Names: kvpark_proxy_*, then the standard process_* families
+// (http/process_metrics.h).
 #include <string>
 
+#include "http/process_metrics.h"
 #include "proxy/proxy.h"
 
 namespace kvpark::proxy {
@@ -103,7 +105,7 @@ std::string metrics_text(ProxyState& proxy) {
   for (const auto& route : proxy.routes)
     w.sample("kvpark_proxy_upstream_requests_in_progress", upstream_labels(*route),
              route->load());
-  return w.take();
+  return w.take() + http::process_metrics_text();
 }
 
 }  // namespace kvpark::proxy

@@ -204,7 +204,7 @@ TEST_F(LlamaRestore, DiskCopySurvivesDaemonCrashAndACorruptOneIsRefused) {
   auto records = [&] {
     std::vector<std::filesystem::path> found;
     for (const auto& e : std::filesystem::recursive_directory_iterator(disk)) {
-      if (e.is_regular_file() && e.path().extension() != ".tmp") found.push_back(e.path());
+      if (e.is_regular_file() && e.path().extension() == ".kvr") found.push_back(e.path());
     }
     return found;
   };

@@ -266,5 +266,82 @@ TEST(ListenAddress, AcceptsNumericAddressesOnly) {
   }
 }
 
+// A state directory removed at scope end, with runtime-overrides.conf holding `text`.
+struct StateDirectory {
+  std::string path;
+  explicit StateDirectory(const std::string& text) {
+    char templ[] = "/tmp/kvparkd-state-XXXXXX";
+    path = mkdtemp(templ);
+    if (!text.empty()) std::ofstream(path + "/" + runtime_overrides_file_name) << text;
+  }
+  ~StateDirectory() {
+    unlink((path + "/" + runtime_overrides_file_name).c_str());
+    rmdir(path.c_str());
+  }
+};
+
+TEST(RuntimeOverrides, ApplyAfterTheFileAndTheFlags) {
+  StateDirectory state("# written by kvparkd\narena_low_water = 8M\n");
+  TempFile file("arena_low_water = 2M\n");
+  DaemonOptions o;
+  int exit_code = -1;
+  std::string err;
+  ASSERT_TRUE(parse({"--config", file.path, "--arena-low-water", "4M", "--state-dir", state.path},
+                    o, exit_code, nullptr, &err)) << err;
+  EXPECT_EQ(o.arena_low_water_bytes, 8ull << 20);
+  ASSERT_EQ(o.override_values.size(), 1u);
+  EXPECT_EQ(o.override_values[0].first, "arena_low_water");
+  EXPECT_TRUE(o.overrides_warning.empty()) << o.overrides_warning;
+  EXPECT_NE(format_config(o).find("# then the runtime overrides in " + state.path), std::string::npos);
+}
+
+TEST(RuntimeOverrides, AnotherKeyOrAValueThatNoLongerFitsIsIgnoredWithAWarning) {
+  for (const char* text : {"arena_size = 2G\n", "arena_low_water = 2G\n", "arena_low_water\n"}) {
+    SCOPED_TRACE(text);
+    StateDirectory state(text);
+    DaemonOptions o;
+    int exit_code = -1;
+    ASSERT_TRUE(parse({"--config", "/dev/null", "--arena-size", "1G", "--state-dir", state.path},
+                      o, exit_code));
+    EXPECT_EQ(o.arena_bytes, 1ull << 30);
+    EXPECT_EQ(o.arena_low_water_bytes, 0u);
+    EXPECT_TRUE(o.override_values.empty());
+    EXPECT_NE(o.overrides_warning.find(runtime_overrides_file_name), std::string::npos)
+        << o.overrides_warning;
+    EXPECT_NE(o.overrides_warning.find("not applied"), std::string::npos) << o.overrides_warning;
+  }
+}
+
+TEST(RuntimeOverrides, WrittenFileReadsBackAndLeavesNoTemporary) {
+  StateDirectory state("");
+  const std::string path = state.path + "/" + runtime_overrides_file_name;
+  ASSERT_TRUE(write_runtime_overrides(path, {{"reservation_max", "64M"},
+                                             {"arena_low_water", "16M"}}));
+  EXPECT_NE(access(path.c_str(), R_OK), -1);
+  EXPECT_EQ(access((path + ".tmp").c_str(), F_OK), -1);
+  DaemonOptions o;
+  int exit_code = -1;
+  ASSERT_TRUE(parse({"--config", "/dev/null", "--state-dir", state.path}, o, exit_code));
+  EXPECT_EQ(o.reservation_bytes_max, 64ull << 20);
+  EXPECT_EQ(o.arena_low_water_bytes, 16ull << 20);
+}
+
+TEST(RuntimeOverrides, EverySetLimitNameHasAKey) {
+  EXPECT_STREQ(limit_config_key(limit_arena_low_water), "arena_low_water");
+  EXPECT_STREQ(limit_config_key(limit_reservation_max), "reservation_max");
+  EXPECT_STREQ(limit_config_key(limit_disk_capacity), "disk_capacity");
+  EXPECT_STREQ(limit_config_key(limit_disk_write_budget), "disk_write_budget_per_day");
+  EXPECT_EQ(limit_config_key("arena-size"), nullptr);
+}
+
+TEST(DerivedDefaults, LowWaterIsAnEighthOfTheArenaWithADiskTierUnlessGiven) {
+  EXPECT_EQ(apply_ok("arena_size = 512M\n").arena_low_water_bytes, 0u);
+  EXPECT_EQ(apply_ok("arena_size = 512M\ndisk_dir = /var/lib/kvpark\n").arena_low_water_bytes,
+            64ull << 20);
+  EXPECT_EQ(apply_ok("arena_size = 512M\ndisk_dir = /var/lib/kvpark\narena_low_water = 0\n")
+                .arena_low_water_bytes,
+            0u) << "an explicit 0 is kept";
+}
+
 }  // namespace
 }  // namespace kvpark::daemon

@@ -6,7 +6,11 @@
 // 1 failure, 2 usage, 3 not found, 4 permission denied, 5 unavailable.
 #include <gtest/gtest.h>
 
+#include <pwd.h>
+#include <unistd.h>
+
 #include <filesystem>
+#include <fstream>
 
 #include <atomic>
 #include <cstdlib>
@@ -57,6 +61,11 @@ int64_t json_number(const std::string& json, const std::string& key) {
   std::smatch m;
   if (!std::regex_search(json, m, std::regex("\"" + key + "\":([0-9]+)"))) return -1;
   return std::stoll(m[1]);
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
 std::vector<uint64_t> json_ids(const std::string& json) {
@@ -210,6 +219,48 @@ TEST_F(DbusControl, SetLimitArenaLowWaterEvictsDownToTheMark) {
   EXPECT_EQ(ctl({"set-limit", "arena-low-water", "1T"}).code, 2) << "more than the arena";
 }
 
+// set-limit says in the log who changed what from what to what, and keeps it in the
+// state directory's runtime-overrides.conf: a restarted daemon runs with it, and
+// removing the file and reloading goes back to the configured value.
+TEST_F(DbusControl, SetLimitIsLoggedAndKeptAcrossARestart) {
+  char templ[] = "/tmp/kvpark-state-test-XXXXXX";
+  const std::string state = mkdtemp(templ);
+  const std::string overrides = state + "/runtime-overrides.conf";
+  daemon_.reset();
+  daemon_ = std::make_unique<DaemonProcess>(DaemonConfig{
+      .arena_bytes = 64ull << 20, .extra_args = {"--dbus", "session", "--state-dir", state}});
+  ASSERT_TRUE(daemon_->start());
+  ASSERT_EQ(ctl({"status"}).code, 0) << "kvparkd is ready but not on the private bus";
+  ASSERT_EQ(ctl({"set-limit", "arena-low-water", "8M"}).code, 0);
+  ASSERT_EQ(ctl({"set-limit", "arena-low-water", "12M"}).code, 0);
+  const passwd* me = getpwuid(geteuid());
+  ASSERT_NE(me, nullptr);
+  const std::string log = read_text(daemon_->log_path());
+  const std::string who = std::string(me->pw_name) + " (uid " + std::to_string(geteuid()) + ", pid ";
+  EXPECT_NE(log.find("kvparkd: limit arena-low-water changed from 0 to 8M by " + who),
+            std::string::npos) << log;
+  EXPECT_NE(log.find("kvparkd: limit arena-low-water changed from 8M to 12M by " + who),
+            std::string::npos) << log;
+  EXPECT_NE(log.find(") over D-Bus; kept in " + overrides + "\n"), std::string::npos) << log;
+  const std::string kept = read_text(overrides);
+  EXPECT_NE(kept.find("\narena_low_water = 12M\n"), std::string::npos) << kept;
+  EXPECT_FALSE(std::filesystem::exists(overrides + ".tmp"));
+
+  ASSERT_TRUE(daemon_->restart());
+  ASSERT_EQ(ctl({"status"}).code, 0);
+  EXPECT_EQ(json_number(ctl({"--json", "stats"}).out, "arena_low_water_bytes"), 12 << 20);
+  EXPECT_NE(read_text(daemon_->log_path()).find("runtime overrides from " + overrides +
+                                                ": arena_low_water = 12M"),
+            std::string::npos) << read_text(daemon_->log_path());
+
+  // Cleared: remove the file, reload.
+  std::filesystem::remove(overrides);
+  Result reload = ctl({"reload"});
+  EXPECT_EQ(reload.code, 0) << reload.out;
+  EXPECT_EQ(json_number(ctl({"--json", "stats"}).out, "arena_low_water_bytes"), 0);
+  std::filesystem::remove_all(state);
+}
+
 TEST_F(DbusControl, FlushWithoutDiskTierFailsClearly) {
   Result r = ctl({"flush"});
   EXPECT_EQ(r.code, 1);
@@ -233,7 +284,7 @@ TEST_F(DbusControl, FlushWritesEveryHostEntryToDiskAndShowsProgress) {
   EXPECT_EQ(json_number(ctl({"--json", "status"}).out, "spills"), 20);
   size_t records = 0;
   for (const auto& e : std::filesystem::recursive_directory_iterator(disk)) {
-    records += e.is_regular_file() && e.path().extension() != ".tmp";
+    records += e.is_regular_file() && e.path().extension() == ".kvr";
   }
   EXPECT_EQ(records, 20u);
   Result json = ctl({"--json", "flush"});  // nothing left: done at once

@@ -154,7 +154,8 @@ bool DaemonProcess::start() {
   std::vector<std::string> argv = {built_binary("KVPARKD"), "--socket", socket_path_,
                                    "--arena-name", arena_name_, "--arena-size",
                                    std::to_string(config_.arena_bytes), "--http-listen", "off",
-                                   "--dbus", "off", "--disk-dir", "off"};
+                                   "--dbus", "off", "--disk-dir", "off",
+                                   "--state-dir", "off"};
   if (config_.reservation_bytes_max != 0) {
     argv.push_back("--reservation-max");
     argv.push_back(std::to_string(config_.reservation_bytes_max));
@@ -167,7 +168,9 @@ bool DaemonProcess::start() {
   }
   http_port_ = -1;
   int log_fd = open(log_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  pid_ = spawn(argv, -1, log_fd, {"NOTIFY_SOCKET=" + notify_path_});
+  std::vector<std::string> env = config_.env;
+  env.push_back("NOTIFY_SOCKET=" + notify_path_);
+  pid_ = spawn(argv, -1, log_fd, env);
   close(log_fd);
   if (pid_ <= 0) return false;
   return wait_ready(daemon_ready_msec_max);

@@ -19,6 +19,7 @@ struct DaemonConfig {
   uint64_t arena_bytes = 64ull << 20;
   uint64_t reservation_bytes_max = 0;  // 0: the daemon's default
   std::vector<std::string> extra_args;
+  std::vector<std::string> env;  // "NAME=value" for the daemon's environment
 };
 
 class DaemonProcess {
@@ -38,6 +39,8 @@ class DaemonProcess {
   // stop(), then start() again on the same socket path and arena name.
   bool restart();
   bool running() const { return pid_ > 0; }
+  // What the next start() uses (a test may change it between runs).
+  DaemonConfig& config() { return config_; }
 
   const std::string& socket_path() const { return socket_path_; }
   const std::string& arena_name() const { return arena_name_; }

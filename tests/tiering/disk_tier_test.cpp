@@ -42,11 +42,12 @@ class DiskDirectory {
   }
   const std::string& path() const { return path_; }
 
-  // Final record files (interrupted writes end in .tmp).
+  // Final record files (interrupted writes end in .tmp; the tier's own state, such as
+  // written-today, is not a record).
   std::vector<fs::path> records() const {
     std::vector<fs::path> out;
     for (const auto& e : fs::recursive_directory_iterator(path_)) {
-      if (e.is_regular_file() && e.path().extension() != ".tmp") out.push_back(e.path());
+      if (e.is_regular_file() && e.path().extension() == ".kvr") out.push_back(e.path());
     }
     std::sort(out.begin(), out.end());
     return out;
@@ -466,6 +467,12 @@ TEST_F(DiskTierTest, ReadOnlyDirectoryIsServedReadOnly) {
   const auto status = client.Get("/v1/status");
   ASSERT_TRUE(status);
   EXPECT_NE(status->body.find("\"disk_read_only\":true"), std::string::npos) << status->body;
+  // And /health calls it degraded, naming why.
+  const auto health = client.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 503) << health->body;
+  EXPECT_NE(health->body.find("\"status\":\"degraded\""), std::string::npos) << health->body;
+  EXPECT_NE(health->body.find("is read-only"), std::string::npos) << health->body;
   daemon_->kill_hard();
 }
 
