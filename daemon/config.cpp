@@ -443,8 +443,12 @@ Status reload_options(DaemonOptions& current, Park& park, std::string& ret_messa
   current.arena_low_water_bytes = next.arena_low_water_bytes;
   current.spill_on_shutdown = next.spill_on_shutdown;
   current.config_file_read = next.config_file_read;
-  ret_message = "reloaded " + current.config_path + ": " +
-                (applied.empty() ? "nothing changed" : "applied " + applied);
+  // Never claim a file was read that is not there (a missing default file means defaults).
+  ret_message = (next.config_file_read
+                     ? "reloaded " + current.config_path
+                     : "no configuration file at " + current.config_path +
+                           ": re-applied the defaults and the command line") +
+                ": " + (applied.empty() ? "nothing changed" : "applied " + applied);
   if (!restart.empty()) ret_message += "; needs a restart: " + restart;
   return Status::Ok;
 }

@@ -33,9 +33,9 @@ class ControlPlane final : public Control {
   std::vector<EntrySummary> entries(const EntryFilter& filter, uint64_t& ret_total) override;
   Status entry(uint64_t id, EntrySummary& ret_entry) override;
   Status pin(uint64_t id, bool pinned) override;
-  Status evict(uint64_t id) override;
+  Status evict(uint64_t id, std::string& ret_message) override;
   Status drop_namespace(const NamespaceId& id, uint64_t& ret_dropped) override;
-  Status set_limit(const std::string& name, uint64_t value) override;
+  Status set_limit(const std::string& name, uint64_t value, std::string& ret_message) override;
   Status start_flush(uint64_t& ret_job_id) override;
   Status flush_progress(uint64_t job_id, FlushProgress& ret_progress) override;
   Status reload_config(std::string& ret_message) override;
@@ -45,6 +45,8 @@ class ControlPlane final : public Control {
 
  private:
   EntrySummary summarize(EntrySlot slot, uint64_t now_usec) const;
+  // Loop thread: sets a limit check_runtime_limit() accepted.
+  Status apply_limit(const std::string& name, uint64_t value);
 
   ControlPlaneOptions options_;
   Park& park_;
