@@ -47,6 +47,24 @@ rapidjson::Document parse(const std::string& text) {
   return doc;
 }
 
+// The string at doc[key] (or doc[array][0][key]); "" and a failure when it is not
+// one, so a broken document fails the test instead of aborting it.
+std::string string_at(const rapidjson::Value& doc, const char* key, const char* array = nullptr) {
+  const rapidjson::Value* v = &doc;
+  if (array != nullptr) {
+    if (!v->IsObject() || !v->HasMember(array) || !(*v)[array].IsArray() || (*v)[array].Empty()) {
+      ADD_FAILURE() << "no non-empty array '" << array << "'";
+      return "";
+    }
+    v = &(*v)[array][0];
+  }
+  if (!v->IsObject() || !v->HasMember(key) || !(*v)[key].IsString()) {
+    ADD_FAILURE() << "'" << key << "' is not a string";
+    return "";
+  }
+  return (*v)[key].GetString();
+}
+
 // Every number in `v` is an integer a double holds exactly.
 void expect_exact_as_double(const rapidjson::Value& v, const std::string& path) {
   if (v.IsObject()) {
@@ -170,8 +188,9 @@ TEST_F(CtlSurface, ReadVerbsFallBackToHttpWhenThereIsNoBusAndSaySoOnce) {
   EXPECT_TRUE(contains(ctl({"--http", http_address(), "list"}).out, "3 of 3 entries listed."));
   const RunResult list = ctl({"--http", http_address(), "--json", "list"});
   const rapidjson::Document page = parse(list.out);
+  ASSERT_TRUE(page.IsObject() && page.HasMember("entries") && page["entries"].IsArray());
   ASSERT_EQ(page["entries"].Size(), 3u);
-  const std::string id = page["entries"][0]["id"].GetString();
+  const std::string id = string_at(page, "id", "entries");
   const RunResult show = ctl({"--http", http_address(), "show", id});
   EXPECT_EQ(show.code, 0) << show.err;
   EXPECT_TRUE(contains(show.out, "Kind: block")) << show.out;
@@ -221,7 +240,8 @@ TEST_F(CtlSurface, HttpAndCtlJsonAreOneSchemaReadAsDoubles) {
   std::string incarnation;
   for (int draw = 0; draw < incarnation_draws_max; ++draw) {
     start_daemon("session");
-    incarnation = parse(http_get("/v1/status"))["incarnation"].GetString();
+    incarnation = string_at(parse(http_get("/v1/status")), "incarnation");
+    ASSERT_FALSE(incarnation.empty());
     if (std::stoull(incarnation, nullptr, 16) > kvpark::json_schema::exact_integer_max) break;
     daemon_.reset();
   }
@@ -231,7 +251,8 @@ TEST_F(CtlSurface, HttpAndCtlJsonAreOneSchemaReadAsDoubles) {
   publish(8, 2, /*shared=*/true);
   const RunResult list = ctl({"--user", "--json", "list", "--limit", "1000"});
   ASSERT_EQ(list.code, 0) << list.err;
-  const std::string id = parse(list.out)["entries"][0]["id"].GetString();
+  const std::string id = string_at(parse(list.out), "id", "entries");
+  ASSERT_FALSE(id.empty());
 
   struct Pair {
     std::vector<std::string> ctl_args;
@@ -259,16 +280,17 @@ TEST_F(CtlSurface, HttpAndCtlJsonAreOneSchemaReadAsDoubles) {
     expect_same_as_doubles(from_ctl, from_http, p.path, {"uptime_usec", "idle_usec"});
   }
   const rapidjson::Document status = parse(ctl({"--user", "--json", "status"}).out);
-  EXPECT_STREQ(status["incarnation"].GetString(), incarnation.c_str());
+  EXPECT_EQ(string_at(status, "incarnation"), incarnation);
   const rapidjson::Document entry = parse(ctl({"--user", "--json", "show", id}).out);
-  EXPECT_TRUE(entry["id"].IsString());
-  EXPECT_TRUE(entry["creator_session"].IsString());
-  EXPECT_EQ(std::string(entry["key_hash"].GetString()).size(), 32u);
+  EXPECT_EQ(string_at(entry, "id"), id);
+  string_at(entry, "creator_session");
+  EXPECT_EQ(string_at(entry, "key_hash").size(), 32u);
 
   // stats: the status figures and the incarnation, nothing as a bare 64-bit number.
   const rapidjson::Document stats = parse(ctl({"--user", "--json", "stats"}).out);
   expect_exact_as_double(stats, "stats");
-  EXPECT_STREQ(stats["incarnation"].GetString(), incarnation.c_str());
+  EXPECT_EQ(string_at(stats, "incarnation"), incarnation);
+  ASSERT_TRUE(stats.HasMember("entries") && stats["entries"].IsUint64());
   EXPECT_EQ(stats["entries"].GetUint64(), 5u);
   EXPECT_FALSE(stats.HasMember("version")) << "stats holds figures only";
 }
@@ -332,8 +354,8 @@ TEST_F(CtlSurface, EvictOfAPinnedEntrySaysItIsPinned) {
   start_bus();
   start_daemon("session");
   publish(7, 1);
-  const std::string id =
-      parse(ctl({"--user", "--json", "list"}).out)["entries"][0]["id"].GetString();
+  const std::string id = string_at(parse(ctl({"--user", "--json", "list"}).out), "id", "entries");
+  ASSERT_FALSE(id.empty());
   ASSERT_EQ(ctl({"--user", "pin", id}).code, 0);
   const RunResult r = ctl({"--user", "evict", id});
   EXPECT_EQ(r.code, 1);
