@@ -1,8 +1,8 @@
 // kvparkctl over org.kvpark.Park1 (see bus.h).
 #include "ctl/bus.h"
 
-#include <map>
 #include <sdbus-c++/sdbus-c++.h>
+#include <map>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -40,10 +40,14 @@ bool means_unreachable(const std::string& error_name) {
 Record record_of(const Dict& d) {
   Record r;
   for (const auto& [key, v] : d) {
-    if (v.containsValueOfType<std::string>()) r[key] = Value::of_text(v.get<std::string>());
-    else if (v.containsValueOfType<uint64_t>()) r[key] = Value::of_number(v.get<uint64_t>());
-    else if (v.containsValueOfType<uint32_t>()) r[key] = Value::of_number(v.get<uint32_t>());
-    else if (v.containsValueOfType<bool>()) r[key] = Value::of_flag(v.get<bool>());
+    if (v.containsValueOfType<std::string>())
+      r[key] = Value::of_text(v.get<std::string>());
+    else if (v.containsValueOfType<uint64_t>())
+      r[key] = Value::of_number(v.get<uint64_t>());
+    else if (v.containsValueOfType<uint32_t>())
+      r[key] = Value::of_number(v.get<uint32_t>());
+    else if (v.containsValueOfType<bool>())
+      r[key] = Value::of_flag(v.get<bool>());
   }
   return r;
 }
@@ -51,11 +55,14 @@ Record record_of(const Dict& d) {
 bool name_reachable(sdbus::IConnection& bus) {
   auto driver = sdbus::createProxy(bus, "org.freedesktop.DBus", "/org/freedesktop/DBus");
   bool has_owner = false;
-  driver->callMethod("NameHasOwner").onInterface("org.freedesktop.DBus")
-      .withArguments(std::string(dbus_api::bus_name)).storeResultsTo(has_owner);
+  driver->callMethod("NameHasOwner")
+      .onInterface("org.freedesktop.DBus")
+      .withArguments(std::string(dbus_api::bus_name))
+      .storeResultsTo(has_owner);
   if (has_owner) return true;
   std::vector<std::string> activatable;
-  driver->callMethod("ListActivatableNames").onInterface("org.freedesktop.DBus")
+  driver->callMethod("ListActivatableNames")
+      .onInterface("org.freedesktop.DBus")
       .storeResultsTo(activatable);
   for (const std::string& n : activatable) {
     if (n == dbus_api::bus_name) return true;
@@ -75,8 +82,10 @@ class DbusBus final : public Bus {
     try {
       std::apply(
           [&](auto&... r) {
-            proxy_->callMethod(method).onInterface(dbus_api::interface_name)
-                .withArguments(std::forward<Args>(args)...).storeResultsTo(r...);
+            proxy_->callMethod(method)
+                .onInterface(dbus_api::interface_name)
+                .withArguments(std::forward<Args>(args)...)
+                .storeResultsTo(r...);
           },
           results);
     } catch (const sdbus::Error& e) {
@@ -86,7 +95,8 @@ class DbusBus final : public Bus {
   template <typename... Args>
   void call_void(const char* method, Args&&... args) {
     try {
-      proxy_->callMethod(method).onInterface(dbus_api::interface_name)
+      proxy_->callMethod(method)
+          .onInterface(dbus_api::interface_name)
           .withArguments(std::forward<Args>(args)...);
     } catch (const sdbus::Error& e) {
       failed(e);

@@ -17,10 +17,14 @@ constexpr time_t http_read_timeout_sec = 10;
 
 std::string why_no_answer(httplib::Error e) {
   switch (e) {
-    case httplib::Error::Connection: return "cannot connect";
-    case httplib::Error::ConnectionTimeout: return "connect timed out";
-    case httplib::Error::Read: return "no reply";
-    default: return httplib::to_string(e);
+    case httplib::Error::Connection:
+      return "cannot connect";
+    case httplib::Error::ConnectionTimeout:
+      return "connect timed out";
+    case httplib::Error::Read:
+      return "no reply";
+    default:
+      return httplib::to_string(e);
   }
 }
 
@@ -28,9 +32,12 @@ Record record_of(const rapidjson::Value& object) {
   Record r;
   for (const auto& m : object.GetObject()) {
     const std::string key = m.name.GetString();
-    if (m.value.IsString()) r[key] = Value::of_text(m.value.GetString());
-    else if (m.value.IsBool()) r[key] = Value::of_flag(m.value.GetBool());
-    else if (m.value.IsUint64()) r[key] = Value::of_number(m.value.GetUint64());
+    if (m.value.IsString())
+      r[key] = Value::of_text(m.value.GetString());
+    else if (m.value.IsBool())
+      r[key] = Value::of_flag(m.value.GetBool());
+    else if (m.value.IsUint64())
+      r[key] = Value::of_number(m.value.GetUint64());
   }
   return r;
 }
@@ -57,8 +64,8 @@ class HttpSource final : public ReadSource {
     return out;
   }
   EntryPage entries(const EntryQuery& q) override {
-    std::string path = "/v1/entries?offset=" + std::to_string(q.offset) +
-                       "&limit=" + std::to_string(q.limit);
+    std::string path =
+        "/v1/entries?offset=" + std::to_string(q.offset) + "&limit=" + std::to_string(q.limit);
     if (!q.namespace_hex.empty()) path += "&namespace=" + q.namespace_hex;
     if (!q.tier.empty()) path += "&tier=" + q.tier;
     if (!q.entry_class.empty()) path += "&class=" + q.entry_class;
@@ -90,8 +97,8 @@ class HttpSource final : public ReadSource {
   rapidjson::Document get(const std::string& path) {
     httplib::Result res = client_.Get(path.c_str());
     if (!res) {
-      throw Unreachable{"nothing answers HTTP at " + address_ + " (" +
-                        why_no_answer(res.error()) + ")"};
+      throw Unreachable{"nothing answers HTTP at " + address_ + " (" + why_no_answer(res.error()) +
+                        ")"};
     }
     rapidjson::Document doc;
     doc.Parse(res->body.c_str());
@@ -100,7 +107,9 @@ class HttpSource final : public ReadSource {
       const std::string why = object && doc.HasMember("error") && doc["error"].IsString()
                                   ? doc["error"].GetString()
                                   : "HTTP " + std::to_string(res->status);
-      fail(res->status == 404 ? exit_not_found : res->status == 400 ? exit_usage : exit_failure,
+      fail(res->status == 404   ? exit_not_found
+           : res->status == 400 ? exit_usage
+                                : exit_failure,
            why);
     }
     if (!object) malformed(path);
@@ -124,7 +133,8 @@ std::unique_ptr<ReadSource> open_http_source(const std::string& address) {
   if (host == "::") host = "::1";
   int port = 0;
   if (colon != std::string::npos) port = atoi(address.c_str() + colon + 1);
-  if (port <= 0 || port > 65535) fail(exit_usage, "--http: expected HOST:PORT, got '" + address + "'");
+  if (port <= 0 || port > 65535)
+    fail(exit_usage, "--http: expected HOST:PORT, got '" + address + "'");
   return std::make_unique<HttpSource>(host, port, address);
 }
 

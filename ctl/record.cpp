@@ -82,9 +82,12 @@ Record stats_of(const Record& status) {
 
 std::string json_of(const Value& v) {
   switch (v.kind) {
-    case Value::Kind::Number: return std::to_string(v.number);
-    case Value::Kind::Text: return json_quote(v.text);
-    case Value::Kind::Flag: return v.flag ? "true" : "false";
+    case Value::Kind::Number:
+      return std::to_string(v.number);
+    case Value::Kind::Text:
+      return json_quote(v.text);
+    case Value::Kind::Flag:
+      return v.flag ? "true" : "false";
   }
   return "null";
 }

@@ -74,8 +74,8 @@ Status check_runtime_limit(const std::string& name, uint64_t value, const LimitB
     }
     if (name == limit_disk_capacity && value > bounds.disk_filesystem_bytes) {
       return out_of_range(name, value, 0, bounds.disk_filesystem_bytes,
-                          "is larger than the file system holding " + bounds.disk_directory +
-                              " (" + describe_bytes(bounds.disk_filesystem_bytes) + ")",
+                          "is larger than the file system holding " + bounds.disk_directory + " (" +
+                              describe_bytes(bounds.disk_filesystem_bytes) + ")",
                           ret_message);
     }
     return Status::Ok;

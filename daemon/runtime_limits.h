@@ -18,7 +18,7 @@ namespace kvpark::daemon {
 
 // What the allowed ranges depend on, read where the limit is applied.
 struct LimitBounds {
-  uint64_t arena_bytes = 0;            // the arena's data region
+  uint64_t arena_bytes = 0;  // the arena's data region
   bool disk_enabled = false;
   std::string disk_directory;
   uint64_t disk_filesystem_bytes = 0;  // size of the file system holding disk_directory

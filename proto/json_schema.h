@@ -15,11 +15,11 @@ namespace kvpark::json_schema {
 inline constexpr uint64_t exact_integer_max = 1ull << 53;
 
 // String-encoded identifiers, by key.
-inline constexpr const char* incarnation = "incarnation";        // 16 hex digits
-inline constexpr const char* entry_id = "id";                    // decimal digits (entries)
+inline constexpr const char* incarnation = "incarnation";          // 16 hex digits
+inline constexpr const char* entry_id = "id";                      // decimal digits (entries)
 inline constexpr const char* creator_session = "creator_session";  // decimal digits
-inline constexpr const char* flush_job = "job";                  // decimal digits
-inline constexpr const char* key_hash = "key_hash";              // 32 hex digits, high word first
+inline constexpr const char* flush_job = "job";                    // decimal digits
+inline constexpr const char* key_hash = "key_hash";                // 32 hex digits, high word first
 // Namespace ids ("id" of a namespace, "namespace" of an entry): 32 hex digits.
 
 }  // namespace kvpark::json_schema

@@ -48,13 +48,16 @@ inline RunResult run_capture(const std::vector<std::string>& argv, int timeout_m
   bool out_open = true, err_open = true;
   char buffer[4096];
   while (pid > 0 && (out_open || err_open) && now_msec() < deadline) {
-    pollfd p[2] = {{out_open ? out_fds[0] : -1, POLLIN, 0}, {err_open ? err_fds[0] : -1, POLLIN, 0}};
+    pollfd p[2] = {{out_open ? out_fds[0] : -1, POLLIN, 0},
+                   {err_open ? err_fds[0] : -1, POLLIN, 0}};
     if (poll(p, 2, static_cast<int>(deadline - now_msec())) <= 0) break;
     for (int i = 0; i < 2; ++i) {
       if (p[i].revents == 0) continue;
       const ssize_t n = read(i == 0 ? out_fds[0] : err_fds[0], buffer, sizeof buffer);
-      if (n <= 0) (i == 0 ? out_open : err_open) = false;  // EOF, or EIO on a closed pty
-      else (i == 0 ? r.out : r.err).append(buffer, static_cast<size_t>(n));
+      if (n <= 0)
+        (i == 0 ? out_open : err_open) = false;  // EOF, or EIO on a closed pty
+      else
+        (i == 0 ? r.out : r.err).append(buffer, static_cast<size_t>(n));
     }
   }
   close(out_fds[0]);

@@ -68,7 +68,8 @@ std::string string_at(const rapidjson::Value& doc, const char* key, const char* 
 // Every number in `v` is an integer a double holds exactly.
 void expect_exact_as_double(const rapidjson::Value& v, const std::string& path) {
   if (v.IsObject()) {
-    for (const auto& m : v.GetObject()) expect_exact_as_double(m.value, path + "." + m.name.GetString());
+    for (const auto& m : v.GetObject())
+      expect_exact_as_double(m.value, path + "." + m.name.GetString());
   } else if (v.IsArray()) {
     for (rapidjson::SizeType i = 0; i < v.Size(); ++i) {
       expect_exact_as_double(v[i], path + "[" + std::to_string(i) + "]");
@@ -152,10 +153,15 @@ class CtlSurface : public ::testing::Test {
   }
 
   void publish(uint64_t ns, size_t blocks, bool shared = false) {
-    std::vector<std::string> argv = {built_binary("KVPARK_TEST_ENGINE"), "--socket",
-                                     daemon_->socket_path(), "--ns", std::to_string(ns),
-                                     "--head-tokens", std::to_string(blocks * 64),
-                                     "--head-seed", std::to_string(ns * 100 + blocks)};
+    std::vector<std::string> argv = {built_binary("KVPARK_TEST_ENGINE"),
+                                     "--socket",
+                                     daemon_->socket_path(),
+                                     "--ns",
+                                     std::to_string(ns),
+                                     "--head-tokens",
+                                     std::to_string(blocks * 64),
+                                     "--head-seed",
+                                     std::to_string(ns * 100 + blocks)};
     if (shared) argv.push_back("--shared");
     argv.push_back("publish");
     ASSERT_EQ(run_process(argv, command_timeout_msec, nullptr), 0);
@@ -302,7 +308,8 @@ TEST_F(CtlSurface, SetLimitRefusalsNameTheCauseAndTheRange) {
   start_daemon("session");
   const RunResult low = ctl({"--user", "set-limit", "arena-low-water", "2G"});
   EXPECT_EQ(low.code, 2);
-  EXPECT_TRUE(contains(low.err, "arena-low-water 2G is larger than the arena (64M): allowed 0 to 64M"))
+  EXPECT_TRUE(
+      contains(low.err, "arena-low-water 2G is larger than the arena (64M): allowed 0 to 64M"))
       << low.err;
   EXPECT_EQ(ctl({"--user", "set-limit", "arena-low-water", "64M"}).code, 0) << "N: the arena";
   EXPECT_EQ(ctl({"--user", "set-limit", "arena-low-water", "67108865"}).code, 2) << "N+1";
@@ -310,7 +317,8 @@ TEST_F(CtlSurface, SetLimitRefusalsNameTheCauseAndTheRange) {
   const RunResult unknown = ctl({"--user", "set-limit", "foo", "1G"});
   EXPECT_EQ(unknown.code, 2);
   EXPECT_TRUE(contains(unknown.err, "unknown limit 'foo'")) << unknown.err;
-  for (const char* name : {"arena-low-water", "reservation-max", "disk-capacity", "disk-write-budget"}) {
+  for (const char* name :
+       {"arena-low-water", "reservation-max", "disk-capacity", "disk-write-budget"}) {
     EXPECT_TRUE(contains(unknown.err, name)) << unknown.err;
   }
 
@@ -342,7 +350,8 @@ TEST_F(CtlSurface, DiskCapacityLargerThanItsFileSystemIsRefusedWithTheFigure) {
   const uint64_t fs_bytes = uint64_t(fs.f_blocks) * fs.f_frsize;
   EXPECT_EQ(ctl({"--user", "set-limit", "disk-capacity", std::to_string(fs_bytes)}).code, 0)
       << "N: the whole file system";
-  const RunResult over = ctl({"--user", "set-limit", "disk-capacity", std::to_string(fs_bytes + 1)});
+  const RunResult over =
+      ctl({"--user", "set-limit", "disk-capacity", std::to_string(fs_bytes + 1)});
   EXPECT_EQ(over.code, 2) << "N+1";
   EXPECT_TRUE(contains(over.err, "is larger than the file system holding " + dir)) << over.err;
   EXPECT_TRUE(contains(over.err, std::to_string(fs_bytes))) << over.err;
@@ -385,7 +394,8 @@ TEST_F(CtlSurface, TablesAreFullWidthIntoAPipeAndFitATerminal) {
   const RunResult piped = ctl(args);
   ASSERT_EQ(piped.code, 0) << piped.err;
   size_t widest = 0;
-  for (const std::string& line : lines_of(piped.out)) widest = std::max(widest, display_columns(line));
+  for (const std::string& line : lines_of(piped.out))
+    widest = std::max(widest, display_columns(line));
   EXPECT_GT(widest, 80u) << "piped: the 32-digit keys are not cut\n" << piped.out;
   EXPECT_FALSE(contains(piped.out, "…")) << piped.out;
 

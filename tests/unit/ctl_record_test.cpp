@@ -9,8 +9,8 @@ using namespace kvpark::ctl;
 namespace {
 
 TEST(CtlRecord, StatusIncarnationBecomesSixteenHexDigits) {
-  const Record r = status_from_dbus({{"incarnation", Value::of_number(0xb629cce28e2b6a13)},
-                                     {"entries", Value::of_number(4)}});
+  const Record r = status_from_dbus(
+      {{"incarnation", Value::of_number(0xb629cce28e2b6a13)}, {"entries", Value::of_number(4)}});
   EXPECT_EQ(json_of(r), R"({"entries":4,"incarnation":"b629cce28e2b6a13"})");
   EXPECT_EQ(json_of(status_from_dbus({{"incarnation", Value::of_number(1)}})),
             R"({"incarnation":"0000000000000001"})");
@@ -22,9 +22,8 @@ TEST(CtlRecord, EntryIdsAndSessionsAreStringsAndNamesMatchHttp) {
                                     {"key", Value::of_text("00ff")},
                                     {"evidence", Value::of_text("explicit-breakpoint")},
                                     {"pinned", Value::of_flag(true)}});
-  EXPECT_EQ(json_of(r),
-            R"({"creator_session":"9007199254740993","evidence":"explicit_breakpoint",)"
-            R"("id":"18446744073709551615","key_hash":"00ff","pinned":true})");
+  EXPECT_EQ(json_of(r), R"({"creator_session":"9007199254740993","evidence":"explicit_breakpoint",)"
+                        R"("id":"18446744073709551615","key_hash":"00ff","pinned":true})");
   EXPECT_EQ(number_of(r, "id"), 18446744073709551615ull) << "the string still reads as a number";
 }
 
@@ -37,8 +36,9 @@ TEST(CtlRecord, StatsKeepFiguresAndTheIncarnation) {
 }
 
 TEST(CtlRecord, ProgressJobIsAString) {
-  EXPECT_EQ(json_of(progress_from_dbus({{"job", Value::of_number(2)}, {"done", Value::of_flag(true)}})),
-            R"({"done":true,"job":"2"})");
+  EXPECT_EQ(
+      json_of(progress_from_dbus({{"job", Value::of_number(2)}, {"done", Value::of_flag(true)}})),
+      R"({"done":true,"job":"2"})");
 }
 
 }  // namespace
