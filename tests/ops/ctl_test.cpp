@@ -372,6 +372,27 @@ TEST_F(CtlSurface, EvictOfAPinnedEntrySaysItIsPinned) {
   EXPECT_FALSE(contains(r.err, "bad state")) << r.err;
 }
 
+TEST_F(CtlSurface, EvictOfALeasedEntrySaysWhatHoldsIt) {
+  start_bus();
+  start_daemon("session");
+  publish(7, 2);  // a restore leaves one token to prefill: the reader restores block 1
+  const rapidjson::Document page = parse(ctl({"--user", "--json", "list"}).out);
+  ASSERT_TRUE(page.IsObject() && page.HasMember("entries") && page["entries"].IsArray());
+  std::string id;
+  for (const auto& e : page["entries"].GetArray()) {
+    if (e["position"].GetUint64() == 64) id = e["id"].GetString();
+  }
+  ASSERT_FALSE(id.empty()) << "no entry at position 64";
+  ChildProcess reader = spawn_process({built_binary("KVPARK_TEST_ENGINE"), "--socket",
+                                       daemon_->socket_path(), "--ns", "7", "--head-tokens", "128",
+                                       "--head-seed", "702", "hold-lease"});
+  ASSERT_TRUE(reader.wait_for_line("ready", command_timeout_msec));
+  const RunResult r = ctl({"--user", "evict", id});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains(r.err, "entry " + id + " is in use: 1 lease(s)")) << r.err;
+  reader.kill_hard();
+}
+
 TEST_F(CtlSurface, ReloadWithoutAFileSaysThereIsNone) {
   if (std::filesystem::exists("/etc/kvpark/kvparkd.conf")) {
     GTEST_SKIP() << "/etc/kvpark/kvparkd.conf exists on this machine";
