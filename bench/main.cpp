@@ -17,6 +17,7 @@
 #include "bench/bench.h"
 #include "bench/daemon_runner.h"
 #include "shm/arena_format.h"
+#include "proto/version.h"
 
 using namespace kvpark::bench;
 
@@ -66,15 +67,18 @@ void usage(FILE* out) {
           "Measures kvpark's host tier against a kvparkd it starts itself.\n\n"
           "  --quick         small sizes (a smoke test, seconds)\n"
           "  --json          machine-readable output on stdout\n"
-          "  --kvparkd PATH  daemon to start (default: $KVPARKD, then beside this binary)\n");
+          "  --kvparkd PATH  daemon to start (default: $KVPARKD, then beside this binary)\n"
+          "  -h, --help      this help\n"
+          "      --version   the version\n");
 }
 
 bool parse(int argc, char** argv, Options& o, int& ret_exit) {
-  enum { opt_kvparkd = 1 };
+  enum { opt_kvparkd = 1, opt_version };
   static const option long_options[] = {{"quick", no_argument, nullptr, 'q'},
                                         {"json", no_argument, nullptr, 'j'},
                                         {"kvparkd", required_argument, nullptr, opt_kvparkd},
                                         {"help", no_argument, nullptr, 'h'},
+                                        {"version", no_argument, nullptr, opt_version},
                                         {nullptr, 0, nullptr, 0}};
   int c;
   while ((c = getopt_long(argc, argv, "h", long_options, nullptr)) != -1) {
@@ -83,6 +87,7 @@ bool parse(int argc, char** argv, Options& o, int& ret_exit) {
       case 'j': o.json = true; break;
       case opt_kvparkd: o.kvparkd = optarg; break;
       case 'h': usage(stdout); ret_exit = 0; return false;
+      case opt_version: printf("kvpark-bench %s\n", kvpark::version); ret_exit = 0; return false;
       default: usage(stderr); ret_exit = 2; return false;
     }
   }

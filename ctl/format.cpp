@@ -97,6 +97,14 @@ unsigned terminal_columns() {
   return 80;
 }
 
+unsigned table_width(bool full) {
+  if (full) return table_width_unlimited;
+  if (const char* env = getenv("COLUMNS"); env != nullptr && atoi(env) > 0) {
+    return static_cast<unsigned>(atoi(env));
+  }
+  return stdout_is_tty() ? terminal_columns() : table_width_unlimited;
+}
+
 std::string render_table(const std::vector<Column>& columns,
                          const std::vector<std::vector<std::string>>& rows, unsigned width) {
   std::vector<size_t> widths(columns.size());

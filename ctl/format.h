@@ -25,6 +25,12 @@ std::string format_age_usec(uint64_t usec);
 unsigned terminal_columns();
 bool stdout_is_tty();
 
+inline constexpr unsigned table_width_unlimited = ~0u;
+// The width tables are cut to, as systemctl and ps do: on a TTY $COLUMNS or the
+// terminal's width; into a pipe or file full width (table_width_unlimited) unless
+// $COLUMNS is set; `full` (kvparkctl --full) is full width everywhere.
+unsigned table_width(bool full);
+
 struct Column {
   std::string header;
   bool right_align = false;

@@ -1,21 +1,32 @@
 // kvparkctl: the command line over org.kvpark.Park1 (proto/dbus_api.h).
 //
-// One verb per invocation, in the manner of systemctl: human output that fits
-// the terminal by default, --json for scripts. Every failure maps to one of the
-// documented exit codes (usage()); sdbus-c++ exceptions are caught in main().
+// One verb per invocation, in the manner of systemctl: human output, tables at
+// full width into a pipe and cut to the terminal on a TTY, --json for scripts
+// (the schema of kvparkd's HTTP status API, proto/json_schema.h). Without a bus
+// that reaches kvparkd, the read verbs use the HTTP status API and say so on
+// stderr; the others explain how to get a bus. Every failure maps to one of the
+// documented exit codes (failure.h).
 #include <getopt.h>
-#include <poll.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <fstream>
 #include <map>
-#include <sdbus-c++/sdbus-c++.h>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "ctl/bus.h"
+#include "ctl/failure.h"
 #include "ctl/format.h"
+#include "ctl/read_verbs.h"
+#include "ctl/record.h"
+#include "ctl/source.h"
 #include "proto/dbus_api.h"
+#include "proto/paths.h"
 #include "proto/version.h"
 
 using namespace kvpark;
@@ -26,22 +37,12 @@ namespace {
 constexpr useconds_t flush_poll_usec = 200'000;
 constexpr uint64_t flush_line_interval_usec = 1'000'000;  // plain progress lines at most this often
 
-enum Exit : int {
-  exit_ok = 0,
-  exit_failure = 1,
-  exit_usage = 2,
-  exit_not_found = 3,
-  exit_permission_denied = 4,
-  exit_unavailable = 5,
-};
-
-using Dict = std::map<std::string, sdbus::Variant>;
-
 struct Options {
   bool json = false;
-  int bus = 0;  // 0 auto, 1 system, 2 user (session)
-  std::string ns, tier, entry_class;
-  uint64_t limit = dbus_api::entries_page_default, offset = 0;
+  bool full = false;
+  BusChoice bus = BusChoice::Auto;
+  std::string http;  // --http; empty: http_listen of the daemon's file, else the default
+  EntryQuery query{.limit = dbus_api::entries_page_default};
 };
 
 void usage(FILE* out) {
@@ -62,11 +63,16 @@ void usage(FILE* out) {
           "                         disk-write-budget; VALUE a size such as 4G\n"
           "  reload                 re-read the configuration file\n\n"
           "Options:\n"
-          "  --json                 machine-readable output (one JSON document)\n"
+          "  --json                 machine-readable output (one JSON document, the schema\n"
+          "                         of kvparkd's HTTP status API)\n"
           "  --system               the system bus\n"
           "  --user                 the session bus of the calling user\n"
           "                         (default: the system bus when org.kvpark.Park1 is\n"
           "                         there or activatable on it, else the session bus)\n"
+          "  --http HOST:PORT       kvparkd's HTTP status API, read when no bus reaches\n"
+          "                         kvparkd (default: http_listen in %s,\n"
+          "                         else %s)\n"
+          "  --full                 tables at full width on a terminal too\n"
           "  --namespace ID         list: only this namespace (hex id)\n"
           "  --tier host|disk       list: only entries on this tier\n"
           "  --class shared|private list: only this class\n"
@@ -74,40 +80,15 @@ void usage(FILE* out) {
           "  --offset N             list: skip the first N\n"
           "  -h, --help             this help\n"
           "      --version          the version\n\n"
-          "Mutating verbs need root or the daemon's admin group.\n\n"
+          "Without a bus reaching kvparkd, status, stats, namespaces, list and show read\n"
+          "its HTTP status API instead (said on stderr). Mutating verbs need D-Bus and\n"
+          "root or the daemon's admin group.\n\n"
           "Exit status: 0 ok, 1 failure, 2 usage error or invalid value, 3 not found,\n"
-          "4 permission denied, 5 daemon unavailable.\n",
+          "4 permission denied, 5 daemon unavailable (no bus reaches it and, for read\n"
+          "verbs, nothing answers HTTP).\n",
+          daemon_config_path_default, http_listen_default,
           static_cast<unsigned long long>(dbus_api::entries_page_default),
           static_cast<unsigned long long>(dbus_api::entries_page_max));
-}
-
-// A failure already reported to stderr, carrying its exit code.
-struct Failure {
-  int code;
-};
-
-[[noreturn]] void fail(int code, const std::string& message) {
-  fprintf(stderr, "kvparkctl: %s\n", message.c_str());
-  throw Failure{code};
-}
-
-int exit_code_for(const std::string& error_name) {
-  if (error_name == dbus_api::error_not_found) return exit_not_found;
-  if (error_name == dbus_api::error_permission_denied ||
-      error_name == "org.freedesktop.DBus.Error.AccessDenied" ||
-      error_name == "org.freedesktop.DBus.Error.InteractiveAuthorizationRequired") {
-    return exit_permission_denied;
-  }
-  if (error_name == dbus_api::error_invalid_argument) return exit_usage;
-  if (error_name == dbus_api::error_unavailable ||
-      error_name == "org.freedesktop.DBus.Error.ServiceUnknown" ||
-      error_name == "org.freedesktop.DBus.Error.NameHasNoOwner" ||
-      error_name == "org.freedesktop.DBus.Error.NoReply" ||
-      error_name == "org.freedesktop.DBus.Error.Disconnected" ||
-      error_name.rfind("System.Error.", 0) == 0) {  // sd-bus: the socket is not there
-    return exit_unavailable;
-  }
-  return exit_failure;
 }
 
 uint64_t now_usec() {
@@ -116,301 +97,90 @@ uint64_t now_usec() {
   return uint64_t(ts.tv_sec) * 1'000'000 + uint64_t(ts.tv_nsec) / 1000;
 }
 
-// --- reading a{sv} ------------------------------------------------------------
+// --- where kvparkd is -------------------------------------------------------
 
-uint64_t u64(const Dict& d, const char* key) {
-  auto it = d.find(key);
-  if (it == d.end()) return 0;
-  if (it->second.containsValueOfType<uint64_t>()) return it->second.get<uint64_t>();
-  if (it->second.containsValueOfType<uint32_t>()) return it->second.get<uint32_t>();
-  return 0;
+std::string trim(const std::string& s) {
+  const size_t first = s.find_first_not_of(" \t\r");
+  if (first == std::string::npos) return "";
+  return s.substr(first, s.find_last_not_of(" \t\r") - first + 1);
 }
 
-std::string str(const Dict& d, const char* key) {
-  auto it = d.find(key);
-  return it != d.end() && it->second.containsValueOfType<std::string>()
-             ? it->second.get<std::string>()
-             : std::string();
-}
-
-bool flag(const Dict& d, const char* key) {
-  auto it = d.find(key);
-  return it != d.end() && it->second.containsValueOfType<bool>() && it->second.get<bool>();
-}
-
-std::string json_of(const sdbus::Variant& v) {
-  if (v.containsValueOfType<std::string>()) return json_quote(v.get<std::string>());
-  if (v.containsValueOfType<uint64_t>()) return std::to_string(v.get<uint64_t>());
-  if (v.containsValueOfType<uint32_t>()) return std::to_string(v.get<uint32_t>());
-  if (v.containsValueOfType<int64_t>()) return std::to_string(v.get<int64_t>());
-  if (v.containsValueOfType<bool>()) return v.get<bool>() ? "true" : "false";
-  return "null";
-}
-
-std::string json_of(const Dict& d) {
-  std::string out = "{";
-  for (const auto& [key, value] : d) {
-    if (out.size() > 1) out += ",";
-    out += json_quote(key) + ":" + json_of(value);
+// The daemon's HTTP address as it publishes it: --http, else http_listen in its
+// configuration file, else the default. Empty when the file turns HTTP off.
+std::string http_address(const Options& o, std::string& ret_origin) {
+  if (!o.http.empty()) {
+    ret_origin = "--http";
+    return o.http;
   }
-  return out + "}";
+  std::ifstream file(daemon_config_path_default);
+  for (std::string line; std::getline(file, line);) {
+    line = trim(line);
+    if (line.empty() || line[0] == '#' || line[0] == ';') continue;
+    const size_t eq = line.find('=');
+    if (eq == std::string::npos || trim(line.substr(0, eq)) != "http_listen") continue;
+    ret_origin = std::string("http_listen in ") + daemon_config_path_default;
+    const std::string value = trim(line.substr(eq + 1));
+    return value == "off" ? "" : value;
+  }
+  ret_origin = "the default";
+  return http_listen_default;
 }
 
-std::string json_of(const std::vector<Dict>& list) {
-  std::string out = "[";
-  for (const Dict& d : list) out += (out.size() > 1 ? "," : "") + json_of(d);
-  return out + "]";
+// The one message for "no bus reaches kvparkd", naming every way to get one.
+void explain_no_bus(const std::string& bus_reason, const std::string& http_note) {
+  fprintf(stderr,
+          "kvparkctl: cannot reach kvparkd over D-Bus: %s\n"
+          "%s"
+          "  To reach it, either:\n"
+          "  - run it as the system service (systemctl enable --now kvparkd), found on\n"
+          "    the system bus (kvparkctl --system);\n"
+          "  - run kvparkd --dbus session in a login session and use kvparkctl --user;\n"
+          "  - without a session bus (ssh, a container), run both inside one:\n"
+          "    dbus-run-session -- $SHELL, then kvparkd --dbus session & and kvparkctl there;\n"
+          "  - or run kvparkd --dbus off: status, stats, namespaces, list and show then\n"
+          "    read its HTTP status API (kvparkctl --http HOST:PORT); other verbs need D-Bus.\n",
+          bus_reason.c_str(), http_note.c_str());
 }
-
-// --- the bus ----------------------------------------------------------------
-
-bool name_reachable(sdbus::IConnection& bus) {
-  auto driver = sdbus::createProxy(bus, "org.freedesktop.DBus", "/org/freedesktop/DBus");
-  bool has_owner = false;
-  driver->callMethod("NameHasOwner").onInterface("org.freedesktop.DBus")
-      .withArguments(std::string(dbus_api::bus_name)).storeResultsTo(has_owner);
-  if (has_owner) return true;
-  std::vector<std::string> activatable;
-  driver->callMethod("ListActivatableNames").onInterface("org.freedesktop.DBus")
-      .storeResultsTo(activatable);
-  for (const std::string& n : activatable) {
-    if (n == dbus_api::bus_name) return true;
-  }
-  return false;
-}
-
-std::unique_ptr<sdbus::IConnection> connect_bus(int choice) {
-  if (choice == 1) return sdbus::createSystemBusConnection();
-  if (choice == 2) return sdbus::createSessionBusConnection();
-  try {
-    auto system = sdbus::createSystemBusConnection();
-    if (name_reachable(*system)) return system;
-  } catch (const sdbus::Error&) {
-    // No system bus here: fall through to the session bus.
-  }
-  return sdbus::createSessionBusConnection();
-}
-
-class Park {
- public:
-  explicit Park(sdbus::IConnection& bus)
-      : proxy_(sdbus::createProxy(bus, dbus_api::bus_name, dbus_api::object_path)) {}
-
-  template <typename... Results, typename... Args>
-  void call(const char* method, std::tuple<Results&...> results, Args&&... args) {
-    try {
-      std::apply(
-          [&](auto&... r) {
-            proxy_->callMethod(method).onInterface(dbus_api::interface_name)
-                .withArguments(std::forward<Args>(args)...).storeResultsTo(r...);
-          },
-          results);
-    } catch (const sdbus::Error& e) {
-      const int code = exit_code_for(e.getName());
-      std::string message = e.getMessage();
-      if (code == exit_unavailable) message = "kvparkd is not reachable on this bus (" +
-                                              e.getName() + ": " + message + ")";
-      fail(code, message);
-    }
-  }
-  template <typename... Args>
-  void call_void(const char* method, Args&&... args) {
-    try {
-      proxy_->callMethod(method).onInterface(dbus_api::interface_name)
-          .withArguments(std::forward<Args>(args)...);
-    } catch (const sdbus::Error& e) {
-      fail(exit_code_for(e.getName()), e.getMessage());
-    }
-  }
-
- private:
-  std::unique_ptr<sdbus::IProxy> proxy_;
-};
 
 // --- verbs ------------------------------------------------------------------
 
 uint64_t parse_id(const std::string& text) {
   char* end = nullptr;
   const unsigned long long id = strtoull(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || text[0] == '-') fail(exit_usage, "not an entry id: " + text);
+  if (text.empty() || *end != '\0' || text[0] < '0' || text[0] > '9') {
+    fail(exit_usage, "not an entry id: " + text);
+  }
   return id;
 }
 
-// A hex id without its leading zeros (kvparkctl accepts it back as it is).
-std::string short_hex(const std::string& hex) {
-  const size_t first = hex.find_first_not_of('0');
-  return first == std::string::npos ? "0" : hex.substr(first);
-}
-
-int verb_status(Park& park, const Options& o) {
-  Dict s;
-  park.call("Status", std::tie(s));
-  if (o.json) return printf("%s\n", json_of(s).c_str()), exit_ok;
-  printf("kvparkd %s, incarnation %016llx, up %s\n", str(s, "version").c_str(),
-         static_cast<unsigned long long>(u64(s, "incarnation")),
-         format_duration_usec(u64(s, "uptime_usec")).c_str());
-  printf("     Socket: %s\n", str(s, "socket_path").c_str());
-  printf("      Arena: %s used of %s, %s free (largest run %s), low water %s, %s pages of %s\n",
-         format_bytes(u64(s, "arena_used_bytes")).c_str(),
-         format_bytes(u64(s, "arena_data_bytes")).c_str(),
-         format_bytes(u64(s, "arena_free_bytes")).c_str(),
-         format_bytes(u64(s, "arena_largest_free_bytes")).c_str(),
-         format_bytes(u64(s, "arena_low_water_bytes")).c_str(), str(s, "arena_pages").c_str(),
-         format_bytes(u64(s, "arena_page_bytes")).c_str());
-  if (flag(s, "disk_enabled")) {
-    printf("       Disk: %s of %s in %s%s, written today %s of %s/day\n",
-           format_bytes(u64(s, "disk_bytes")).c_str(),
-           format_bytes(u64(s, "disk_capacity_bytes")).c_str(),
-           str(s, "disk_directory").c_str(), flag(s, "disk_read_only") ? " (read-only)" : "",
-           format_bytes(u64(s, "disk_written_today_bytes")).c_str(),
-           format_bytes(u64(s, "disk_write_budget_bytes_per_day")).c_str());
-  } else {
-    printf("       Disk: off\n");
+// An id of up to 32 hex digits (optionally 0x), as 32 digits; "" if it is not one.
+std::string namespace_hex32(const std::string& text) {
+  const std::string digits = text.rfind("0x", 0) == 0 ? text.substr(2) : text;
+  if (digits.empty() || digits.size() > 32 ||
+      digits.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos) {
+    return "";
   }
-  printf("    Entries: %llu (%llu blocks, %llu snapshots, %llu pinned) in %llu namespaces\n",
-         (unsigned long long)u64(s, "entries"), (unsigned long long)u64(s, "blocks"),
-         (unsigned long long)u64(s, "snapshots"), (unsigned long long)u64(s, "pinned"),
-         (unsigned long long)u64(s, "namespaces"));
-  printf("    Clients: %llu connections, %llu leases, %llu reservations\n",
-         (unsigned long long)u64(s, "connections"), (unsigned long long)u64(s, "leases"),
-         (unsigned long long)u64(s, "reservations"));
-  // lookup_hit_tokens: what lookups found restorable; a client that looks up twice
-  // counts twice, and whether it restored is the client's to report.
-  printf("    Lookups: %llu, %llu tokens found restorable (root %llu, shared prefix %llu, "
-         "private turn %llu)\n",
-         (unsigned long long)u64(s, "lookups"), (unsigned long long)u64(s, "lookup_hit_tokens"),
-         (unsigned long long)u64(s, "reuse_root"),
-         (unsigned long long)u64(s, "reuse_shared_stable_prefix"),
-         (unsigned long long)u64(s, "reuse_private_turn_closure"));
-  printf("  Evictions: %llu; dedup hits %llu; protocol errors %llu; corrupt seals %llu; "
-         "corrupt payloads %llu\n",
-         (unsigned long long)u64(s, "evictions"), (unsigned long long)u64(s, "dedup_hits"),
-         (unsigned long long)u64(s, "protocol_errors"),
-         (unsigned long long)u64(s, "seal_corrupt"), (unsigned long long)u64(s, "corrupt_payloads"));
-  return exit_ok;
+  std::string out = std::string(32 - digits.size(), '0') + digits;
+  for (char& c : out) c = static_cast<char>(tolower(static_cast<unsigned char>(c)));
+  return out;
 }
 
-int verb_stats(Park& park, const Options& o) {
-  std::map<std::string, uint64_t> stats;
-  park.call("Stats", std::tie(stats));
-  if (o.json) {
-    std::string out = "{";
-    for (const auto& [key, value] : stats) {
-      out += (out.size() > 1 ? "," : "") + json_quote(key) + ":" + std::to_string(value);
-    }
-    printf("%s}\n", out.c_str());
-    return exit_ok;
-  }
-  size_t width = 0;
-  for (const auto& [key, value] : stats) width = std::max(width, key.size());
-  for (const auto& [key, value] : stats) {
-    printf("%-*s  %llu\n", static_cast<int>(width), key.c_str(),
-           static_cast<unsigned long long>(value));
-  }
-  return exit_ok;
+std::string progress_text(const Record& p) {
+  auto count = [&p](const char* key) { return std::to_string(number_of(p, key)); };
+  return count("entries_done") + "/" + count("entries_total") + " entries, " +
+         format_bytes(number_of(p, "bytes_done")) + "/" + format_bytes(number_of(p, "bytes_total"));
 }
 
-int verb_namespaces(Park& park, const Options& o) {
-  std::vector<Dict> list;
-  park.call("ListNamespaces", std::tie(list));
-  if (o.json) return printf("%s\n", json_of(list).c_str()), exit_ok;
-  std::vector<std::vector<std::string>> rows;
-  for (const Dict& n : list) {
-    rows.push_back({short_hex(str(n, "id")), std::to_string(u64(n, "block_tokens")),
-                    format_bytes(u64(n, "block_payload_bytes")),
-                    flag(n, "snapshot_required") ? "yes" : "no", std::to_string(u64(n, "blocks")),
-                    std::to_string(u64(n, "snapshots")), format_bytes(u64(n, "host_bytes")),
-                    format_bytes(u64(n, "disk_bytes"))});
-  }
-  fputs(render_table({{"NAMESPACE", false, true, 12}, {"BLOCK", true}, {"BLOCK SIZE", true},
-                      {"SNAP-REQ"}, {"BLOCKS", true}, {"SNAPSHOTS", true}, {"HOST", true},
-                      {"DISK", true}},
-                     rows, terminal_columns())
-            .c_str(),
-        stdout);
-  printf("\n%zu namespaces.\n", list.size());
-  return exit_ok;
-}
-
-std::vector<std::string> entry_row(const Dict& e) {
-  return {std::to_string(u64(e, "id")), short_hex(str(e, "namespace")), str(e, "kind"), str(e, "tier"),
-          str(e, "class"), std::to_string(u64(e, "position")), format_bytes(u64(e, "bytes")),
-          std::to_string(u64(e, "hits")), format_age_usec(u64(e, "idle_usec")),
-          std::to_string(u64(e, "leases")), flag(e, "pinned") ? "yes" : "-", str(e, "key")};
-}
-
-int verb_list(Park& park, const Options& o) {
-  Dict filter{{"limit", sdbus::Variant(o.limit)}, {"offset", sdbus::Variant(o.offset)}};
-  if (!o.ns.empty()) filter["namespace"] = sdbus::Variant(o.ns);
-  if (!o.tier.empty()) filter["tier"] = sdbus::Variant(o.tier);
-  if (!o.entry_class.empty()) filter["class"] = sdbus::Variant(o.entry_class);
-  std::vector<Dict> list;
-  uint64_t total = 0;
-  park.call("ListEntries", std::tie(list, total), filter);
-  if (o.json) {
-    printf("{\"total\":%llu,\"offset\":%llu,\"entries\":%s}\n", (unsigned long long)total,
-           (unsigned long long)o.offset, json_of(list).c_str());
-    return exit_ok;
-  }
-  std::vector<std::vector<std::string>> rows;
-  for (const Dict& e : list) rows.push_back(entry_row(e));
-  fputs(render_table({{"ID", true}, {"NAMESPACE", false, true, 6}, {"KIND"}, {"TIER"}, {"CLASS"},
-                      {"POS", true}, {"SIZE", true}, {"HITS", true}, {"IDLE", true},
-                      {"LEASES", true}, {"PIN"}, {"KEY", false, true, 6}},
-                     rows, terminal_columns())
-            .c_str(),
-        stdout);
-  printf("\n%zu of %llu entries listed", list.size(), (unsigned long long)total);
-  if (o.offset + list.size() < total) {
-    printf(" (--offset %llu for more)", (unsigned long long)(o.offset + list.size()));
-  }
-  printf(".\n");
-  return exit_ok;
-}
-
-int verb_show(Park& park, const Options& o, uint64_t id) {
-  Dict e;
-  park.call("ShowEntry", std::tie(e), id);
-  if (o.json) return printf("%s\n", json_of(e).c_str()), exit_ok;
-  const std::pair<const char*, std::string> lines[] = {
-      {"Id", std::to_string(u64(e, "id"))},
-      {"Namespace", str(e, "namespace")},
-      {"Kind", str(e, "kind")},
-      {"Key", str(e, "key")},
-      {"Tier", str(e, "tier")},
-      {"Class", str(e, "class")},
-      {"Evidence", str(e, "evidence")},
-      {"Position", std::to_string(u64(e, "position")) + " tokens (" +
-                       std::to_string(u64(e, "tail_tokens")) + " in the tail)"},
-      {"Size", format_bytes(u64(e, "bytes")) + " (" + std::to_string(u64(e, "bytes")) + " bytes)"},
-      {"Hits", std::to_string(u64(e, "hits"))},
-      {"Idle", format_duration_usec(u64(e, "idle_usec"))},
-      {"Session", std::to_string(u64(e, "creator_session"))},
-      {"Leases", std::to_string(u64(e, "leases"))},
-      {"Pinned", flag(e, "pinned") ? "yes" : "no"},
-  };
-  for (const auto& [label, value] : lines) printf("%10s: %s\n", label, value.c_str());
-  return exit_ok;
-}
-
-std::string progress_text(const Dict& p) {
-  return std::to_string(u64(p, "entries_done")) + "/" + std::to_string(u64(p, "entries_total")) +
-         " entries, " + format_bytes(u64(p, "bytes_done")) + "/" +
-         format_bytes(u64(p, "bytes_total"));
-}
-
-int verb_flush(Park& park, const Options& o) {
-  uint64_t job = 0;
-  park.call("Flush", std::tie(job));
+int verb_flush(Bus& bus, const Options& o) {
+  const uint64_t job = bus.start_flush();
   const bool bar = !o.json && stdout_is_tty();
   uint64_t last_line_usec = 0;
   std::string last_text;
-  Dict p;
+  Record p;
   for (;;) {
-    p.clear();  // sdbus-c++ inserts into a map: stale keys would never update
-    park.call("GetFlushProgress", std::tie(p), job);
-    const uint64_t total = u64(p, "bytes_total"), done = u64(p, "bytes_done");
-    const unsigned percent = total == 0 ? (flag(p, "done") ? 100 : 0)
+    p = bus.flush_progress(job);
+    const uint64_t total = number_of(p, "bytes_total"), done = number_of(p, "bytes_done");
+    const unsigned percent = total == 0 ? (flag_of(p, "done") ? 100 : 0)
                                         : static_cast<unsigned>(done * 100 / total);
     if (bar) {
       const unsigned columns = terminal_columns();
@@ -423,19 +193,21 @@ int verb_flush(Park& park, const Options& o) {
       fflush(stdout);
     } else if (!o.json) {
       const std::string text = progress_text(p);
-      if (flag(p, "done") || (text != last_text && now_usec() - last_line_usec >= flush_line_interval_usec)) {
+      if (flag_of(p, "done") ||
+          (text != last_text && now_usec() - last_line_usec >= flush_line_interval_usec)) {
         printf("flush job %llu: %u%% %s\n", (unsigned long long)job, percent, text.c_str());
         last_line_usec = now_usec();
         last_text = text;
       }
     }
-    if (flag(p, "done")) break;
+    if (flag_of(p, "done")) break;
     usleep(flush_poll_usec);
   }
   if (bar) printf("\n");
   if (o.json) printf("%s\n", json_of(p).c_str());
-  if (str(p, "status") != "ok") fail(exit_failure, "flush job " + std::to_string(job) +
-                                                       " failed: " + str(p, "status"));
+  if (text_of(p, "status") != "ok") {
+    fail(exit_failure, "flush job " + std::to_string(job) + " failed: " + text_of(p, "status"));
+  }
   return exit_ok;
 }
 
@@ -444,61 +216,99 @@ const std::map<std::string, size_t> verb_arguments = {
     {"status", 0}, {"stats", 0}, {"namespaces", 0}, {"list", 0}, {"show", 1},
     {"pin", 1}, {"unpin", 1}, {"evict", 1}, {"flush", 0}, {"drop-namespace", 1},
     {"set-limit", 2}, {"reload", 0}};
+// The verbs that only read: these can be answered over HTTP.
+const std::set<std::string> read_verbs = {"status", "stats", "namespaces", "list", "show"};
 
-int run_verb(Park& park, const Options& o, const std::vector<std::string>& args) {
+int run_read_verb(ReadSource& source, const Options& o, const std::vector<std::string>& args) {
+  const ReadOptions r{.json = o.json, .full = o.full, .query = o.query};
   const std::string& verb = args[0];
+  if (verb == "status") return verb_status(source, r);
+  if (verb == "stats") return verb_stats(source, r);
+  if (verb == "namespaces") return verb_namespaces(source, r);
+  if (verb == "list") return verb_list(source, r);
+  return verb_show(source, r, parse_id(args[1]));
+}
+
+int run_verb(Bus& bus, const Options& o, const std::vector<std::string>& args) {
+  const std::string& verb = args[0];
+  if (read_verbs.count(verb) != 0) return run_read_verb(*bus.read_source(), o, args);
   auto done = [&](const std::string& json) {
     if (o.json) printf("%s\n", json.c_str());
     return exit_ok;
   };
-  if (verb == "status") return verb_status(park, o);
-  if (verb == "stats") return verb_stats(park, o);
-  if (verb == "namespaces") return verb_namespaces(park, o);
-  if (verb == "list") return verb_list(park, o);
-  if (verb == "show") return verb_show(park, o, parse_id(args[1]));
   if (verb == "pin" || verb == "unpin") {
     const uint64_t id = parse_id(args[1]);
-    park.call_void(verb == "pin" ? "Pin" : "Unpin", id);
-    return done("{\"id\":" + std::to_string(id) + ",\"pinned\":" +
+    bus.set_pinned(id, verb == "pin");
+    return done("{\"id\":" + json_quote(std::to_string(id)) + ",\"pinned\":" +
                 (verb == "pin" ? "true" : "false") + "}");
   }
   if (verb == "evict") {
     const uint64_t id = parse_id(args[1]);
-    park.call_void("Evict", id);
-    return done("{\"id\":" + std::to_string(id) + ",\"evicted\":true}");
+    bus.evict(id);
+    return done("{\"id\":" + json_quote(std::to_string(id)) + ",\"evicted\":true}");
   }
-  if (verb == "flush") return verb_flush(park, o);
+  if (verb == "flush") return verb_flush(bus, o);
   if (verb == "drop-namespace") {
-    uint64_t dropped = 0;
-    park.call("DropNamespace", std::tie(dropped), args[1]);
+    const uint64_t dropped = bus.drop_namespace(args[1]);
     if (!o.json) printf("Dropped %llu entries.\n", (unsigned long long)dropped);
     return done("{\"namespace\":" + json_quote(args[1]) + ",\"dropped\":" +
                 std::to_string(dropped) + "}");
   }
   if (verb == "set-limit") {
     uint64_t value = 0;
-    if (!parse_size(args[2], value)) fail(exit_usage, "not a size: " + args[2]);
-    park.call_void("SetLimit", args[1], value);
+    if (!parse_size(args[2], value)) {
+      fail(exit_usage, "not a size: " + args[2] + " (a byte count such as 4096, 512M or 4G)");
+    }
+    bus.set_limit(args[1], value);
     return done("{\"name\":" + json_quote(args[1]) + ",\"value\":" + std::to_string(value) + "}");
   }
-  if (verb == "reload") {
-    std::string message;
-    park.call("Reload", std::tie(message));
-    if (!o.json && !message.empty()) printf("%s\n", message.c_str());
-    return done("{\"message\":" + json_quote(message) + "}");
+  // reload
+  const std::string message = bus.reload();
+  if (!o.json && !message.empty()) printf("%s\n", message.c_str());
+  return done("{\"message\":" + json_quote(message) + "}");
+}
+
+// Runs the verb over D-Bus; without a bus reaching kvparkd, a read verb over HTTP.
+int run(const Options& o, const std::vector<std::string>& args) {
+  std::string bus_reason;
+  try {
+    std::unique_ptr<Bus> bus = Bus::open(o.bus);
+    return run_verb(*bus, o, args);
+  } catch (const Unreachable& u) {
+    bus_reason = u.reason;
   }
-  fail(exit_usage, "unknown verb '" + verb + "' (see kvparkctl --help)");
+  if (read_verbs.count(args[0]) == 0) {
+    explain_no_bus(bus_reason, "  " + args[0] + " needs D-Bus.\n");
+    return exit_unavailable;
+  }
+  std::string origin;
+  const std::string address = http_address(o, origin);
+  if (address.empty()) {
+    explain_no_bus(bus_reason, "  and kvparkd's HTTP status API is off (" + origin + ").\n");
+    return exit_unavailable;
+  }
+  fprintf(stderr, "kvparkctl: no D-Bus (%s); reading kvparkd's HTTP status API at %s instead\n",
+          bus_reason.c_str(), address.c_str());
+  try {
+    std::unique_ptr<ReadSource> http = open_http_source(address);
+    return run_read_verb(*http, o, args);
+  } catch (const Unreachable& u) {
+    explain_no_bus(bus_reason, "  and " + u.reason + ", the address from " + origin + ".\n");
+    return exit_unavailable;
+  }
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  enum { opt_json = 1, opt_system, opt_user, opt_namespace, opt_tier, opt_class, opt_limit,
-         opt_offset, opt_version };
+  enum { opt_json = 1, opt_system, opt_user, opt_http, opt_full, opt_namespace, opt_tier,
+         opt_class, opt_limit, opt_offset, opt_version };
   static const option long_options[] = {
       {"json", no_argument, nullptr, opt_json},
       {"system", no_argument, nullptr, opt_system},
       {"user", no_argument, nullptr, opt_user},
+      {"http", required_argument, nullptr, opt_http},
+      {"full", no_argument, nullptr, opt_full},
       {"namespace", required_argument, nullptr, opt_namespace},
       {"tier", required_argument, nullptr, opt_tier},
       {"class", required_argument, nullptr, opt_class},
@@ -522,32 +332,43 @@ int main(int argc, char** argv) {
   while ((c = getopt_long(argc, argv, "h", long_options, nullptr)) != -1) {
     switch (c) {
       case opt_json: o.json = true; break;
-      case opt_system: o.bus = 1; break;
-      case opt_user: o.bus = 2; break;
-      case opt_namespace: o.ns = optarg; break;
+      case opt_system: o.bus = BusChoice::System; break;
+      case opt_user: o.bus = BusChoice::Session; break;
+      case opt_http: o.http = optarg; break;
+      case opt_full: o.full = true; break;
+      case opt_namespace:
+        o.query.namespace_hex = namespace_hex32(optarg);
+        if (o.query.namespace_hex.empty()) {
+          fprintf(stderr, "kvparkctl: --namespace: not a hex id (up to 32 hex digits): %s\n",
+                  optarg);
+          return exit_usage;
+        }
+        break;
       case opt_tier:
-        o.tier = optarg;
-        if (o.tier != "host" && o.tier != "disk") {
+        o.query.tier = optarg;
+        if (o.query.tier != "host" && o.query.tier != "disk") {
           fprintf(stderr, "kvparkctl: --tier: expected host or disk\n");
           return exit_usage;
         }
         break;
       case opt_class:
-        o.entry_class = optarg;
-        if (o.entry_class != "shared" && o.entry_class != "private") {
+        o.query.entry_class = optarg;
+        if (o.query.entry_class != "shared" && o.query.entry_class != "private") {
           fprintf(stderr, "kvparkctl: --class: expected shared or private\n");
           return exit_usage;
         }
         break;
       case opt_limit:
-        if (!number("--limit", optarg, o.limit)) return exit_usage;
+        if (!number("--limit", optarg, o.query.limit)) return exit_usage;
         break;
       case opt_offset:
-        if (!number("--offset", optarg, o.offset)) return exit_usage;
+        if (!number("--offset", optarg, o.query.offset)) return exit_usage;
         break;
       case 'h': usage(stdout); return exit_ok;
       case opt_version: printf("kvparkctl %s\n", kvpark::version); return exit_ok;
-      default: usage(stderr); return exit_usage;
+      default:
+        fprintf(stderr, "kvparkctl: see kvparkctl --help for the options\n");
+        return exit_usage;
     }
   }
   // GNU getopt permutes argv, so options may also follow the verb.
@@ -556,7 +377,7 @@ int main(int argc, char** argv) {
     usage(stderr);
     return exit_usage;
   }
-  if (o.limit == 0 || o.limit > dbus_api::entries_page_max) {
+  if (o.query.limit == 0 || o.query.limit > dbus_api::entries_page_max) {
     fprintf(stderr, "kvparkctl: --limit: 1..%llu\n",
             static_cast<unsigned long long>(dbus_api::entries_page_max));
     return exit_usage;
@@ -572,20 +393,8 @@ int main(int argc, char** argv) {
     return exit_usage;
   }
   try {
-    std::unique_ptr<sdbus::IConnection> bus;
-    try {
-      bus = connect_bus(o.bus);
-    } catch (const sdbus::Error& e) {
-      fail(exit_unavailable, "cannot connect to the " +
-                                 std::string(o.bus == 1 ? "system" : "session") +
-                                 " bus: " + e.getMessage());
-    }
-    Park park(*bus);
-    return run_verb(park, o, args);
+    return run(o, args);
   } catch (const Failure& f) {
     return f.code;
-  } catch (const sdbus::Error& e) {
-    fprintf(stderr, "kvparkctl: %s\n", e.what());
-    return exit_code_for(e.getName());
   }
 }

@@ -620,8 +620,12 @@ Status reload_options(DaemonOptions& current, Park& park, std::string& ret_messa
   current.config_file_read = next.config_file_read;
   current.override_values = next.override_values;
   current.overrides_warning = next.overrides_warning;
-  ret_message = "reloaded " + current.config_path + ": " +
-                (applied.empty() ? "nothing changed" : "applied " + applied);
+  // Never claim a file was read that is not there (a missing default file means defaults).
+  ret_message = (next.config_file_read
+                     ? "reloaded " + current.config_path
+                     : "no configuration file at " + current.config_path +
+                           ": re-applied the defaults and the command line") +
+                ": " + (applied.empty() ? "nothing changed" : "applied " + applied);
   if (!restart.empty()) ret_message += "; needs a restart: " + restart;
   if (!next.overrides_warning.empty()) ret_message += "; " + next.overrides_warning;
   return Status::Ok;

@@ -169,12 +169,16 @@ class Control {
   virtual std::vector<EntrySummary> entries(const EntryFilter& filter, uint64_t& ret_total) = 0;
   virtual Status entry(uint64_t id, EntrySummary& ret_entry) = 0;
 
-  // Commands (the adapters check the caller's privilege first).
+  // Commands (the adapters check the caller's privilege first). A refusal's
+  // ret_message names its cause for the operator (the allowed range, the pin).
   virtual Status pin(uint64_t id, bool pinned) = 0;
-  virtual Status evict(uint64_t id) = 0;  // from every tier; BadState if leased or pinned
+  // From every tier; BadState if pinned, leased or being written.
+  virtual Status evict(uint64_t id, std::string& ret_message) = 0;
   virtual Status drop_namespace(const NamespaceId& id, uint64_t& ret_dropped) = 0;
   // `caller` says who asked ("root (uid 0, pid 4242) over D-Bus"), for the log.
-  virtual Status set_limit(const std::string& name, uint64_t value, const std::string& caller) = 0;
+  // Ranges: daemon/runtime_limits.h.
+  virtual Status set_limit(const std::string& name, uint64_t value, const std::string& caller,
+                           std::string& ret_message) = 0;
   // Starts writing every host-only entry worth keeping to disk; progress by job id.
   virtual Status start_flush(uint64_t& ret_job_id) = 0;
   virtual Status flush_progress(uint64_t job_id, FlushProgress& ret_progress) = 0;

@@ -2,11 +2,13 @@
 #include "daemon/clock.h"
 #include "daemon/control_plane.h"
 
+#include <sys/statvfs.h>
+
 #include <algorithm>
 #include <ctime>
 
 #include "daemon/disk_tier.h"
-#include "proto/limits.h"
+#include "daemon/runtime_limits.h"
 
 namespace kvpark::daemon {
 namespace {
@@ -174,14 +176,33 @@ Status ControlPlane::pin(uint64_t id, bool pinned) {
       .value_or(Status::Unavailable);
 }
 
-Status ControlPlane::evict(uint64_t id) {
-  return loop_
-      .call<Status>([this, id] {
-        const EntrySlot slot = table_.slot_for_id(id);
-        if (slot == no_slot || !table_.entry(slot).sealed) return Status::NotFound;
-        return park_.evict_entry(slot);
-      })
-      .value_or(Status::Unavailable);
+Status ControlPlane::evict(uint64_t id, std::string& ret_message) {
+  struct Result {
+    Status status;
+    std::string message;
+  };
+  auto r = loop_.call<Result>([this, id]() -> Result {
+    const std::string what = "entry " + std::to_string(id);
+    const EntrySlot slot = table_.slot_for_id(id);
+    if (slot == no_slot || !table_.entry(slot).sealed) return {Status::NotFound, what + ": not found"};
+    const Entry& e = table_.entry(slot);
+    if (e.pinned) {
+      return {Status::BadState, what + " is pinned: unpin it first (kvparkctl unpin " +
+                                    std::to_string(id) + ")"};
+    }
+    if (e.leases > 0) {
+      return {Status::BadState, what + " is in use: " + std::to_string(e.leases) +
+                                    " lease(s) of engines restoring it; try again when they end"};
+    }
+    if (e.io_pins > 0) {
+      return {Status::BadState, what + " is being written to or read from disk; try again"};
+    }
+    const Status s = park_.evict_entry(slot);
+    return {s, s == Status::Ok ? "" : what + ": " + std::string(status_name(s))};
+  });
+  if (!r) return Status::Unavailable;
+  ret_message = r->message;
+  return r->status;
 }
 
 Status ControlPlane::drop_namespace(const NamespaceId& id, uint64_t& ret_dropped) {
@@ -226,40 +247,62 @@ HealthInfo ControlPlane::health() {
                       std::to_string(limits::health_loop_timeout_usec / 1000) + " ms"}};
 }
 
-Status ControlPlane::set_limit(const std::string& name, uint64_t value, const std::string& caller) {
-  return loop_
-      .call<Status>([this, name, value, caller] {
-        uint64_t old_value = 0;
-        if (name == limit_arena_low_water) {
-          if (value > table_.data_bytes()) return Status::InvalidArgument;
-          old_value = park_.low_water_bytes();
-          park_.set_low_water_bytes(value);
-          park_.tick();
-        } else if (name == limit_reservation_max) {
-          if (value < limits::extent_align_bytes) return Status::InvalidArgument;
-          old_value = park_.reservation_bytes_max();
-          park_.set_reservation_bytes_max(value);
-        } else if (name == limit_disk_capacity || name == limit_disk_write_budget) {
-          DiskTier* disk = park_.disk();
-          if (disk == nullptr) return Status::BadState;  // no disk tier configured
-          if (name == limit_disk_capacity) {
-            old_value = disk->capacity_bytes();
-            disk->set_capacity_bytes(value);
-            park_.tick();
-          } else {
-            old_value = disk->write_budget_bytes_per_day();
-            disk->set_write_budget_bytes_per_day(value);
-          }
-        } else {
-          return Status::InvalidArgument;
-        }
-        if (options_.limit_changed) {
-          options_.limit_changed(
-              {.name = name, .old_value = old_value, .new_value = value, .caller = caller});
-        }
-        return Status::Ok;
-      })
-      .value_or(Status::Unavailable);
+Status ControlPlane::set_limit(const std::string& name, uint64_t value, const std::string& caller,
+                               std::string& ret_message) {
+  struct Result {
+    Status status;
+    std::string message;
+  };
+  auto r = loop_.call<Result>([this, name, value, caller]() -> Result {
+    LimitBounds bounds{.arena_bytes = table_.data_bytes()};
+    if (DiskTier* disk = park_.disk()) {
+      bounds.disk_enabled = true;
+      bounds.disk_directory = disk->directory();
+      struct statvfs fs {};
+      bounds.disk_filesystem_bytes = statvfs(disk->directory().c_str(), &fs) == 0
+                                         ? uint64_t(fs.f_blocks) * fs.f_frsize
+                                         : UINT64_MAX;  // unknown: no upper bound
+    }
+    std::string message;
+    const Status s = check_runtime_limit(name, value, bounds, message);
+    if (s != Status::Ok) return {s, message};
+    uint64_t old_value = 0;
+    const Status applied = apply_limit(name, value, old_value);
+    if (applied == Status::Ok && options_.limit_changed) {
+      options_.limit_changed({.name = name, .old_value = old_value, .new_value = value, .caller = caller});
+    }
+    return {applied, message};
+  });
+  if (!r) return Status::Unavailable;
+  ret_message = r->message;
+  return r->status;
+}
+
+Status ControlPlane::apply_limit(const std::string& name, uint64_t value, uint64_t& ret_old_value) {
+  if (name == limit_arena_low_water) {
+    ret_old_value = park_.low_water_bytes();
+    park_.set_low_water_bytes(value);
+    park_.tick();
+    return Status::Ok;
+  }
+  if (name == limit_reservation_max) {
+    ret_old_value = park_.reservation_bytes_max();
+    park_.set_reservation_bytes_max(value);
+    return Status::Ok;
+  }
+  DiskTier* disk = park_.disk();
+  if (disk == nullptr) return Status::BadState;  // check_runtime_limit said so
+  if (name == limit_disk_capacity) {
+    ret_old_value = disk->capacity_bytes();
+    disk->set_capacity_bytes(value);
+    park_.tick();
+  } else if (name == limit_disk_write_budget) {
+    ret_old_value = disk->write_budget_bytes_per_day();
+    disk->set_write_budget_bytes_per_day(value);
+  } else {
+    return Status::InvalidArgument;
+  }
+  return Status::Ok;
 }
 
 Status ControlPlane::start_flush(uint64_t& ret_job_id) {

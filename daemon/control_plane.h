@@ -38,10 +38,11 @@ class ControlPlane final : public Control {
   std::vector<EntrySummary> entries(const EntryFilter& filter, uint64_t& ret_total) override;
   Status entry(uint64_t id, EntrySummary& ret_entry) override;
   Status pin(uint64_t id, bool pinned) override;
-  Status evict(uint64_t id) override;
+  Status evict(uint64_t id, std::string& ret_message) override;
   Status drop_namespace(const NamespaceId& id, uint64_t& ret_dropped) override;
   HealthInfo health() override;
-  Status set_limit(const std::string& name, uint64_t value, const std::string& caller) override;
+  Status set_limit(const std::string& name, uint64_t value, const std::string& caller,
+                   std::string& ret_message) override;
   Status start_flush(uint64_t& ret_job_id) override;
   Status flush_progress(uint64_t job_id, FlushProgress& ret_progress) override;
   Status reload_config(std::string& ret_message) override;
@@ -53,6 +54,8 @@ class ControlPlane final : public Control {
 
  private:
   EntrySummary summarize(EntrySlot slot, uint64_t now_usec) const;
+  // Loop thread: sets a limit check_runtime_limit() accepted.
+  Status apply_limit(const std::string& name, uint64_t value, uint64_t& ret_old_value);
 
   ControlPlaneOptions options_;
   Park& park_;

@@ -79,7 +79,8 @@ const char* evidence_name(Evidence e) {
   return "unknown";
 }
 
-[[noreturn]] void throw_status(Status s, const std::string& what) {
+// The D-Bus error name for a Status (dbus_api.h lists them).
+const char* error_name(Status s) {
   const char* name = dbus_api::error_failed;
   switch (s) {
     case Status::NotFound: name = dbus_api::error_not_found; break;
@@ -92,7 +93,18 @@ const char* evidence_name(Evidence e) {
     case Status::Unavailable: name = dbus_api::error_unavailable; break;
     default: break;
   }
-  throw sdbus::Error(name, what + ": " + std::string(status_name(s)));
+  return name;
+}
+
+[[noreturn]] void throw_status(Status s, const std::string& what) {
+  throw sdbus::Error(error_name(s), what + ": " + std::string(status_name(s)));
+}
+
+// A refusal whose message already names its cause (Control's ret_message).
+void check_explained(Status s, const std::string& message, const std::string& what) {
+  if (s == Status::Ok) return;
+  if (message.empty()) throw_status(s, what);
+  throw sdbus::Error(error_name(s), message);
 }
 
 void check(Status s, const std::string& what) {
@@ -361,7 +373,9 @@ void DbusAdapterImpl::register_members() {
   o.registerMethod("Evict").onInterface(iface).withInputParamNames("id").implementedAs(
       [this](uint64_t id) {
         require_privileged("Evict");
-        check(control_.evict(id), "evict entry " + std::to_string(id));
+        std::string message;
+        const Status s = control_.evict(id, message);
+        check_explained(s, message, "evict entry " + std::to_string(id));
       });
   o.registerMethod("Flush").onInterface(iface).withOutputParamNames("job").implementedAs([this] {
     require_privileged("Flush");
@@ -396,7 +410,9 @@ void DbusAdapterImpl::register_members() {
       .withInputParamNames("name", "value")
       .implementedAs([this](const std::string& name, uint64_t value) {
         const std::string caller = require_privileged("SetLimit");
-        check(control_.set_limit(name, value, caller), "limit " + name);
+        std::string message;
+        const Status s = control_.set_limit(name, value, caller, message);
+        check_explained(s, message, "limit " + name);
       });
   o.registerMethod("Reload").onInterface(iface).withOutputParamNames("message").implementedAs(
       [this] {

@@ -12,6 +12,7 @@
 
 #include "http/listener.h"
 #include "http/process_metrics.h"
+#include "proto/json_schema.h"
 #include "proto/limits.h"
 
 namespace kvpark::daemon {
@@ -147,7 +148,7 @@ void write_status(JsonWriter& w, const StatusInfo& s) {
   w.String(s.version.c_str());
   char incarnation[17];
   snprintf(incarnation, sizeof incarnation, "%016" PRIx64, s.incarnation);
-  w.Key("incarnation");
+  w.Key(json_schema::incarnation);
   w.String(incarnation);
   w.Key("uptime_usec");
   w.Uint64(s.uptime_usec);
@@ -233,15 +234,15 @@ void write_namespace(JsonWriter& w, const NamespaceSummary& n) {
 
 void write_entry(JsonWriter& w, const EntrySummary& e) {
   w.StartObject();
-  w.Key("id");
-  w.Uint64(e.id);
+  w.Key(json_schema::entry_id);
+  w.String(std::to_string(e.id).c_str());
   w.Key("namespace");
   w.String(hex128(e.namespace_id).c_str());
   w.Key("kind");
   w.String(kind_name(e.kind));
   w.Key("tier");
   w.String(tier_name(e.tier));
-  w.Key("key_hash");
+  w.Key(json_schema::key_hash);
   w.String(hex128(e.key_hash).c_str());
   w.Key("position");
   w.Uint(e.position);
@@ -257,8 +258,8 @@ void write_entry(JsonWriter& w, const EntrySummary& e) {
   w.Uint64(e.hits);
   w.Key("idle_usec");
   w.Uint64(e.idle_usec);
-  w.Key("creator_session");
-  w.Uint64(e.creator_session);
+  w.Key(json_schema::creator_session);
+  w.String(std::to_string(e.creator_session).c_str());
   w.Key("leases");
   w.Uint(e.leases);
   w.Key("pinned");
@@ -490,6 +491,23 @@ bool HttpAdapter::start(const std::string& host, uint16_t port, std::string& ret
     for (const EntrySummary& e : page) write_entry(w, e);
     w.EndArray();
     w.EndObject();
+    send_json(res, buffer);
+  });
+  server.Get(R"(/v1/entries/([0-9]+))", [this](const httplib::Request& req,
+                                                httplib::Response& res) {
+    uint64_t id = 0;
+    if (!parse_count(req.matches[1].str(), id)) {
+      return json_error(res, 400, "entry id must be a decimal number");
+    }
+    EntrySummary e;
+    if (const Status s = control_.entry(id, e); s != Status::Ok) {
+      return json_error(res, s == Status::NotFound ? 404 : 503,
+                        "entry " + std::to_string(id) +
+                            (s == Status::NotFound ? ": not found" : ": kvparkd is stopping"));
+    }
+    rapidjson::StringBuffer buffer;
+    JsonWriter w(buffer);
+    write_entry(w, e);
     send_json(res, buffer);
   });
   const auto refuse = [](const httplib::Request& req, httplib::Response& res) {

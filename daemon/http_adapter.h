@@ -6,6 +6,8 @@
 //   GET /v1/status      StatusInfo as one JSON object (keys are its field names)
 //   GET /v1/namespaces  {"namespaces": [...]}
 //   GET /v1/entries     ?namespace=HEX32&tier=host|disk&class=shared|private&offset=N&limit=N
+//   GET /v1/entries/ID  one entry (404 when there is none)
+// Documents follow proto/json_schema.h: 64-bit identifiers are strings.
 // Other methods get 405, unknown paths 404, bad query parameters 400, each with a
 // JSON {"error": "..."} body. httplib and RapidJSON stay inside this adapter.
 #pragma once

@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "proto/paths.h"
 #include "shm/arena.h"
 
 namespace kvpark::daemon {
@@ -13,7 +14,7 @@ namespace kvpark::daemon {
 // Which message bus the D-Bus adapter joins.
 enum class DbusBus : uint8_t { Off = 0, Session = 1, System = 2 };
 
-inline constexpr const char* config_path_default = "/etc/kvpark/kvparkd.conf";
+inline constexpr const char* config_path_default = kvpark::daemon_config_path_default;
 
 // Every field is also a key of kvparkd.conf (config.h holds the key table).
 struct DaemonOptions {
@@ -26,7 +27,7 @@ struct DaemonOptions {
   std::string admin_group = "kvpark-admin";  // members may mutate over D-Bus (root always may)
   uint64_t arena_low_water_bytes = 0;  // evict (LRU) to keep this many bytes free
   bool arena_low_water_set = false;    // given by a layer; else derived (finish_options)
-  std::string http_listen = "127.0.0.1:7797";  // "host:port", "[v6]:port"; empty: off
+  std::string http_listen = http_listen_default;  // "host:port", "[v6]:port"; empty: off
   bool http_allow_remote = false;      // a non-loopback http_listen needs this
   DbusBus dbus_bus = DbusBus::Session; // default: System under systemd, else Session
   std::string disk_directory;          // disk tier records; empty: no disk tier

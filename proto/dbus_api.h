@@ -17,6 +17,9 @@
 //   GetFlushProgress(t job)      -> a{sv}
 //   DropNamespace(s id)          -> t dropped entries  [privileged]
 //   SetLimit(s name, t value)                          [privileged]
+//                                    InvalidArgument for an unknown name or a value
+//                                    out of range, BadState for a disk limit without
+//                                    a disk tier (daemon/runtime_limits.h)
 //   Reload()                     -> s message          [privileged]
 //   signal FlushProgress(t job, b done, s status, t entries_done, t entries_total,
 //                        t bytes_done, t bytes_total)
@@ -34,6 +37,10 @@ inline constexpr const char* interface_name = "org.kvpark.Park1";
 inline constexpr const char* object_path = "/org/kvpark/Park1";
 
 // Error names: one per operational outcome an operator acts on differently.
+// Clients act on the name; the message is for people and names the cause (for a
+// value out of range, the allowed range with the figures: "arena-low-water 2G is
+// larger than the arena (512M): allowed 0 to 512M"; for Evict, "entry N is
+// pinned"). Messages may change between releases, names do not.
 inline constexpr const char* error_not_found = "org.kvpark.Park1.Error.NotFound";
 inline constexpr const char* error_permission_denied = "org.kvpark.Park1.Error.PermissionDenied";
 inline constexpr const char* error_bad_state = "org.kvpark.Park1.Error.BadState";

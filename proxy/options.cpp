@@ -124,6 +124,15 @@ bool set_value(ProxyOptions& o, const std::string& key, const std::string& value
 
 bool repeatable(const std::string& key) { return key == "upstream" || key == "state"; }
 
+// Keys set_value() knows, each also a flag taking a value (--slot-dir for slot_dir).
+bool known_key(const std::string& key) {
+  for (const char* k : {"listen", "upstream", "state", "slot_dir", "socket", "digest_cache",
+                        "system_candidate"}) {
+    if (key == k) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 ProxyOptions default_options() {
@@ -218,6 +227,10 @@ bool parse_command_line(int argc, char** argv, ProxyOptions& o, bool& ret_exit_n
     std::string key = flag.substr(2);
     for (char& c : key)
       if (c == '-') c = '_';
+    if (!known_key(key)) {
+      ret_error = "unknown option " + flag + " (see kvpark-proxy --help)";
+      return false;
+    }
     if (i + 1 >= argc) {
       ret_error = flag + ": needs a value";
       return false;

@@ -20,6 +20,7 @@
 
 #include "bench_cases.h"
 #include "kvpark_kernels.h"
+#include "proto/version.h"
 
 namespace kvpark::bench {
 namespace {
@@ -130,6 +131,25 @@ int main(int argc, char** argv) {
   bool gpu = true;
   uint32_t tokens = 0;
   uint32_t reps = kvpark::bench::reps_default;
+  const char* usage_text =
+      "Usage: kvpark-kernels-bench [--cpu|--gpu] [--tokens N] [--reps N]\n"
+      "Measures paged-KV gather/scatter, CPU reference and CUDA.\n\n"
+      "  --cpu | --gpu   only that implementation\n"
+      "  --tokens N      tokens per run (a multiple of the block size)\n"
+      "  --reps N        repetitions\n"
+      "  -h, --help      this help\n"
+      "      --version   the version\n";
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      std::fputs(usage_text, stdout);
+      return 0;
+    }
+    if (arg == "--version") {
+      std::printf("kvpark-kernels-bench %s\n", kvpark::version);
+      return 0;
+    }
+  }
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--cpu") {
@@ -141,7 +161,7 @@ int main(int argc, char** argv) {
     } else if (arg == "--reps" && i + 1 < argc) {
       reps = static_cast<uint32_t>(std::strtoul(argv[++i], nullptr, 10));
     } else {
-      std::fprintf(stderr, "usage: %s [--cpu|--gpu] [--tokens N] [--reps N]\n", argv[0]);
+      std::fprintf(stderr, "kvpark-kernels-bench: unknown option %s\n%s", arg.c_str(), usage_text);
       return 2;
     }
   }

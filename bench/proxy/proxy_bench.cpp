@@ -36,6 +36,7 @@
 #include "tests/testing/llama_server_process.h"
 #include "tests/testing/openai_http.h"
 #include "tests/testing/wait.h"
+#include "proto/version.h"
 
 using namespace kvpark::testing;
 
@@ -319,6 +320,8 @@ void usage(FILE* out) {
                "  --keep              keep the work directory and its logs\n"
                "  --restore-path      only the restore path at a realistic geometry (4096-token\n"
                "                      head, --layers 32 --embedding 1024: ~65 KB a token)\n"
+               "  -h, --help          this help\n"
+               "      --version       the version\n"
                "Binaries default to the ones this build knows of.\n",
                head_tokens_quick, head_tokens_default);
 }
@@ -336,11 +339,13 @@ bool parse(int argc, char** argv, Options* o, int* ret_exit) {
     opt_fan_out,
     opt_restore_path,
     opt_layers,
-    opt_embedding
+    opt_embedding,
+    opt_version
   };
   static const option long_options[] = {{"quick", no_argument, nullptr, 'q'},
                                         {"keep", no_argument, nullptr, 'k'},
                                         {"help", no_argument, nullptr, 'h'},
+                                        {"version", no_argument, nullptr, opt_version},
                                         {"llama-server", required_argument, nullptr, opt_server},
                                         {"proxy", required_argument, nullptr, opt_proxy},
                                         {"kvparkd", required_argument, nullptr, opt_kvparkd},
@@ -402,6 +407,10 @@ bool parse(int argc, char** argv, Options* o, int* ret_exit) {
         break;
       case 'h':
         usage(stdout);
+        *ret_exit = 0;
+        return false;
+      case opt_version:
+        std::printf("kvpark-proxy-bench %s\n", kvpark::version);
         *ret_exit = 0;
         return false;
       default:

@@ -12,6 +12,7 @@
 
 #include "bench/daemon_runner.h"
 #include "bench/replay/scenarios.h"
+#include "proto/version.h"
 
 using namespace kvpark::replay;
 
@@ -32,7 +33,9 @@ void usage(FILE* out) {
           "  --disk                disk tier on for --trace\n"
           "  --kvparkd PATH        daemon to run (default: $KVPARKD, then the build's)\n"
           "  --keep                keep the work directory under /var/tmp\n"
-          "  --verbose             print the per-request log\n");
+          "  --verbose             print the per-request log\n"
+          "  -h, --help            this help\n"
+          "      --version         the version\n");
 }
 
 const char* kind_name(uint32_t kind) {
@@ -75,9 +78,9 @@ int main(int argc, char** argv) {
       {"arena-size", required_argument, nullptr, 'm'}, {"disk", no_argument, nullptr, 'd'},
       {"kvparkd", required_argument, nullptr, 'k'}, {"keep", no_argument, nullptr, 'K'},
       {"verbose", no_argument, nullptr, 'v'}, {"help", no_argument, nullptr, 'h'},
-      {nullptr, 0, nullptr, 0}};
+      {"version", no_argument, nullptr, 'V'}, {nullptr, 0, nullptr, 0}};
   int c;
-  while ((c = getopt_long(argc, argv, "", long_options, nullptr)) != -1) {
+  while ((c = getopt_long(argc, argv, "h", long_options, nullptr)) != -1) {
     switch (c) {
       case 's':
         if (std::string(optarg) == "all") {
@@ -101,6 +104,7 @@ int main(int argc, char** argv) {
       case 'K': run.keep_work_dir = true; break;
       case 'v': verbose = true; break;
       case 'h': usage(stdout); return 0;
+      case 'V': printf("kvpark-replay %s\n", kvpark::version); return 0;
       default: usage(stderr); return 2;
     }
   }

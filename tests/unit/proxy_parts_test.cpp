@@ -53,7 +53,8 @@ TEST(ProxyOptions, BadValuesAreRefusedWithTheirFlag) {
       {{"--upstream", "a=http://x:1", "--listen", "nohost"}, "--listen: expected HOST:PORT"},
       {{"--upstream", "a=http://x:1", "--listen", "h:70000"}, "--listen: bad port"},
       {{"--upstream", "a=http://x:1", "--slot-dir", "/a", "--slot-dir", "/b"}, "given twice"},
-      {{"--upstream", "a=http://x:1", "--bogus", "1"}, "--bogus: unknown key 'bogus'"},
+      {{"--upstream", "a=http://x:1", "--bogus", "1"}, "unknown option --bogus"},
+      {{"--upstream", "a=http://x:1", "--bogus"}, "unknown option --bogus"},  // not "needs a value"
       {{"--upstream", "a=http://x:1", "--socket"}, "--socket: needs a value"},
   };
   for (const auto& [args, expected] : cases) {
