@@ -274,14 +274,15 @@ int verb_status(Park& park, const Options& o) {
   printf("    Clients: %llu connections, %llu leases, %llu reservations\n",
          (unsigned long long)u64(s, "connections"), (unsigned long long)u64(s, "leases"),
          (unsigned long long)u64(s, "reservations"));
-  // lookup_hit_tokens: what lookups found restorable; a client that looks up twice
-  // counts twice, and whether it restored is the client's to report.
-  printf("    Lookups: %llu, %llu tokens found restorable (root %llu, shared prefix %llu, "
-         "private turn %llu)\n",
+  // lookup_hit_tokens: what lookups found restorable (a client that looks up twice
+  // counts twice); restored_tokens: what clients reported restoring at release.
+  printf("    Lookups: %llu, %llu tokens restorable (root %llu, shared prefix %llu, "
+         "private turn %llu); %llu tokens restored\n",
          (unsigned long long)u64(s, "lookups"), (unsigned long long)u64(s, "lookup_hit_tokens"),
          (unsigned long long)u64(s, "reuse_root"),
          (unsigned long long)u64(s, "reuse_shared_stable_prefix"),
-         (unsigned long long)u64(s, "reuse_private_turn_closure"));
+         (unsigned long long)u64(s, "reuse_private_turn_closure"),
+         (unsigned long long)u64(s, "restored_tokens"));
   printf("  Evictions: %llu; dedup hits %llu; protocol errors %llu; corrupt seals %llu; "
          "corrupt payloads %llu\n",
          (unsigned long long)u64(s, "evictions"), (unsigned long long)u64(s, "dedup_hits"),
