@@ -67,6 +67,7 @@ struct kvpark_plan {
   std::vector<int32_t> tokens;      // kept only while promotions are pending
   std::vector<Hash128> hashes;
   std::vector<uint8_t> release_frame;  // its capacity taken up front: release never allocates
+  uint32_t restored_tokens = 0;        // reported at release (kvpark_plan_set_restored_tokens)
 };
 
 struct kvpark_reservation {
@@ -88,6 +89,8 @@ struct kvpark_reservation {
 
 // One RELEASE, SEAL or ABORT frame: a header and an id.
 constexpr size_t id_frame_bytes = wire::frame_header_bytes + sizeof(uint64_t);
+// RELEASE: the lease id and the tokens restored.
+constexpr size_t release_frame_bytes = id_frame_bytes + sizeof(uint32_t);
 
 namespace {
 
@@ -363,11 +366,12 @@ void drop_snapshot(kvpark_plan* plan) {
   plan->pending_tokens = plan->restorable_tokens;
 }
 
+// Ends a lease superseded by a new lookup (nothing was restored from it).
 void release_lease_one_way(kvpark_plan* plan) {
   if (plan->lease_id == 0) return;
   std::vector<uint8_t>& frame = plan->release_frame;
   frame.clear();
-  wire::encode(wire::ReleaseRequest{plan->lease_id}, 0, frame, wire::Verb::ReleaseOneWay);
+  wire::encode(wire::ReleaseRequest{plan->lease_id, 0}, 0, frame, wire::Verb::ReleaseOneWay);
   // One way: nothing the daemon could answer changes what the engine does next. A
   // newer daemon incarnation never saw this lease; nothing to release there.
   (void)plan->client->channel.send_one_way(frame, plan->attachment.generation);
@@ -460,7 +464,7 @@ kvpark_status kvpark_lookup(kvpark_client* client, uint64_t session_id, const in
   }
   // Released (its lease too, if one was granted) when anything below fails.
   std::unique_ptr<kvpark_plan, PlanRelease> plan(new kvpark_plan());
-  plan->release_frame.reserve(id_frame_bytes);
+  plan->release_frame.reserve(release_frame_bytes);
   if (Status s = lookup_into(client, session_id, tokens, n_tokens, plan.get()); s != Status::Ok) {
     return to_c(s);
   }
@@ -572,6 +576,10 @@ kvpark_status kvpark_plan_copy_snapshot(kvpark_plan* plan, void* dst, uint64_t b
   return status_of_current_exception();
 }
 
+void kvpark_plan_set_restored_tokens(kvpark_plan* plan, uint32_t tokens) {
+  if (plan != nullptr) plan->restored_tokens = tokens;
+}
+
 void kvpark_plan_release(kvpark_plan* plan) try {
   if (plan == nullptr) return;
   assert(!kvpark::client::handle_has_transfer_in_flight(plan) &&
@@ -579,7 +587,8 @@ void kvpark_plan_release(kvpark_plan* plan) try {
   if (plan->lease_id != 0) {
     std::vector<uint8_t>& frame = plan->release_frame;
     frame.clear();
-    wire::encode(wire::ReleaseRequest{plan->lease_id}, 0, frame, wire::Verb::ReleaseOneWay);
+    wire::encode(wire::ReleaseRequest{plan->lease_id, plan->restored_tokens}, 0, frame,
+                 wire::Verb::ReleaseOneWay);
     // One way: nothing the daemon could answer changes what the engine does next. A
     // newer daemon incarnation never saw this lease; nothing to release there.
     (void)plan->client->channel.send_one_way(frame, plan->attachment.generation);

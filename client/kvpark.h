@@ -40,7 +40,7 @@
 extern "C" {
 #endif
 
-#define KVPARK_PROTOCOL_VERSION 2
+#define KVPARK_PROTOCOL_VERSION 3
 
 typedef enum kvpark_status {
   KVPARK_OK = 0,
@@ -159,7 +159,13 @@ uint32_t kvpark_plan_inflight_tokens(const kvpark_plan* plan);
  * KVPARK_EVIDENCE_OBSERVED_RECURRENCE, class shared). 0: no hint. */
 uint32_t kvpark_plan_capture_hint(const kvpark_plan* plan);
 kvpark_status kvpark_plan_wait(kvpark_plan* plan, uint32_t timeout_msec);
-/* Ends the plan's lease and frees it. NULL is ignored. */
+/* Tells the daemon, when the plan is released, how many tokens of it the engine
+ * actually restored (0 until set: a plan released unused restored nothing). It
+ * counts them as restored, next to what lookups found restorable, capped at what
+ * the lease covered. Call once the state is in the engine; a later call replaces
+ * the figure. NULL is ignored. */
+void kvpark_plan_set_restored_tokens(kvpark_plan* plan, uint32_t tokens);
+/* Ends the plan's lease (reporting the restored tokens) and frees it. NULL is ignored. */
 void kvpark_plan_release(kvpark_plan* plan);
 
 typedef struct kvpark_publish_options {

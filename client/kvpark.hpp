@@ -53,6 +53,7 @@ class Plan : public Handle<kvpark_plan, kvpark_plan_release> {
   uint32_t pending_tokens() const { return kvpark_plan_pending_tokens(get()); }
   uint32_t inflight_tokens() const { return kvpark_plan_inflight_tokens(get()); }
   uint32_t capture_hint() const { return kvpark_plan_capture_hint(get()); }
+  void set_restored_tokens(uint32_t tokens) { kvpark_plan_set_restored_tokens(get(), tokens); }
   kvpark_status wait(uint32_t timeout_msec) { return kvpark_plan_wait(get(), timeout_msec); }
   size_t block_count() const { return kvpark_plan_block_count(get()); }
   const void* block(size_t index) const { return kvpark_plan_block(get(), index); }

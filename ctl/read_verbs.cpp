@@ -60,13 +60,13 @@ int verb_status(ReadSource& source, const ReadOptions& o) {
   printf("    Clients: %s connections, %s leases, %s reservations\n",
          count(s, "connections").c_str(), count(s, "leases").c_str(),
          count(s, "reservations").c_str());
-  // lookup_hit_tokens: what lookups found restorable; a client that looks up twice
-  // counts twice, and whether it restored is the client's to report.
-  printf("    Lookups: %s, %s tokens found restorable (root %s, shared prefix %s, "
-         "private turn %s)\n",
+  // lookup_hit_tokens: what lookups found restorable (a client that looks up twice
+  // counts twice); restored_tokens: what clients reported restoring at release.
+  printf("    Lookups: %s, %s tokens restorable (root %s, shared prefix %s, "
+         "private turn %s); %s tokens restored\n",
          count(s, "lookups").c_str(), count(s, "lookup_hit_tokens").c_str(),
          count(s, "reuse_root").c_str(), count(s, "reuse_shared_stable_prefix").c_str(),
-         count(s, "reuse_private_turn_closure").c_str());
+         count(s, "reuse_private_turn_closure").c_str(), count(s, "restored_tokens").c_str());
   printf("  Evictions: %s; dedup hits %s; protocol errors %s; corrupt seals %s; "
          "corrupt payloads %s\n",
          count(s, "evictions").c_str(), count(s, "dedup_hits").c_str(),

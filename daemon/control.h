@@ -69,7 +69,8 @@ struct StatusInfo {
   uint64_t reservations = 0;
   // Counters since start.
   uint64_t lookups = 0;
-  uint64_t lookup_hit_tokens = 0;
+  uint64_t lookup_hit_tokens = 0;  // found restorable by lookups
+  uint64_t restored_tokens = 0;    // restored, as clients reported at release
   uint64_t reuse_root = 0;
   uint64_t reuse_shared_stable_prefix = 0;
   uint64_t reuse_private_turn_closure = 0;
@@ -98,6 +99,8 @@ struct NamespaceSummary {
   uint64_t snapshots = 0;
   uint64_t host_bytes = 0;
   uint64_t disk_bytes = 0;
+  uint64_t restorable_tokens = 0;  // found restorable by lookups, since start
+  uint64_t restored_tokens = 0;    // restored, as clients reported, since start
 };
 
 struct EntrySummary {

@@ -48,6 +48,7 @@ StatusInfo ControlPlane::status_in_loop() const {
   const Counters& c = park_.counters();
   s.lookups = c.lookups;
   s.lookup_hit_tokens = c.lookup_hit_tokens;
+  s.restored_tokens = c.restored_tokens;
   s.reuse_root = c.reuse[static_cast<size_t>(ReuseKind::Root)];
   s.reuse_shared_stable_prefix = c.reuse[static_cast<size_t>(ReuseKind::SharedStablePrefix)];
   s.reuse_private_turn_closure = c.reuse[static_cast<size_t>(ReuseKind::PrivateTurnClosure)];
@@ -95,7 +96,9 @@ std::vector<NamespaceSummary> ControlPlane::namespaces() {
                          .blocks = info.blocks,
                          .snapshots = info.snapshots,
                          .host_bytes = info.bytes,
-                         .disk_bytes = info.disk_bytes});
+                         .disk_bytes = info.disk_bytes,
+                         .restorable_tokens = info.restorable_tokens,
+                         .restored_tokens = info.restored_tokens});
         }
         return out;
       })

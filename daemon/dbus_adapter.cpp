@@ -142,6 +142,7 @@ Dict status_dict(const StatusInfo& s) {
       {"reservations", sdbus::Variant(s.reservations)},
       {"lookups", sdbus::Variant(s.lookups)},
       {"lookup_hit_tokens", sdbus::Variant(s.lookup_hit_tokens)},
+      {"restored_tokens", sdbus::Variant(s.restored_tokens)},
       {"reuse_root", sdbus::Variant(s.reuse_root)},
       {"reuse_shared_stable_prefix", sdbus::Variant(s.reuse_shared_stable_prefix)},
       {"reuse_private_turn_closure", sdbus::Variant(s.reuse_private_turn_closure)},
@@ -178,7 +179,9 @@ Dict namespace_dict(const NamespaceSummary& n) {
           {"blocks", sdbus::Variant(n.blocks)},
           {"snapshots", sdbus::Variant(n.snapshots)},
           {"host_bytes", sdbus::Variant(n.host_bytes)},
-          {"disk_bytes", sdbus::Variant(n.disk_bytes)}};
+          {"disk_bytes", sdbus::Variant(n.disk_bytes)},
+          {"restorable_tokens", sdbus::Variant(n.restorable_tokens)},
+          {"restored_tokens", sdbus::Variant(n.restored_tokens)}};
 }
 
 Dict entry_dict(const EntrySummary& e) {

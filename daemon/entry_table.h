@@ -50,6 +50,10 @@ struct NamespaceInfo {
   uint64_t bytes = 0;                 // sealed extents on the host
   uint64_t disk_bytes = 0;            // records on disk
   uint64_t indexed_snapshots = 0;     // reserved or sealed: lookups skip the search at 0
+  // Since the daemon started: tokens lookups found restorable, and tokens clients
+  // reported restored when they released the lease.
+  uint64_t restorable_tokens = 0;
+  uint64_t restored_tokens = 0;
 };
 
 struct Entry {
@@ -113,6 +117,12 @@ class EntryTable {
   Status register_namespace(const NamespaceId& id, const Geometry& geometry,
                             uint32_t prefill_tokens_per_second, NamespaceIndex& ret_ns);
   const NamespaceInfo& namespace_info(NamespaceIndex ns) const { return namespaces_.at(ns); }
+  // Adds to a namespace's restorable and restored token counters.
+  void count_tokens(NamespaceIndex ns, uint64_t restorable, uint64_t restored) {
+    NamespaceInfo& info = namespaces_.at(ns);
+    info.restorable_tokens += restorable;
+    info.restored_tokens += restored;
+  }
   size_t namespace_count() const { return namespaces_.size(); }
 
   // Lookups by key; no_slot when absent. Reserved entries are returned too.

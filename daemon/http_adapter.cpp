@@ -178,6 +178,7 @@ void write_status(JsonWriter& w, const StatusInfo& s) {
       {"reservations", s.reservations},
       {"lookups", s.lookups},
       {"lookup_hit_tokens", s.lookup_hit_tokens},
+      {"restored_tokens", s.restored_tokens},
       {"reuse_root", s.reuse_root},
       {"reuse_shared_stable_prefix", s.reuse_shared_stable_prefix},
       {"reuse_private_turn_closure", s.reuse_private_turn_closure},
@@ -229,6 +230,10 @@ void write_namespace(JsonWriter& w, const NamespaceSummary& n) {
   w.Uint64(n.host_bytes);
   w.Key("disk_bytes");
   w.Uint64(n.disk_bytes);
+  w.Key("restorable_tokens");
+  w.Uint64(n.restorable_tokens);
+  w.Key("restored_tokens");
+  w.Uint64(n.restored_tokens);
   w.EndObject();
 }
 
@@ -378,6 +383,14 @@ std::string render_metrics(const StatusInfo& s, const std::vector<NamespaceSumma
     m.sample(n.host_bytes, ns + "," + label("tier", "host"));
     m.sample(n.disk_bytes, ns + "," + label("tier", "disk"));
   }
+  m.family("kvpark_namespace_restorable_tokens_total", "counter",
+           "Tokens lookups found restorable, per namespace.");
+  for (const NamespaceSummary& n : spaces)
+    m.sample(n.restorable_tokens, label("namespace", hex128(n.id)));
+  m.family("kvpark_namespace_restored_tokens_total", "counter",
+           "Tokens clients restored, as they reported at release, per namespace.");
+  for (const NamespaceSummary& n : spaces)
+    m.sample(n.restored_tokens, label("namespace", hex128(n.id)));
 
   m.one("kvpark_lookups_total", "counter", "Lookups answered.", s.lookups);
   m.family("kvpark_lookup_reuse_total", "counter", "Lookups by reuse kind of their plan.");
@@ -385,7 +398,12 @@ std::string render_metrics(const StatusInfo& s, const std::vector<NamespaceSumma
   m.sample(s.reuse_shared_stable_prefix, label("kind", "shared_stable_prefix"));
   m.sample(s.reuse_private_turn_closure, label("kind", "private_turn_closure"));
   m.one("kvpark_lookup_hit_tokens_total", "counter",
-        "Tokens restorable from parked state (prefill saved).", s.lookup_hit_tokens);
+        "Tokens lookups found restorable (a client that looks up twice counts twice).",
+        s.lookup_hit_tokens);
+  m.one("kvpark_restored_tokens_total", "counter",
+        "Tokens clients restored from parked state, as they reported at release (prefill "
+        "saved).",
+        s.restored_tokens);
   m.one("kvpark_evictions_total", "counter", "Entries evicted from the host arena.", s.evictions);
   m.one("kvpark_dedup_hits_total", "counter", "Reservations answered 'already parked'.",
         s.dedup_hits);

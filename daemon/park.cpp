@@ -49,7 +49,10 @@ Park::Connection* Park::greeted(ConnectionId id) {
 Status Park::hello(ConnectionId id, const wire::HelloRequest& req, wire::HelloReply& ret) {
   Connection& c = connections_.at(id);
   if (c.greeted) return Status::BadState;  // one namespace per connection
-  if (req.protocol_version != limits::protocol_version) return Status::InvalidArgument;
+  if (req.protocol_version < limits::protocol_version_min ||
+      req.protocol_version > limits::protocol_version) {
+    return Status::InvalidArgument;
+  }
   // A block no reservation can ever hold (bigger than the largest reservation, itself
   // at most the arena) is refused here, not at every RESERVE.
   if (req.geometry.block_tokens != 0 && req.geometry.block_tokens <= limits::block_tokens_max &&
@@ -100,6 +103,17 @@ Status Park::release(ConnectionId id, const wire::ReleaseRequest& req) {
   if (c == nullptr) return Status::BadState;
   auto it = c->leases.find(req.lease_id);
   if (it == c->leases.end()) return Status::NotFound;
+  // What the client says it restored, at most what the lease's entries cover.
+  uint32_t covered = 0;
+  auto cover = [&](EntrySlot slot) {
+    const Entry& e = table_.entry(slot);
+    if (!e.dead) covered = std::max(covered, e.position);  // dead: reported corrupt
+  };
+  for (EntrySlot slot : it->second.blocks) cover(slot);
+  for (EntrySlot slot : it->second.snapshots) cover(slot);
+  const uint32_t restored = std::min(req.restored_tokens, covered);
+  counters_.restored_tokens += restored;
+  table_.count_tokens(c->ns, 0, restored);
   drop_lease(it->second);
   c->leases.erase(it);
   --leases_open_;

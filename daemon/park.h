@@ -70,7 +70,8 @@ inline constexpr uint32_t recurrence_tokens_min = 1024;
 
 struct Counters {
   uint64_t lookups = 0;
-  uint64_t lookup_hit_tokens = 0;
+  uint64_t lookup_hit_tokens = 0;  // found restorable by lookups
+  uint64_t restored_tokens = 0;    // restored, as clients report at release
   uint64_t dedup_hits = 0;
   uint64_t protocol_errors = 0;
   uint64_t handshake_timeouts = 0;

@@ -152,6 +152,7 @@ Status Park::lookup(ConnectionId id, const wire::LookupRequest& req, wire::Looku
     }
   }
   counters_.lookup_hit_tokens += deepest;
+  table_.count_tokens(c->ns, deepest, 0);
   ++counters_.reuse[static_cast<size_t>(deepest_kind)];
   if (lease_id != 0) c->leases.emplace(lease_id, std::move(lease));
   return Status::Ok;

@@ -14,7 +14,12 @@ namespace kvpark::limits {
 // 2: the arena is two sealed memfds (header, data); SEAL carries payload checksums
 // and LOOKUP replies return them; REPORT_CORRUPT; RESERVE names the parent of its
 // first block (the disk tier keeps chains whole).
-inline constexpr uint16_t protocol_version = 2;
+// 3: RELEASE carries the tokens the client restored from the lease (a v2 RELEASE,
+// without them, still decodes: nothing reported restored).
+inline constexpr uint16_t protocol_version = 3;
+// The oldest client protocol the daemon still greets.
+inline constexpr uint16_t protocol_version_min = 2;
+static_assert(protocol_version_min <= protocol_version);
 // One SOCK_SEQPACKET message. Must fit the default unix socket send buffer
 // (net.core.wmem_default = 212992 bytes) so no client needs privileged tuning.
 inline constexpr size_t frame_bytes_max = 160 * 1024;
@@ -99,6 +104,10 @@ inline constexpr uint64_t health_loop_timeout_usec = 1'000'000;
 inline constexpr size_t http_status_body_bytes_max = 4 * 1024;
 // kvpark-proxy forwards chat requests: a 1 Mi-token prompt of JSON fits.
 inline constexpr size_t http_proxy_body_bytes_max = 64ull * 1024 * 1024;
+// kvpark-proxy remembers the token ids of conversation prefixes it rendered (heads,
+// turn closures), per upstream, so a request continuing one is forwarded without
+// rendering or tokenizing first: 8 Mi tokens (32 MiB) of them, oldest dropped first.
+inline constexpr size_t proxy_prefix_cache_tokens_max = 8 * 1024 * 1024;
 // Its clients are agent harnesses on the same machine, fanning out in parallel from one
 // address: room for every request it serves at once (64) and as many arriving.
 inline constexpr size_t http_proxy_connections_per_peer_max = 128;

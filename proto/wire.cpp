@@ -235,12 +235,18 @@ Status decode(std::span<const uint8_t> body, LookupReply& m) {
 
 void encode(const ReleaseRequest& m, uint32_t seq, std::vector<uint8_t>& out, Verb verb) {
   assert(verb == Verb::Release || verb == Verb::ReleaseOneWay);
-  frame(request(verb), 0, seq, out, [&](Writer& w) { w.put(m.lease_id); });
+  frame(request(verb), 0, seq, out, [&](Writer& w) {
+    w.put(m.lease_id);
+    w.put(m.restored_tokens);
+  });
 }
 
+// Protocol 2 ends after lease_id; 3 adds restored_tokens.
 Status decode(std::span<const uint8_t> body, ReleaseRequest& m) {
   Reader r(body);
-  return finish(r, r.get(m.lease_id));
+  m.restored_tokens = 0;
+  if (body.size() == sizeof m.lease_id) return finish(r, r.get(m.lease_id));
+  return finish(r, r.get(m.lease_id) && r.get(m.restored_tokens));
 }
 
 void encode(const WaitRequest& m, uint32_t seq, std::vector<uint8_t>& out) {

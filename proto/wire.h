@@ -89,6 +89,9 @@ struct LookupReply {
 
 struct ReleaseRequest {
   uint64_t lease_id = 0;
+  // Tokens the client restored from the lease's entries (0: none, or a v2 client,
+  // whose RELEASE ends after lease_id). The daemon counts at most what it leased.
+  uint32_t restored_tokens = 0;
 };
 
 struct WaitRequest {

@@ -34,6 +34,7 @@ namespace {
 constexpr uint32_t head_wait_msec_max = 600'000;  // a follower gives up on its leader
 constexpr uint32_t promotion_wait_msec = 2'000;   // for parked state coming back from disk
 constexpr int head_attempts_max = 3;              // lead-or-follow rounds before prefilling
+constexpr int32_t probe_token = -1;               // a token id no tokenizer gives
 // Stand-in contents that differ in their first character: where two renderings
 // with them part is where the message's content starts.
 constexpr const char* standin_a = "a";
@@ -128,22 +129,17 @@ void plan_writes(Turn& turn, const kvpark_request* request) {
 
   uint32_t frontier = 0;
   if ((leading > 0 || tools) && leading < messages.Size()) {
-    const std::string head_body = standin_body(turn.request, leading, "user", standin_a);
-    const uint64_t key = XXH3_64bits(head_body.data(), head_body.size());
-    Route::Frontier head = route.cached_frontier(key);
-    if (head.position == 0) {
-      const std::vector<int32_t> tokens =
-          tokens_before_content(route.upstream(), turn.request, leading, "user");
-      head = Route::Frontier{
-          .position = uint32_t(tokens.size()),
-          .tokens_hash = XXH3_64bits(tokens.data(), tokens.size() * sizeof(int32_t))};
-      if (head.position > 0) route.remember_frontier(key, head);
+    const PrefixKeys keys(turn.request);
+    const uint64_t key = keys.key(leading, "user");
+    std::shared_ptr<const Tokens> head = route.prefixes().find(key);
+    if (head == nullptr) {
+      route.prefixes().remember(
+          key, tokens_before_content(route.upstream(), turn.request, leading, "user"));
+      head = route.prefixes().find(key);
     }
     // The head's tokens must open this very prompt (a tokenizer may merge across the
     // boundary differently for another user message).
-    if (head.position > 0 && head.position <= turn.tokens.size() &&
-        XXH3_64bits(turn.tokens.data(), head.position * sizeof(int32_t)) == head.tokens_hash)
-      frontier = head.position;
+    if (head != nullptr) frontier = prefix_end(*head, turn.tokens);
   }
 
   std::vector<kvpark_segment> segments;
@@ -232,6 +228,7 @@ bool restore_into_slot(Turn& turn, const Parked& parked) {
     return false;
   }
   ++turn.proxy->counters.restores;
+  parked.report_restored();
   turn.restored = parked.position();
   turn.reuse = reuse_of(parked.reuse_kind());
   return true;
@@ -375,7 +372,10 @@ void take_slot_with_head(Turn& turn) {
     if (leading) flights.finish(flight_key);
     return;
   }
-  if (common > 0 && !slot_still_holds(route, turn.slot, common)) common = 0;
+  // While the upstream is the process last checked, the beliefs stand (a restart
+  // closes the witness, and check_process() then checked them with GET /slots).
+  if (common > 0 && !route.same_process() && !slot_still_holds(route, turn.slot, common))
+    common = 0;
   if (common > 0) turn.reuse = ReuseKind::slot;
   if (parked->position() > common && restore_into_slot(turn, *parked)) common = turn.restored;
   parked.reset();
@@ -418,20 +418,86 @@ void take_slot_with_head(Turn& turn) {
   flights.finish(flight_key);
 }
 
+// A request that continues a prefix whose tokens the proxy knows (a head, an
+// earlier turn), whose head kvparkd already holds, and for which an idle slot holds
+// everything kvparkd could restore: it is forwarded at once, pinned to that slot,
+// with no render or tokenize round trip before; finish_turn tokenizes it in full
+// after the response, before anything is parked or believed. false (nothing taken):
+// the full path.
+bool take_slot_on_known_prefix(Turn& turn) {
+  Route& route = *turn.route;
+  const auto& messages = turn.request["messages"];
+  size_t leading = 0;
+  while (leading < messages.Size() && is_head_role(messages[rapidjson::SizeType(leading)]))
+    ++leading;
+  const PrefixKeys keys(turn.request);
+  size_t keep = 0;
+  const std::shared_ptr<const Tokens> known = route.prefixes().longest(keys, leading, &keep);
+  if (known == nullptr) return false;
+  size_t head = 0;
+  if (leading > 0 || kvpark_request_tools_present(turn.parsed.get()) != 0) {
+    const std::shared_ptr<const Tokens> head_tokens =
+        route.prefixes().find(keys.key(leading, "user"));
+    if (head_tokens == nullptr || prefix_end(*head_tokens, *known) == 0) return false;
+    head = head_tokens->size();
+  }
+  // One token past the known prefix that no prompt holds: the lookup finds only
+  // what the known tokens cover.
+  Tokens probe = *known;
+  probe.push_back(probe_token);
+  std::unique_ptr<Parked> parked = route.parking().lookup(probe, turn.session_id, 0, 0);
+  const size_t position = parked->position();
+  if (position > known->size() || position < head) return false;  // the head is not parked
+  size_t common = 0;
+  const uint32_t slot = route.slots().try_acquire_holding(*known, position, &common);
+  if (slot == no_slot) return false;
+  turn.slot = slot;
+  turn.known = known;
+  turn.tokens = *known;
+  if (common > 0) turn.reuse = ReuseKind::slot;
+  return true;
+}
+
 }  // namespace
 
 // After the response: park the turn, give the slot back, log.
 void finish_turn(Turn& turn, int status, bool completed) {
   Route& route = *turn.route;
+  if (turn.known != nullptr && turn.slot != no_slot) {
+    // Forwarded on a known prefix: the full tokenization now, which alone is parked
+    // and believed; the known prefix must open it.
+    std::vector<int32_t> full;
+    Reply failure;
+    const bool tokenized = status == 200 && route.upstream().chat_tokens(turn.body, &full, &failure);
+    if (tokenized && prefix_end(*turn.known, full) == 0) {
+      ++turn.proxy->counters.prefix_mismatches;
+      std::fprintf(stderr,
+                   "kvpark-proxy: upstream %s: a known prefix of %zu tokens does not open the "
+                   "request's own tokenization (merged across the boundary); parked by the "
+                   "full one\n",
+                   route.name().c_str(), turn.known->size());
+    }
+    turn.tokens = tokenized ? std::move(full) : std::vector<int32_t>();
+    turn.head = 0;
+    turn.closure = false;
+    if (tokenized) plan_writes(turn, turn.parsed.get());
+  }
   if (turn.slot != no_slot) {
     if (turn.closure && status == 200 && completed && route.parking().has_namespace()) {
       // Where the next turn's prompt starts to differ from this one: at the reply's
       // content (or, for a template that renders replies unlike its generation
-      // prompt, where the last message ends).
+      // prompt, where the last message ends). Remembered: the next turn is forwarded
+      // on it.
       const size_t messages = turn.request["messages"].Size();
-      uint32_t end = prefix_end(
-          tokens_before_content(route.upstream(), turn.request, messages, "assistant"),
-          turn.tokens);
+      const PrefixKeys keys(turn.request);
+      const uint64_t key = keys.key(messages, "assistant");
+      std::shared_ptr<const Tokens> closure = route.prefixes().find(key);
+      if (closure == nullptr) {
+        route.prefixes().remember(
+            key, tokens_before_content(route.upstream(), turn.request, messages, "assistant"));
+        closure = route.prefixes().find(key);
+      }
+      uint32_t end = closure != nullptr ? prefix_end(*closure, turn.tokens) : 0;
       if (end == 0) {
         std::vector<int32_t> next_user;
         Reply failure;
@@ -457,11 +523,12 @@ void finish_turn(Turn& turn, int status, bool completed) {
   std::fprintf(stderr,
                "kvpark-proxy: POST /v1/chat/completions upstream=%s slot=%d reuse=%s cached=%u/%u "
                "prefilled=%u restored=%u ttft_ms=%.1f status=%d restore_bytes=%llu "
-               "restore_file_ms=%.2f restore_upstream_ms=%.2f\n",
+               "restore_file_ms=%.2f restore_upstream_ms=%.2f forward_ms=%.2f path=%s\n",
                route.name().c_str(), turn.slot == no_slot ? -1 : int(turn.slot),
                reuse_kind_string(turn.reuse), cached, turn.prompt_tokens, prefilled, turn.restored,
                turn.ttft_msec, status, static_cast<unsigned long long>(turn.restore_bytes),
-               turn.restore_file_msec, turn.restore_upstream_msec);
+               turn.restore_file_msec, turn.restore_upstream_msec, turn.forward_delay_msec,
+               turn.known != nullptr ? "known_prefix" : "full");
 }
 
 void serve_chat(ProxyState& proxy, const httplib::Request& req, httplib::Response& res) {
@@ -491,8 +558,8 @@ void serve_chat(ProxyState& proxy, const httplib::Request& req, httplib::Respons
     send_error(res, 400, "invalid_request_error", parse_error);
     return;
   }
-  const std::unique_ptr<kvpark_request, void (*)(kvpark_request*)> request(parsed,
-                                                                           kvpark_request_free);
+  turn->parsed.reset(parsed);
+  const kvpark_request* request = parsed;
   const std::string model =
       doc.HasMember("model") && doc["model"].IsString() ? doc["model"].GetString() : "";
   turn->route = route_request(proxy, model);
@@ -501,7 +568,17 @@ void serve_chat(ProxyState& proxy, const httplib::Request& req, httplib::Respons
     return;
   }
   Route& route = *turn->route;
-  route.refresh(false);  // the model behind the upstream may have changed
+  route.check_process();  // a no-op while the upstream is the process last checked
+  if (route.ready() && route.parking().connected()) {
+    turn->session_id = session_of(doc);
+    if (take_slot_on_known_prefix(*turn)) {
+      ++proxy.counters.forwarded_fast;
+      turn->body = req.body;
+      forward(turn, req.path, res);
+      return;
+    }
+  }
+  ++proxy.counters.forwarded_full;
   Reply failure;
   if (!route.ready() || !route.upstream().chat_tokens(req.body, &turn->tokens, &failure)) {
     if (failure.status != 0) {  // the upstream refused the request: its answer, as is
@@ -516,7 +593,7 @@ void serve_chat(ProxyState& proxy, const httplib::Request& req, httplib::Respons
     return;
   }
   turn->session_id = session_of(doc);
-  plan_writes(*turn, request.get());
+  plan_writes(*turn, request);
   if (!route.parking().connected()) {
     ++proxy.counters.uncached_requests;
     turn->reuse = ReuseKind::uncached;

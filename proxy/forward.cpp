@@ -4,6 +4,8 @@
 #include <rapidjson/stringbuffer.h>
 #include <rapidjson/writer.h>
 
+#include <cstdio>
+
 #include "proxy/relay.h"
 #include "proxy/turn.h"
 
@@ -60,6 +62,10 @@ void set_reuse_headers(httplib::Response& res, const Turn& turn) {
   res.set_header("X-Kvpark-Reuse", reuse_kind_string(turn.reuse));
   res.set_header("X-Kvpark-Restored-Tokens", std::to_string(turn.restored));
   if (turn.slot != no_slot) res.set_header("X-Kvpark-Slot", std::to_string(turn.slot));
+  char delay[32];
+  std::snprintf(delay, sizeof delay, "%.3f", turn.forward_delay_msec);
+  res.set_header("X-Kvpark-Forward-Ms", delay);  // the proxy's time before forwarding
+  res.set_header("X-Kvpark-Forward-Path", turn.known != nullptr ? "known_prefix" : "full");
 }
 
 }  // namespace
@@ -76,11 +82,15 @@ void forward(std::shared_ptr<Turn> turn, const std::string& path, httplib::Respo
     body.AddMember("cache_prompt", true, a);
   }
   const bool stream = doc.HasMember("stream") && doc["stream"].IsBool() && doc["stream"].GetBool();
+  std::string text_body = to_json(body);
   const Clock::time_point sent = Clock::now();
-  auto relay = std::make_shared<Relay>(turn->route->upstream(), path, to_json(body));
+  turn->forward_delay_msec = std::chrono::duration<double, std::milli>(sent - turn->start).count();
+  turn->proxy->counters.observe_forward_delay(turn->forward_delay_msec / 1000);
+  auto relay = std::make_shared<Relay>(turn->route->upstream(), path, std::move(text_body));
   std::string content_type;
   const int status = relay->wait_status(&content_type);
   if (status == 0) {
+    turn->route->forget_process();  // checked again before the next request
     finish_turn(*turn, 502, false);
     send_error(res, 502, "upstream_unavailable",
                "upstream " + turn->route->name() + ": " + turn->route->upstream().describe() +

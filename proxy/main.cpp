@@ -124,7 +124,7 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
   std::thread serving([&] { listener.run(); });
   // /health answers 503 with the reason meanwhile; the watchers retry every second.
-  for (auto& route : proxy.routes) route->refresh(true);
+  for (auto& route : proxy.routes) route->check_process();
   announce_when_ready();
   serving.join();
   proxy.background.wait_idle();  // heads being parked

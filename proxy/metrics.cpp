@@ -2,6 +2,8 @@
 // exposition format 0.0.4. Every family is declared (HELP, TYPE) before its samples;
 // counters end in _total. Names: kvpark_proxy_*, then the standard process_* families
 // (http/process_metrics.h).
+#include <cstdio>
+#include <iterator>
 #include <string>
 
 #include "http/process_metrics.h"
@@ -32,11 +34,22 @@ class Writer {
   void sample(const std::string& name, const std::string& labels, uint64_t value) {
     text_ += name + (labels.empty() ? "" : "{" + labels + "}") + " " + std::to_string(value) + "\n";
   }
+  void sample_double(const std::string& name, const std::string& labels, double value) {
+    char text[64];
+    std::snprintf(text, sizeof text, "%.6f", value);
+    text_ += name + (labels.empty() ? "" : "{" + labels + "}") + " " + text + "\n";
+  }
   std::string take() { return std::move(text_); }
 
  private:
   std::string text_;
 };
+
+std::string format_seconds(double seconds) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", seconds);
+  return text;
+}
 
 std::string upstream_labels(const Route& route) {
   return "upstream=\"" + escape(route.name()) + "\",url=\"" +
@@ -82,6 +95,27 @@ std::string metrics_text(ProxyState& proxy) {
   w.family("kvpark_proxy_head_waits_total", "counter",
            "Times a request waited for a head another request was prefilling.");
   w.sample("kvpark_proxy_head_waits_total", "", c.head_waits);
+  w.family("kvpark_proxy_forwarded_total", "counter",
+           "Chat requests forwarded cached, by path: known_prefix (no upstream call before "
+           "forwarding), full (rendered and tokenized first).");
+  w.sample("kvpark_proxy_forwarded_total", "path=\"known_prefix\"", c.forwarded_fast);
+  w.sample("kvpark_proxy_forwarded_total", "path=\"full\"", c.forwarded_full);
+  w.family("kvpark_proxy_prefix_mismatches_total", "counter",
+           "Requests forwarded on a known prefix that their full tokenization did not start "
+           "with (a merge across the boundary): parked by the full one.");
+  w.sample("kvpark_proxy_prefix_mismatches_total", "", c.prefix_mismatches);
+  w.family("kvpark_proxy_forward_delay_seconds", "histogram",
+           "Time in the proxy from a chat request's arrival to its forwarding upstream.");
+  uint64_t cumulative = 0;
+  for (size_t b = 0; b < Counters::forward_delay_buckets; ++b) {
+    cumulative += c.forward_delay_counts[b];
+    const std::string le = b < std::size(Counters::forward_delay_bounds_sec)
+                               ? format_seconds(Counters::forward_delay_bounds_sec[b])
+                               : "+Inf";
+    w.sample("kvpark_proxy_forward_delay_seconds_bucket", "le=\"" + le + "\"", cumulative);
+  }
+  w.sample_double("kvpark_proxy_forward_delay_seconds_sum", "", c.forward_delay_usec_sum / 1e6);
+  w.sample("kvpark_proxy_forward_delay_seconds_count", "", cumulative);
   w.family("kvpark_proxy_publishes_total", "counter", "Slot states parked in kvparkd.");
   w.sample("kvpark_proxy_publishes_total", "", c.publishes);
 

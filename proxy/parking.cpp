@@ -144,6 +144,10 @@ Parked::~Parked() {
   kvpark_plan_release(plan_);
 }
 
+void Parked::report_restored() const {
+  kvpark_plan_set_restored_tokens(plan_, position_);
+}
+
 bool Parked::write_slot_file(const std::string& path, std::string* ret_refused,
                              bool* ret_corrupt) const {
   *ret_corrupt = false;

@@ -36,6 +36,8 @@ class Parked {
   // *ret_corrupt: the payload failed its checks (not an I/O error on the file).
   bool write_slot_file(const std::string& path, std::string* ret_refused,
                        bool* ret_corrupt) const;
+  // The state is in the slot: kvparkd counts position() tokens restored at release.
+  void report_restored() const;
 
  private:
   kvpark_plan* plan_ = nullptr;

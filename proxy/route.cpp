@@ -14,7 +14,9 @@ namespace {
 
 constexpr auto refresh_interval = std::chrono::seconds(5);
 constexpr auto retry_interval = std::chrono::seconds(1);  // while an upstream is not ready
-constexpr size_t frontier_cache_entries_max = 4096;  // distinct heads remembered
+// llama-server closes an idle connection after 5 s: the witness is handed over well
+// before.
+constexpr auto witness_renew_interval = std::chrono::seconds(2);
 constexpr uint32_t namespace_format_version = 1;     // bump when the fields below change
 // llama-server refusing this many parked states in a row, with no restore between,
 // means the namespace is wrong for it (a state-shaping flag the proxy was not told);
@@ -134,7 +136,8 @@ Route::Route(const UpstreamOptions& upstream, const ProxyOptions& options, size_
       index_(index),
       digest_cache_(options.digest_cache.empty() ? llama::default_cache_dir()
                                                  : options.digest_cache),
-      on_state_change_(std::move(on_state_change)) {
+      on_state_change_(std::move(on_state_change)),
+      watch_(upstream.url) {
   watcher_ = std::thread([this] { watch(); });
 }
 
@@ -150,14 +153,29 @@ Route::~Route() {
 void Route::watch() {
   // The constructor's caller refreshed once already (main, before "ready").
   std::unique_lock lock(watch_mutex_);
+  auto next_refresh = std::chrono::steady_clock::now();
   while (!stopping_) {
-    watch_wake_.wait_for(lock, ready_ ? refresh_interval : retry_interval,
+    const auto interval = ready_ ? refresh_interval : retry_interval;
+    watch_wake_.wait_for(lock, ready_ ? witness_renew_interval : retry_interval,
                          [&] { return stopping_; });
     if (stopping_) break;
     lock.unlock();
-    refresh(true);
+    const auto now = std::chrono::steady_clock::now();
+    if (now - next_refresh >= interval) {
+      next_refresh = now;
+      refresh(true);
+    }
+    // Keeps the witness alive; a closed one means the process may have changed.
+    if (ready_ && !watch_.renew()) check_process();
     lock.lock();
   }
+}
+
+void Route::check_process() {
+  if (watch_.same_process()) return;
+  watch_.arm();  // first: a restart after this closes it
+  refresh(true);
+  if (!ready_) watch_.disarm();
 }
 
 void Route::refresh(bool verify_slots) {
@@ -212,7 +230,7 @@ void Route::refresh(bool verify_slots) {
       weights_ = weights;
       build_info_ = props.build_info;
       namespace_id_ = id;
-      frontiers_.clear();
+      prefixes_.clear();
       refusals_in_a_row_ = 0;
       slots_.forget_all();
       verified_ = false;  // another process or model: its slot directory too
@@ -304,16 +322,12 @@ std::string Route::slot_file_path(const std::string& file_name) const {
   return slot_dir_ + "/" + file_name;
 }
 
-Route::Frontier Route::cached_frontier(uint64_t head_key) {
-  std::lock_guard lock(mutex_);
-  auto it = frontiers_.find(head_key);
-  return it == frontiers_.end() ? Frontier{} : it->second;
-}
-
-void Route::remember_frontier(uint64_t head_key, Frontier frontier) {
-  std::lock_guard lock(mutex_);
-  if (frontiers_.size() >= frontier_cache_entries_max) frontiers_.clear();
-  frontiers_[head_key] = frontier;
+void Counters::observe_forward_delay(double seconds) {
+  size_t bucket = 0;
+  while (bucket < std::size(forward_delay_bounds_sec) && seconds > forward_delay_bounds_sec[bucket])
+    ++bucket;
+  ++forward_delay_counts[bucket];
+  forward_delay_usec_sum += uint64_t(seconds * 1e6);
 }
 
 }  // namespace kvpark::proxy

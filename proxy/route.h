@@ -17,6 +17,8 @@
 
 #include "proxy/options.h"
 #include "proxy/parking.h"
+#include "proxy/process_watch.h"
+#include "proxy/prompt_prefixes.h"
 #include "proxy/slot_pool.h"
 #include "proxy/upstream.h"
 
@@ -53,6 +55,20 @@ struct Counters {
   std::atomic<uint64_t> restored_tokens{0};
   std::atomic<uint64_t> cached_tokens{0};
   std::atomic<uint64_t> failures[size_t(RestoreFailure::count)] = {};
+  // How requests were forwarded: on known prefix tokens, with no upstream call first
+  // (fast), after rendering and tokenizing (full); and fast ones whose full
+  // tokenization, made after the response, did not start with the known prefix.
+  std::atomic<uint64_t> forwarded_fast{0};
+  std::atomic<uint64_t> forwarded_full{0};
+  std::atomic<uint64_t> prefix_mismatches{0};
+  // Time in the proxy from a chat request's arrival to its forwarding, by bucket.
+  static constexpr double forward_delay_bounds_sec[] = {0.0005, 0.001, 0.002, 0.003, 0.005,
+                                                        0.01,   0.02,  0.05,  0.1,   0.5,
+                                                        1,      5};
+  static constexpr size_t forward_delay_buckets = std::size(forward_delay_bounds_sec) + 1;
+  std::atomic<uint64_t> forward_delay_counts[forward_delay_buckets] = {};
+  std::atomic<uint64_t> forward_delay_usec_sum{0};
+  void observe_forward_delay(double seconds);
 };
 
 // Where an upstream stands. Only `ready` upstreams get slot state restored or parked;
@@ -116,11 +132,19 @@ class Route {
 
   // Checks /props and the model file now: a new model, file or build gives a new
   // namespace; with verify_slots, GET /slots drops beliefs a restart made wrong.
-  // Run before every request (without /slots, which waits for llama-server's main
-  // loop) and every refresh interval by a watcher thread (with). An upstream not
-  // verified since it was last seen away, or under a new namespace, is verified
-  // (verify()) before it is ready.
+  // Run by check_process() and every refresh interval by a watcher thread. An
+  // upstream not verified since it was last seen away, or under a new namespace, is
+  // verified (verify()) before it is ready.
   void refresh(bool verify_slots);
+  // Before every request: while the upstream is the process last checked (its
+  // ProcessWatch witness is open) nothing is asked of it; otherwise refresh(true)
+  // now, with a new witness armed first.
+  void check_process();
+  // The upstream failed to answer: check it again before the next request.
+  void forget_process() { watch_.disarm(); }
+  // True when the upstream is watched and still the process last checked: slot
+  // beliefs need no GET /slots.
+  bool same_process() { return watch_.same_process(); }
   bool ready() const { return ready_.load(); }
   UpstreamState state() const;
   std::string state_reason() const;  // what to fix; "" when ready
@@ -148,15 +172,9 @@ class Route {
   std::string slot_file_name(uint32_t slot_id, const char* purpose) const;
   std::string slot_file_path(const std::string& file_name) const;
 
-  // Frontier cache, by a hash of the head request: where a rendered head ends (up to
-  // the opening of the message after it) and a hash of its tokens, so a hit costs
-  // no rendering; {0, 0} when unknown.
-  struct Frontier {
-    uint32_t position = 0;
-    uint64_t tokens_hash = 0;
-  };
-  Frontier cached_frontier(uint64_t head_key);
-  void remember_frontier(uint64_t head_key, Frontier frontier);
+  // Token ids of prefixes (heads, turn closures) rendered through this upstream
+  // under its current namespace; dropped when the namespace changes.
+  PromptPrefixes& prefixes() { return prefixes_; }
 
  private:
   void watch();
@@ -189,7 +207,8 @@ class Route {
   std::chrono::steady_clock::time_point last_verify_{};  // under verify_mutex_
   std::function<void()> on_state_change_;
   std::atomic<uint32_t> in_progress_{0};
-  std::unordered_map<uint64_t, Frontier> frontiers_;
+  PromptPrefixes prefixes_;
+  ProcessWatch watch_;
 
   std::mutex watch_mutex_;
   std::condition_variable watch_wake_;

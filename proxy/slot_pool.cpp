@@ -55,6 +55,28 @@ uint32_t SlotPool::acquire(const std::vector<int32_t>& prompt, size_t* ret_commo
   }
 }
 
+uint32_t SlotPool::try_acquire_holding(const std::vector<int32_t>& prompt, size_t common_min,
+                                       size_t* ret_common) {
+  std::lock_guard lock(mutex_);
+  uint32_t best = no_slot;
+  size_t best_common = 0;
+  for (uint32_t i = 0; i < slots_.size(); ++i) {
+    const Slot& s = slots_[i];
+    if (s.busy) continue;
+    const size_t common = common_prefix(s.holds, prompt);
+    if (best == no_slot || common > best_common ||
+        (common == best_common && s.last_used < slots_[best].last_used)) {
+      best = i;
+      best_common = common;
+    }
+  }
+  if (best == no_slot || best_common < common_min) return no_slot;
+  slots_[best].busy = true;
+  slots_[best].last_used = ++clock_;
+  *ret_common = best_common;
+  return best;
+}
+
 uint32_t SlotPool::try_acquire_idle() {
   std::lock_guard lock(mutex_);
   uint32_t best = no_slot;

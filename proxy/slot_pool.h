@@ -28,6 +28,10 @@ class SlotPool {
   // with prompt (least recently used among equals). *ret_common: that prefix.
   // no_slot when the pool has no slots.
   uint32_t acquire(const std::vector<int32_t>& prompt, size_t* ret_common);
+  // Without waiting: the idle slot whose belief shares the longest prefix with prompt,
+  // if that is at least common_min tokens; no_slot otherwise. *ret_common: that prefix.
+  uint32_t try_acquire_holding(const std::vector<int32_t>& prompt, size_t common_min,
+                               size_t* ret_common);
   // An idle slot, least recently used, without waiting; no_slot when all are busy.
   uint32_t try_acquire_idle();
   // Gives the slot back, now believed to hold `holds` (empty: unknown).

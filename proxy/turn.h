@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "client/kvpark.h"
+#include "client/kvpark_planner.h"
+#include "proxy/prompt_prefixes.h"
 #include "proxy/proxy.h"
 
 namespace kvpark::proxy {
@@ -28,7 +30,12 @@ struct Turn {
   ProxyState* proxy = nullptr;
   Route* route = nullptr;  // counted in its load (route_request) until the turn ends
   rapidjson::Document request;
+  std::unique_ptr<kvpark_request, void (*)(kvpark_request*)> parsed{nullptr, kvpark_request_free};
+  // The prompt's tokens: the full tokenization, or while `known` is set (forwarded on
+  // a known prefix), that prefix until finish_turn tokenizes `body` in full.
   std::vector<int32_t> tokens;
+  std::shared_ptr<const Tokens> known;
+  std::string body;
   uint64_t session_id = 0;
   uint32_t slot = no_slot;
   uint32_t head = 0;              // the head candidate's position (0: none)
@@ -48,6 +55,7 @@ struct Turn {
   double restore_file_msec = 0;
   double restore_upstream_msec = 0;
   bool timings_seen = false;
+  double forward_delay_msec = -1;  // arrival to forwarding: the proxy's own time
 };
 
 std::string to_json(const rapidjson::Value& v);

@@ -5,9 +5,16 @@
 //                      [--kvparkd PATH] [--model PATH | --make-test-model PATH]
 //                      [--slots N] [--threads N] [--fan-out N] [--keep]
 //   kvpark-proxy-bench --restore-path [--head-tokens N] [--layers N] [--embedding N]
+//   kvpark-proxy-bench --overhead [--head-tokens N] [--pairs N]
 //
 // --restore-path runs only the realistic-geometry case of restore_bench.cpp (a
 // 4096-token head by default on a model of ~65 KB of state per token).
+//
+// --overhead runs only the same-server sibling: one llama-server, a 12288-token head
+// by default; siblings (max_tokens 1, not streamed) sent straight to it and through
+// the proxy in turn (the order alternating pair by pair), whole-request latency
+// client side; the paired differences' median, and the proxy's own time before
+// forwarding (X-Kvpark-Forward-Ms) per request.
 //
 // Cases, each run once direct and once through the proxy, each on a fresh
 // llama-server (new process, empty cache) and, for the proxy, a fresh kvparkd:
@@ -23,6 +30,7 @@
 #include <getopt.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -59,6 +67,8 @@ struct Options {
   int fan_out = 6;
   bool keep = false;  // keep the work directory (logs)
   bool restore_path = false;
+  bool overhead = false;
+  int pairs = 15;
   bool head_given = false;
   int layers = 32;
   int embedding = 1024;
@@ -161,6 +171,58 @@ class Bench {
     messages.push_back({"assistant", turn1.content});
     messages.push_back({"user", user_text(21)});
     return measure(url, {messages}, ret);
+  }
+
+  // Same-server siblings, direct and through the proxy in turn.
+  bool overhead() {
+    if (!fresh(/*proxied=*/true)) return false;
+    const int64_t before = publishes(proxy_->url());
+    ChatResult a;
+    if (!stream(proxy_->url(), {{"system", head_}, {"user", user_text(1)}}, &a)) return false;
+    settle(proxy_->url(), before + 1);  // the head (parked in the background) and the turn
+    std::vector<double> direct, proxied, paired, forward_msec;
+    int known_prefix = 0;
+    for (int i = 0; i < o_.pairs + 1; ++i) {  // the first pair warms both paths, not counted
+      double ms[2] = {0, 0};
+      for (int k = 0; k < 2; ++k) {
+        const bool via_proxy = (k == 0) == (i % 2 == 1);
+        ChatRequest r;
+        r.model = "m";
+        r.messages = {{"system", head_}, {"user", user_text(100 + 2 * i + (via_proxy ? 1 : 0))}};
+        r.max_tokens = 1;
+        const int64_t published = via_proxy ? publishes(proxy_->url()) : 0;
+        const ChatResult result = post_chat(via_proxy ? proxy_->url() : server_->url(), r);
+        if (result.http.status != 200) return fail("status " + std::to_string(result.http.status));
+        ms[via_proxy ? 1 : 0] = result.total_msec;
+        if (via_proxy) {
+          settle(proxy_->url(), published);  // its work after the response is not the next one's
+          if (i == 0) continue;
+          forward_msec.push_back(std::strtod(result.http.header("x-kvpark-forward-ms").c_str(), nullptr));
+          known_prefix += result.http.header("x-kvpark-forward-path") == "known_prefix";
+        }
+      }
+      if (i == 0) continue;
+      direct.push_back(ms[0]);
+      proxied.push_back(ms[1]);
+      paired.push_back(ms[1] - ms[0]);
+    }
+    std::printf(
+        "\nkvpark-proxy-bench --overhead: head %zu tokens (measured %lld), %d pairs, %d slots, "
+        "%d threads\n\n| | p50 ms | min ms | max ms |\n|---|---:|---:|---:|\n",
+        o_.head_tokens, static_cast<long long>(head_measured_), o_.pairs, o_.slots, o_.threads);
+    auto row = [](const char* name, const std::vector<double>& v) {
+      std::printf("| %s | %.2f | %.2f | %.2f |\n", name, median_of(v),
+                  *std::min_element(v.begin(), v.end()), max_of(v));
+    };
+    row("direct, whole request", direct);
+    row("through the proxy, whole request", proxied);
+    row("paired difference (proxy - direct)", paired);
+    row("proxy's time before forwarding", forward_msec);
+    std::printf(
+        "\nForwarded on a known prefix (no upstream call before forwarding): %d of %d (the "
+        "others: a direct request had taken the slot the proxy counted on)\n",
+        known_prefix, o_.pairs);
+    return true;
   }
 
   void print() const {
@@ -314,12 +376,15 @@ void usage(FILE* out) {
                "         [--slots N] [--threads N] [--fan-out N] [--keep]\n"
                "       kvpark-proxy-bench --restore-path [--head-tokens N] [--layers N]\n"
                "         [--embedding N]\n"
+               "       kvpark-proxy-bench --overhead [--head-tokens N] [--pairs N]\n"
                "TTFT and tokens prefilled through kvpark-proxy vs straight to llama-server.\n\n"
                "  --quick             a %zu-token head (a smoke test)\n"
                "  --head-tokens N     system head size in tokens (default %zu)\n"
                "  --keep              keep the work directory and its logs\n"
                "  --restore-path      only the restore path at a realistic geometry (4096-token\n"
                "                      head, --layers 32 --embedding 1024: ~65 KB a token)\n"
+               "  --overhead          only the same-server sibling, direct and through the proxy\n"
+               "                      in turn, paired (12288-token head, 15 pairs by default)\n"
                "  -h, --help          this help\n"
                "      --version       the version\n"
                "Binaries default to the ones this build knows of.\n",
@@ -340,6 +405,8 @@ bool parse(int argc, char** argv, Options* o, int* ret_exit) {
     opt_restore_path,
     opt_layers,
     opt_embedding,
+    opt_overhead,
+    opt_pairs,
     opt_version
   };
   static const option long_options[] = {{"quick", no_argument, nullptr, 'q'},
@@ -358,6 +425,8 @@ bool parse(int argc, char** argv, Options* o, int* ret_exit) {
                                         {"restore-path", no_argument, nullptr, opt_restore_path},
                                         {"layers", required_argument, nullptr, opt_layers},
                                         {"embedding", required_argument, nullptr, opt_embedding},
+                                        {"overhead", no_argument, nullptr, opt_overhead},
+                                        {"pairs", required_argument, nullptr, opt_pairs},
                                         {nullptr, 0, nullptr, 0}};
   int c;
   while ((c = getopt_long(argc, argv, "h", long_options, nullptr)) != -1) {
@@ -390,6 +459,12 @@ bool parse(int argc, char** argv, Options* o, int* ret_exit) {
       case opt_restore_path:
         o->restore_path = true;
         break;
+      case opt_overhead:
+        o->overhead = true;
+        break;
+      case opt_pairs:
+        o->pairs = std::atoi(optarg);
+        break;
       case opt_layers:
         o->layers = std::atoi(optarg);
         break;
@@ -419,7 +494,7 @@ bool parse(int argc, char** argv, Options* o, int* ret_exit) {
         return false;
     }
   }
-  if (optind != argc || o->head_tokens < 512 || o->slots < 1 || o->threads < 1 || o->fan_out < 1) {
+  if (optind != argc || o->head_tokens < 512 || o->slots < 1 || o->threads < 1 || o->fan_out < 1 || o->pairs < 1) {
     usage(stderr);
     *ret_exit = 2;
     return false;
@@ -449,6 +524,10 @@ int main(int argc, char** argv) {
     r.embedding = options.embedding;
     r.threads = options.threads;
     ok = kvpark::bench::run_restore_path(r, work);
+  } else if (options.overhead) {
+    if (!options.head_given) options.head_tokens = 12288;
+    Bench bench(std::move(options), work);
+    ok = bench.setup() && bench.overhead();
   } else {
     Bench bench(std::move(options), work);
     ok = bench.setup() &&

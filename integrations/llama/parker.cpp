@@ -144,6 +144,7 @@ Status Parker::restore(llama_context* ctx, llama_seq_id seq_id, const llama_toke
       } else {
         result.position = position;
         result.reuse_kind = kvpark_plan_reuse_kind(plan);
+        kvpark_plan_set_restored_tokens(plan, position);  // counted at release
       }
     }
   }

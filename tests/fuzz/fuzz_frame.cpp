@@ -56,15 +56,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const bool is_reply = (header.verb & reply_bit) != 0;
   const auto verb = static_cast<Verb>(header.verb & ~reply_bit);
   auto plain = [](const auto& v, uint32_t seq, std::vector<uint8_t>& out) { encode(v, seq, out); };
+  // A protocol-2 RELEASE (lease id only) decodes, and re-encodes in the protocol-3 form.
+  const bool release_canonical = body.size() != sizeof(uint64_t);
 
   if (!is_reply) {
     switch (verb) {
       case Verb::Hello: check<HelloRequest>("HelloRequest", body, header, message, true, plain); break;
       case Verb::Lookup: check<LookupRequest>("LookupRequest", body, header, message, true, plain); break;
-      case Verb::Release: check<ReleaseRequest>("ReleaseRequest", body, header, message, true, plain); break;
+      case Verb::Release:
+        check<ReleaseRequest>("ReleaseRequest", body, header, message, release_canonical, plain);
+        break;
       case Verb::Wait: check<WaitRequest>("WaitRequest", body, header, message, true, plain); break;
       case Verb::ReleaseOneWay:
-        check<ReleaseRequest>("ReleaseOneWay", body, header, message, true,
+        check<ReleaseRequest>("ReleaseOneWay", body, header, message, release_canonical,
                               [](const ReleaseRequest& v, uint32_t seq, std::vector<uint8_t>& out) {
                                 encode(v, seq, out, Verb::ReleaseOneWay);
                               });

@@ -22,6 +22,7 @@
 #include "client/kvpark.h"
 #include "proto/dbus_api.h"
 #include "proto/version.h"
+#include "tests/integration/in_process.h"
 #include "tests/ops/dbus_bus.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/eventually.h"
@@ -132,6 +133,37 @@ TEST_F(DbusControl, StatusShowsArenaAndPopulation) {
   ASSERT_EQ(json.code, 0);
   EXPECT_EQ(json_number(json.out, "entries"), 4) << json.out;
   EXPECT_EQ(json_number(json.out, "arena_data_bytes"), 64 << 20) << json.out;
+}
+
+// kvparkctl status says "tokens restored" for what a client restored (M of the N a
+// lookup found restorable), next to "restorable"; --json has both.
+TEST_F(DbusControl, StatusShowsTokensRestoredNextToRestorable) {
+  constexpr uint64_t ns_low = 77;
+  constexpr uint32_t block_tokens = 64;
+  constexpr size_t blocks = 4;
+  const kvpark_namespace ns = engine_namespace(ns_low, block_tokens, block_bytes);
+  ClientPtr client = connect_client(daemon_->socket_path(), ns);
+  ASSERT_TRUE(client);
+  const auto tokens = engine_prompt(5, blocks * block_tokens + 3);
+  ASSERT_EQ(park_blocks(client.get(), ns_low, block_bytes, tokens, 1), KVPARK_OK);
+  kvpark_plan* plan = nullptr;
+  ASSERT_EQ(kvpark_lookup(client.get(), 1, tokens.data(), tokens.size(), &plan), KVPARK_OK);
+  ASSERT_EQ(kvpark_plan_restorable_tokens(plan), blocks * block_tokens);
+  std::vector<uint8_t> block(block_bytes);
+  ASSERT_EQ(kvpark_plan_copy_block(plan, 0, block.data()), KVPARK_OK);
+  kvpark_plan_set_restored_tokens(plan, block_tokens);
+  kvpark_plan_release(plan);
+  Result json;
+  ASSERT_TRUE(eventually("the one-way release is counted", [&] {
+    json = ctl({"--json", "status"});
+    return json_number(json.out, "leases") == 0;
+  }));
+  EXPECT_EQ(json_number(json.out, "restored_tokens"), block_tokens) << json.out;
+  EXPECT_EQ(json_number(json.out, "lookup_hit_tokens"), int64_t(blocks * block_tokens)) << json.out;
+  Result human = ctl({"status"});
+  ASSERT_EQ(human.code, 0);
+  EXPECT_NE(human.out.find("Lookups: 1, 256 tokens restorable"), std::string::npos) << human.out;
+  EXPECT_NE(human.out.find("; 64 tokens restored"), std::string::npos) << human.out;
 }
 
 TEST_F(DbusControl, ListShowsEntriesAndFilters) {

@@ -144,6 +144,74 @@ TEST_F(HttpTest, MetricsParseStrictlyAndAgreeWithStatus) {
   EXPECT_GT(metric("kvpark_namespace_bytes", {{"namespace", ns_hex}, {"tier", "host"}}), 0);
 }
 
+// A client that looks up N restorable tokens but restores only M (the first blocks)
+// reports M: status, the per-namespace listing and /metrics say M restored next to N
+// restorable, in total and per namespace.
+TEST_F(HttpTest, TokensRestoredAreWhatClientsRestoredNotWhatLookupsFound) {
+  constexpr size_t blocks = 6;
+  constexpr size_t restored_blocks = 2;
+  const kvpark_namespace ns = engine_namespace(ns_low, block_tokens, block_bytes);
+  client_ = connect_client(daemon_->socket_path(), ns);
+  ASSERT_TRUE(client_);
+  const auto tokens = engine_prompt(9, blocks * block_tokens + 5);
+  ASSERT_EQ(park_blocks(client_.get(), ns_low, block_bytes, tokens, 1), KVPARK_OK);
+  kvpark_plan* plan = nullptr;
+  ASSERT_EQ(kvpark_lookup(client_.get(), 2, tokens.data(), tokens.size(), &plan), KVPARK_OK);
+  const uint32_t restorable = kvpark_plan_restorable_tokens(plan);
+  ASSERT_EQ(restorable, blocks * block_tokens);
+  std::vector<uint8_t> block(block_bytes);
+  for (size_t i = 0; i < restored_blocks; ++i)
+    ASSERT_EQ(kvpark_plan_copy_block(plan, i, block.data()), KVPARK_OK);
+  const uint32_t restored = restored_blocks * block_tokens;
+  kvpark_plan_set_restored_tokens(plan, restored);
+  kvpark_plan_release(plan);
+  // A second plan of the same prompt, released unused, restored nothing; one that
+  // claims more than its lease covered is counted at what it covered.
+  ASSERT_EQ(kvpark_lookup(client_.get(), 2, tokens.data(), tokens.size(), &plan), KVPARK_OK);
+  kvpark_plan_release(plan);
+  const std::vector<int32_t> short_prompt(tokens.begin(), tokens.begin() + block_tokens + 1);
+  ASSERT_EQ(kvpark_lookup(client_.get(), 2, short_prompt.data(), short_prompt.size(), &plan),
+            KVPARK_OK);
+  ASSERT_EQ(kvpark_plan_restorable_tokens(plan), block_tokens);
+  kvpark_plan_set_restored_tokens(plan, 100'000);
+  kvpark_plan_release(plan);
+  const uint64_t want_restored = restored + block_tokens;
+  const uint64_t want_restorable = 2 * restorable + block_tokens;
+
+  // Releases are one way: wait until the daemon has counted the last one (no lease open).
+  rapidjson::Document s;
+  ASSERT_TRUE(wait_until(
+      [&] {
+        s = json(fetch(port_, "GET", "/v1/status").body);
+        return s.HasMember("leases") && s["leases"].GetUint64() == 0;
+      },
+      5'000));
+  ASSERT_TRUE(s.HasMember("restored_tokens"));
+  EXPECT_EQ(s["restored_tokens"].GetUint64(), want_restored);
+  EXPECT_EQ(s["lookup_hit_tokens"].GetUint64(), want_restorable);
+
+  const rapidjson::Document spaces = json(fetch(port_, "GET", "/v1/namespaces").body);
+  ASSERT_EQ(spaces["namespaces"].Size(), 1u);
+  EXPECT_EQ(spaces["namespaces"][0]["restored_tokens"].GetUint64(), want_restored);
+  EXPECT_EQ(spaces["namespaces"][0]["restorable_tokens"].GetUint64(), want_restorable);
+
+  PromDocument doc;
+  std::string error;
+  const Fetched metrics = fetch(port_, "GET", "/metrics");
+  ASSERT_TRUE(parse_prometheus_text(metrics.body, doc, error)) << error;
+  double v = -1;
+  ASSERT_TRUE(doc.value("kvpark_restored_tokens_total", {}, v));
+  EXPECT_EQ(v, double(want_restored));
+  ASSERT_TRUE(doc.value("kvpark_lookup_hit_tokens_total", {}, v));
+  EXPECT_EQ(v, double(want_restorable));
+  char ns_hex[33];
+  snprintf(ns_hex, sizeof ns_hex, "%016llx%016llx", 0ull, static_cast<unsigned long long>(ns_low));
+  ASSERT_TRUE(doc.value("kvpark_namespace_restored_tokens_total", {{"namespace", ns_hex}}, v));
+  EXPECT_EQ(v, double(want_restored));
+  ASSERT_TRUE(doc.value("kvpark_namespace_restorable_tokens_total", {{"namespace", ns_hex}}, v));
+  EXPECT_EQ(v, double(want_restorable));
+}
+
 TEST_F(HttpTest, PromtoolAcceptsMetricsWhenInstalled) {
   if (access("/usr/bin/promtool", X_OK) != 0) GTEST_SKIP() << "promtool is not installed";
   populate(2);

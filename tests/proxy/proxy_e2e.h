@@ -310,7 +310,8 @@ class ProxyE2E : public ::testing::Test {
   static inline std::string* directory_ = nullptr;
   std::string test_dir_;
   std::string slot_dir_;
-  DaemonProcess daemon_{DaemonConfig{.arena_bytes = 256ull << 20}};
+  DaemonProcess daemon_{DaemonConfig{.arena_bytes = 256ull << 20,
+                                     .extra_args = {"--http-listen", "127.0.0.1:0"}}};
   std::vector<std::unique_ptr<LlamaServerProcess>> servers_;
   std::vector<std::unique_ptr<ProxyProcess>> proxies_;  // destroyed before the servers
 };

@@ -472,6 +472,16 @@ TEST_F(ParkTest, SecondHelloIsBadState) {
   EXPECT_EQ(park_->hello(a, hello, reply), Status::BadState);
 }
 
+TEST_F(ParkTest, HelloGreetsTheOldestSupportedProtocol) {
+  ASSERT_EQ(park_->open(63, 1), Status::Ok);
+  wire::HelloRequest hello;
+  hello.protocol_version = limits::protocol_version_min;
+  hello.namespace_id = attention_ns;
+  hello.geometry = {.block_tokens = block_tokens, .block_payload_bytes = block_payload_bytes};
+  wire::HelloReply reply;
+  EXPECT_EQ(park_->hello(63, hello, reply), Status::Ok);
+}
+
 TEST_F(ParkTest, HelloChecksVersionAndGeometry) {
   ASSERT_EQ(park_->open(60, 1), Status::Ok);
   wire::HelloRequest hello;
@@ -479,6 +489,8 @@ TEST_F(ParkTest, HelloChecksVersionAndGeometry) {
   hello.namespace_id = attention_ns;
   hello.geometry = {.block_tokens = block_tokens, .block_payload_bytes = block_payload_bytes};
   wire::HelloReply reply;
+  EXPECT_EQ(park_->hello(60, hello, reply), Status::InvalidArgument);
+  hello.protocol_version = limits::protocol_version_min - 1;
   EXPECT_EQ(park_->hello(60, hello, reply), Status::InvalidArgument);
   hello.protocol_version = limits::protocol_version;
   ASSERT_EQ(park_->hello(60, hello, reply), Status::Ok);

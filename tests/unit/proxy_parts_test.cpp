@@ -8,7 +8,9 @@
 #include <cstring>
 #include <thread>
 
+#include "proto/limits.h"
 #include "proxy/options.h"
+#include "proxy/prompt_prefixes.h"
 #include "proxy/relay.h"
 #include "proxy/route.h"
 #include "proxy/slot_file.h"
@@ -287,6 +289,59 @@ TEST(EventSplitter, RewritesWholeEventsAcrossChunkBoundaries) {
   EXPECT_EQ(splitter.feed("tail"), "");
   EXPECT_EQ(splitter.flush(), "tail");
   EXPECT_EQ(seen.size(), 3u);
+}
+
+rapidjson::Document parsed(const char* json) {
+  rapidjson::Document d;
+  d.Parse(json);
+  EXPECT_FALSE(d.HasParseError()) << json;
+  return d;
+}
+
+TEST(PrefixKeys, AKeyCoversTheMessagesBeforeItAndEverythingElseRenderedButNotLaterMessages) {
+  const auto one = parsed(R"({"model":"m","messages":[{"role":"system","content":"S"},)"
+                          R"({"role":"user","content":"a"}],"stream":true})");
+  const auto two = parsed(R"({"model":"m","messages":[{"role":"system","content":"S"},)"
+                          R"({"role":"user","content":"b"},{"role":"assistant","content":"c"}]})");
+  const auto tools = parsed(R"({"model":"m","tools":[{"type":"function"}],"messages":[)"
+                            R"({"role":"system","content":"S"},{"role":"user","content":"a"}]})");
+  const auto other_head = parsed(R"({"model":"m","messages":[{"role":"system","content":"T"},)"
+                                 R"({"role":"user","content":"a"}]})");
+  const PrefixKeys k1(one), k2(two), kt(tools), ko(other_head);
+  EXPECT_EQ(k1.key(1, "user"), k2.key(1, "user")) << "later messages and stream do not count";
+  EXPECT_NE(k1.key(1, "user"), k1.key(1, "assistant")) << "the role after the boundary counts";
+  EXPECT_NE(k1.key(1, "user"), k1.key(2, "user"));
+  EXPECT_NE(k1.key(1, "user"), kt.key(1, "user")) << "tools are rendered";
+  EXPECT_NE(k1.key(1, "user"), ko.key(1, "user"));
+  EXPECT_NE(k1.key(2, "assistant"), k2.key(2, "assistant")) << "the user messages differ";
+  EXPECT_STREQ(k2.role(2), "assistant");
+
+  PromptPrefixes prefixes;
+  prefixes.remember(k1.key(1, "user"), {1, 2, 3});
+  prefixes.remember(k1.key(2, "assistant"), {1, 2, 3, 4, 5});
+  size_t keep = 0;
+  auto found = prefixes.longest(k2, 1, &keep);  // messages[0,2) of `two` are not known
+  ASSERT_NE(found, nullptr);
+  EXPECT_EQ(keep, 1u);
+  EXPECT_EQ(found->size(), 3u);
+  EXPECT_EQ(prefixes.longest(k2, 2, &keep), nullptr) << "none that covers keep_min";
+}
+
+TEST(PromptPrefixes, KeepsAtMostTheTokenCapDroppingTheOldestFirst) {
+  constexpr size_t cap = limits::proxy_prefix_cache_tokens_max;
+  PromptPrefixes prefixes;
+  prefixes.remember(1, Tokens(cap + 1, 7));
+  EXPECT_EQ(prefixes.find(1), nullptr) << "one prefix past the cap is not kept";
+  EXPECT_EQ(prefixes.tokens(), 0u);
+  prefixes.remember(2, Tokens(cap - 1, 7));
+  prefixes.remember(3, Tokens(1, 7));
+  EXPECT_EQ(prefixes.tokens(), cap) << "exactly the cap is kept";
+  ASSERT_NE(prefixes.find(2), nullptr);
+  prefixes.remember(4, Tokens(1, 7));  // cap + 1: the oldest goes
+  EXPECT_EQ(prefixes.find(2), nullptr);
+  EXPECT_NE(prefixes.find(3), nullptr);
+  EXPECT_NE(prefixes.find(4), nullptr);
+  EXPECT_EQ(prefixes.tokens(), 2u);
 }
 
 TEST(CommonPrefix, CountsMatchingLeadingTokens) {

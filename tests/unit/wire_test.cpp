@@ -251,8 +251,10 @@ TEST(FrameCodec, WaitRequestRoundTrips) {
 
 TEST(FrameCodec, ReleaseSealAbortRoundTrip) {
   std::vector<uint8_t> m;
-  encode(ReleaseRequest{0x0102030405060708ull}, 1, m);
-  EXPECT_EQ(round_trip<ReleaseRequest>(m, Q(Verb::Release)).lease_id, 0x0102030405060708ull);
+  encode(ReleaseRequest{0x0102030405060708ull, 4097}, 1, m);
+  const auto released = round_trip<ReleaseRequest>(m, Q(Verb::Release));
+  EXPECT_EQ(released.lease_id, 0x0102030405060708ull);
+  EXPECT_EQ(released.restored_tokens, 4097u);
   m.clear();
   encode(Verb::Seal, ReservationRequest{.reservation_id = 11, .payload_checksums = {3, 0xffffffffffffffffull}}, 1, m);
   const auto sealed = round_trip<ReservationRequest>(m, Q(Verb::Seal));
@@ -362,6 +364,9 @@ TEST(FrameDecoder, RejectsTruncationAtEveryByte) {
     const std::span<const uint8_t> full_body(s.message.data() + frame_header_bytes,
                                              s.message.size() - frame_header_bytes);
     for (size_t k = 0; k < full_body.size(); ++k) {
+      // A RELEASE cut after its lease id is a protocol-2 RELEASE, which decodes
+      // (ReleaseOfProtocol2DecodesAsNothingRestored).
+      if (std::string(s.name) == "ReleaseRequest" && k == sizeof(uint64_t)) continue;
       EXPECT_EQ(s.decode_body(full_body.first(k)), Status::ProtocolError)
           << s.name << " body truncated to " << k;
     }
@@ -450,6 +455,24 @@ TEST(FrameDecoder, RejectsUnknownStatus) {
     encode(R(Verb::Seal), status, 1, m);
     EXPECT_EQ(decode_header(m, h, body), Status::ProtocolError) << "status " << status;
   }
+}
+
+// Protocol 2 clients send RELEASE without restored_tokens: it decodes as nothing
+// restored. Anything between the two sizes, or past the longer, is refused.
+TEST(FrameDecoder, ReleaseOfProtocol2DecodesAsNothingRestored) {
+  const uint64_t lease_id = 0x1122334455667788ull;
+  std::vector<uint8_t> body(sizeof lease_id);
+  std::memcpy(body.data(), &lease_id, sizeof lease_id);
+  ReleaseRequest r{.lease_id = 1, .restored_tokens = 9};
+  ASSERT_EQ(decode(body, r), Status::Ok);
+  EXPECT_EQ(r.lease_id, lease_id);
+  EXPECT_EQ(r.restored_tokens, 0u);
+  for (size_t size : {size_t{0}, size_t{7}, size_t{9}, size_t{11}, size_t{13}, size_t{16}}) {
+    std::vector<uint8_t> wrong(size, 0);
+    EXPECT_EQ(decode(wrong, r), Status::ProtocolError) << size << " bytes";
+  }
+  body.resize(12, 0);
+  EXPECT_EQ(decode(body, r), Status::Ok);
 }
 
 TEST(FrameDecoder, RejectsNonzeroReserved) {
@@ -661,7 +684,7 @@ TEST(FrameEncoder, PatchesBodyLengthAndAppends) {
   std::vector<uint8_t> out;
   encode(ReleaseRequest{1}, 1, out);
   encode(sample_lookup_request(), 2, out);
-  const size_t first = frame_header_bytes + 8;
+  const size_t first = frame_header_bytes + 12;  // RELEASE: lease id, restored tokens
   FrameHeader h;
   std::span<const uint8_t> body;
   ASSERT_EQ(decode_header({out.data(), first}, h, body), Status::Ok);
