@@ -8,6 +8,7 @@ file names must exist in the tree, be made by one of them, or be a configuration
 file whose example is installed and whose path the binary or unit really reads.
 Exit status 0 when consistent, 1 with one line per problem.
 """
+import gzip
 import os
 import re
 import shlex
@@ -20,6 +21,8 @@ problems = []
 
 
 def problem(text):
+    if text in problems:
+        return
     problems.append(text)
     print('FAIL: ' + text)
 
@@ -115,6 +118,9 @@ for what, got, dirs in (('sysusers.d kvpark.conf', sysusers, SYSUSERS_DIRS),
 
 
 def read(path):
+    if path.endswith('.gz'):  # man pages in a Debian package
+        with gzip.open(join(dest, path), 'rt', encoding='utf-8') as f:
+            return f.read()
     with open(join(dest, path), encoding='utf-8') as f:
         return f.read()
 
@@ -173,7 +179,9 @@ def unit_settings(text):
 
 
 def man_page(name, section):
-    return os.path.join(mandir, f'man{section[0]}', f'{name}.{section}')
+    """The installed path of a man page (gzipped in a Debian package), else its plain name."""
+    path = os.path.join(mandir, f'man{section[0]}', f'{name}.{section}')
+    return path + '.gz' if path + '.gz' in files else path
 
 
 managed_dirs = set(made_dirs)  # places the units and tmpfiles.d make
@@ -245,8 +253,19 @@ for cpath, (who, _) in sorted(config_paths.items()):
         problem(f'{example} does not name {cpath} on its first line')
 
 # 4. Man pages: every path they name.
+def installed(path):
+    """PATH (file or directory) is in the tree; /lib and /usr/lib are one (merged /usr)."""
+    aliases = [path]
+    if path.startswith('/usr/lib/'):
+        aliases.append(path[len('/usr'):])
+    elif path.startswith('/lib/'):
+        aliases.append('/usr' + path)
+    return any(a in files or any(f.startswith(a + '/') for f in files) for a in aliases)
+
+
+
 pages = [f for f in files if f.startswith(mandir + '/man')]
-page_names = {os.path.basename(p) for p in pages}
+page_names = {os.path.basename(p).removesuffix('.gz') for p in pages}
 for b in binaries + [os.path.join(bindir, 'kvparkctl'),
                      os.path.join(bindir, 'kvpark-make-test-model')]:
     sect = '8' if b.startswith(sbindir) else '1'
@@ -271,7 +290,7 @@ for page in pages:
         elif path.startswith('/usr/') or path.startswith(prefix + '/'):
             if prefix != '/usr' and path.startswith('/usr/') and not path.startswith(prefix):
                 print(f'note: {page} names {path}; prefix is {prefix}, not checked')
-            elif path not in files and not any(f.startswith(path + '/') for f in files):
+            elif not installed(path):
                 problem(f'{page}: names {path}, which is not installed')
         elif re.match(r'/(run|var/lib|var/cache)/', path):
             if not any(path == d or path.startswith(d + '/') for d in managed_dirs):

@@ -92,16 +92,20 @@ fi
 # daemon enabled and started, stopped at removal, its state purged with the package.
 mkdir "$work/control"
 dpkg-deb -e "$deb" "$work/control"
-grep -q 'systemd-sysusers' "$work/control/postinst" || fail "postinst does not run systemd-sysusers"
-grep -q 'systemd-tmpfiles' "$work/control/postinst" || fail "postinst does not run systemd-tmpfiles"
+grep -q 'systemd-sysusers.*kvpark.conf' "$work/control/postinst" || fail "postinst does not run systemd-sysusers"
+grep -q 'systemd-tmpfiles.*--create kvpark.conf' "$work/control/postinst" || fail "postinst does not run systemd-tmpfiles"
+# Users first: tmpfiles.d names them as owners.
+[ "$(grep -n -m1 systemd-sysusers "$work/control/postinst" | cut -d: -f1)" -lt \
+  "$(grep -n -m1 systemd-tmpfiles "$work/control/postinst" | cut -d: -f1)" ] ||
+  fail "postinst runs systemd-tmpfiles before systemd-sysusers"
 grep -q "deb-systemd-helper unmask 'kvparkd.service'" "$work/control/postinst" &&
   grep -q "deb-systemd-helper enable 'kvparkd.service'" "$work/control/postinst" ||
   fail "postinst does not enable kvparkd.service"
 grep -q "deb-systemd-invoke .*'kvparkd.service'" "$work/control/postinst" ||
   fail "postinst does not start kvparkd.service"
-grep -q "deb-systemd-invoke stop 'kvparkd.service'" "$work/control/prerm" ||
+grep -q "deb-systemd-invoke stop .*'kvparkd.service'" "$work/control/prerm" ||
   fail "prerm does not stop kvparkd.service"
-grep -q "deb-systemd-helper purge 'kvparkd.service'" "$work/control/postrm" ||
+grep -q "deb-systemd-helper purge .*'kvparkd.service'" "$work/control/postrm" ||
   fail "postrm does not purge kvparkd.service"
 
 # The unpacked tree passes the install checks; the binaries run.
