@@ -90,6 +90,8 @@ expected = [
 for path in expected:
     if path not in files:
         problem(f'{path} is not installed')
+if not os.path.isdir(join(dest, '/etc/kvpark')):
+    problem('/etc/kvpark (the configuration directory) is not installed')
 for f in files:
     base = os.path.basename(f)
     if re.search(r'bench|replay', base):
