@@ -237,6 +237,22 @@ for name, path in units.items():
         if unit == name and ('ConditionPathExists', cpath) not in settings:
             problem(f'{name}: reads {cpath} without ConditionPathExists={cpath}')
 
+# A unit of ours with a RuntimeDirectory= of its own must name kvparkd's socket: the
+# default socket path follows $RUNTIME_DIRECTORY (proto/paths.h), which systemd sets to
+# that unit's own directory.
+if 'kvparkd.service' in units:
+    daemon = unit_settings(read(units['kvparkd.service']))
+    daemon_run = next((v for k, v in daemon if k == 'RuntimeDirectory'), None)
+    socket = f'/run/{daemon_run}/kvparkd.sock'
+    for name, path in units.items():
+        settings = unit_settings(read(path))
+        if name == 'kvparkd.service' or not any(k == 'RuntimeDirectory' for k, _ in settings):
+            continue
+        env = [v for k, v in settings if k == 'Environment']
+        if f'KVPARK_SOCKET={socket}' not in ' '.join(env).split():
+            problem(f'{name}: RuntimeDirectory= without Environment=KVPARK_SOCKET={socket}: '
+                    'it would look for kvparkd in its own runtime directory')
+
 # kvparkd reads its configuration without being told: the path is compiled in.
 kvparkd_bin = os.path.join(sbindir, 'kvparkd')
 if kvparkd_bin in files:
