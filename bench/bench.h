@@ -70,12 +70,6 @@ struct CopyResult {
   double publish_warm_sec = 0;   // same mapping, same extent again
   double restore_first_sec = 0;
   double restore_warm_sec = 0;
-  // Medians of paired ratios: each pass divided into the memcpy run right before it,
-  // so a neighbour's burst on this shared machine moves both halves of a pair.
-  double publish_first_ratio = 0;
-  double publish_warm_ratio = 0;
-  double restore_first_ratio = 0;
-  double restore_warm_ratio = 0;
   bool warm_reused_extent = true;  // the warm publish landed on the pages of the first
   // The daemon's loop while a 1 GiB entry is published and sealed: STATS round trips
   // of another client, idle and during the publishes (microseconds).

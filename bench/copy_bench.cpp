@@ -4,8 +4,10 @@
 // payload), in an arena that holds exactly one such entry, so each publish evicts
 // the previous one and reuses its extent. Per repetition:
 //  - memcpy:         a 1 GiB copy between two private buffers, both already faulted in,
-//                    run right before each of the passes below; each pass's ratio is
-//                    paired with its own memcpy run, and the median ratio is reported;
+//                    run right before each of the passes below, so its median samples
+//                    the machine through the whole run (a pair alone misleads in a VM:
+//                    the pass before a memcpy can leave it slow, e.g. after 4 KiB
+//                    first-touch passes rebuilt hundreds of thousands of page tables);
 //  - publish, first: a fresh client (a fresh mapping of the arena) reserves, copies
 //                    1 GiB from private memory into the reservation, and seals. The
 //                    daemon committed every arena page at start, but this mapping has
@@ -185,18 +187,12 @@ bool run_copy_bench(const CopyConfig& config, CopyResult& ret_result, std::strin
     return false;
   }
   std::vector<double> memcpy_sec, publish_first, publish_warm, restore_first, restore_warm;
-  std::vector<double> publish_first_x, publish_warm_x, restore_first_x, restore_warm_x;
-  double reference_sec = 0;  // the memcpy run right before the pass being timed
   const auto reference = [&] {
     const uint64_t t0 = now_nsec();
     std::memcpy(dst.data, src.data, config.bytes);
-    reference_sec = double(now_nsec() - t0) * 1e-9;
-    memcpy_sec.push_back(reference_sec);
+    memcpy_sec.push_back(double(now_nsec() - t0) * 1e-9);
   };
-  const auto record = [&](std::vector<double>& secs, std::vector<double>& ratios, double sec) {
-    secs.push_back(sec);
-    ratios.push_back(reference_sec / sec);
-  };
+  const auto record = [&](std::vector<double>& secs, double sec) { secs.push_back(sec); };
   bool reused = true;
   uint64_t serial = 0;
   std::memcpy(dst.data, src.data, config.bytes);  // warm the copy path once
@@ -229,20 +225,20 @@ bool run_copy_bench(const CopyConfig& config, CopyResult& ret_result, std::strin
     reference();
     const void* first = publish(writer, ++serial, src, sec, ret_error);
     ok = first != nullptr;
-    if (ok) record(publish_first, publish_first_x, sec);
+    if (ok) record(publish_first, sec);
     reference();
     const void* second = ok ? publish(writer, ++serial, src, sec, ret_error) : nullptr;
     ok = ok && second != nullptr;
     if (ok) {
-      record(publish_warm, publish_warm_x, sec);
+      record(publish_warm, sec);
       reused = reused && first == second;
     }
     reference();
     ok = ok && restore(reader, serial, src, dst, sec, ret_error);
-    if (ok) record(restore_first, restore_first_x, sec);
+    if (ok) record(restore_first, sec);
     reference();
     ok = ok && restore(reader, serial, src, dst, sec, ret_error);
-    if (ok) record(restore_warm, restore_warm_x, sec);
+    if (ok) record(restore_warm, sec);
     if (ok) {  // untimed: another client's round trips while a 1 GiB entry is published and sealed
       std::atomic<bool> stop{false};
       std::thread probe(probe_loop, config.socket_path, std::cref(stop), std::ref(loop_busy));
@@ -262,10 +258,7 @@ bool run_copy_bench(const CopyConfig& config, CopyResult& ret_result, std::strin
                 .publish_warm_sec = median(publish_warm),
                 .restore_first_sec = median(restore_first),
                 .restore_warm_sec = median(restore_warm),
-                .publish_first_ratio = median(publish_first_x),
-                .publish_warm_ratio = median(publish_warm_x),
-                .restore_first_ratio = median(restore_first_x),
-                .restore_warm_ratio = median(restore_warm_x),
+
                 .warm_reused_extent = reused,
                 .loop_idle = percentiles(loop_idle),
                 .loop_during_publish = percentiles(loop_busy)};

@@ -81,6 +81,10 @@ inline constexpr size_t arena_name_bytes_max = 200;  // memfd names: the kernel 
 // Fused copy-and-checksum works in pieces this size: the piece just copied is hashed
 // while it is still in the L1/L2 cache, so verifying costs no second pass over memory.
 inline constexpr size_t checksum_piece_bytes = 16 * 1024;
+// Copies through a client's mapping at least this large fill the page tables of the
+// regions they touch first (shm::ArenaMapping::prefault): smaller ones take their
+// few faults, and a region once filled stays filled for the mapping's life.
+inline constexpr uint64_t prefault_min_bytes = 1024 * 1024;
 
 // HTTP listeners (kvparkd's status and metrics, kvpark-proxy's front): a peer must
 // send its whole request head within http_head_timeout_usec and its body within

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cassert>
 #include <cerrno>
 #include <chrono>
@@ -29,6 +30,7 @@ constexpr int madv_populate_write = MADV_POPULATE_WRITE;
 #endif
 
 constexpr uint64_t transparent_huge_page_bytes = 2ull * 1024 * 1024;
+constexpr uint64_t prefault_region_bytes = 2ull * 1024 * 1024;  // a huge page, 512 small ones
 constexpr uint32_t small_page_bytes = 4096;
 
 uint64_t now_unix_usec() {
@@ -341,10 +343,27 @@ Status ArenaMapping::attach(int header_fd, int data_fd, uint64_t data_bytes, uin
   auto mapping = std::shared_ptr<ArenaMapping>(new ArenaMapping());
   mapping->header_ = header;
   mapping->data_ = data;
+  const uint64_t regions = (data_bytes + prefault_region_bytes - 1) / prefault_region_bytes;
+  mapping->populated_ = std::make_unique<std::atomic<uint64_t>[]>((regions + 63) / 64);
   mapping->reservation_ = reservation;
   mapping->reservation_bytes_ = reservation_bytes;
   ret_mapping = std::move(mapping);
   return done(Status::Ok);
+}
+
+void ArenaMapping::prefault(const void* p, uint64_t bytes) {
+  const auto* at = static_cast<const uint8_t*>(p);
+  if (bytes < limits::prefault_min_bytes || at < data_ || at + bytes > data_ + data_bytes()) return;
+  const uint64_t first = static_cast<uint64_t>(at - data_) / prefault_region_bytes;
+  const uint64_t last = (static_cast<uint64_t>(at - data_) + bytes - 1) / prefault_region_bytes;
+  for (uint64_t r = first; r <= last; ++r) {
+    const uint64_t bit = uint64_t{1} << (r % 64);
+    if ((populated_[r / 64].fetch_or(bit, std::memory_order_relaxed) & bit) != 0) continue;
+    const uint64_t begin = r * prefault_region_bytes;
+    const uint64_t end = std::min(begin + prefault_region_bytes, data_bytes());
+    // Best effort: before Linux 5.14 (EINVAL) the copy takes its faults as before.
+    (void)madvise(data_ + begin, end - begin, madv_populate_write);
+  }
 }
 
 ArenaMapping::~ArenaMapping() {
