@@ -3,19 +3,21 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #include <cassert>
 #include <cerrno>
 #include <cstring>
 
+#include "proto/xxh3.h"
 #include "proxy/slot_file.h"
 
 namespace kvpark::proxy {
 namespace {
 
 constexpr auto reconnect_interval = std::chrono::seconds(1);
-constexpr size_t copy_chunk_bytes = 4u << 20;  // staging buffer between arena and file
+// Staging buffer between arena and file: small enough that hashing it and writing it
+// out read it from the L2 cache the copy just filled.
+constexpr size_t copy_chunk_bytes = 256u << 10;
 
 // Copies the slot file out of a parked payload, checking its header and hashing the
 // very bytes written (the arena is shared memory: what is checked must be what

@@ -1,8 +1,8 @@
 #include "proxy/slot_file.h"
 
-#include <xxhash.h>
-
 #include <cstring>
+
+#include "proto/xxh3.h"
 
 namespace kvpark::proxy {
 

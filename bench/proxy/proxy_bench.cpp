@@ -513,7 +513,15 @@ int main(int argc, char** argv) {
   const std::string work = mkdtemp(templ);
   const bool keep = options.keep;
   const int fan_out = options.fan_out;
-  bool ok;
+  bool ok = true;
+  // --restore-path and --overhead together: both, in one run (the overhead first).
+  if (options.overhead) {
+    if (!options.head_given) options.head_tokens = 12288;
+    const std::string dir = work + "/overhead";
+    std::filesystem::create_directories(dir);
+    Bench bench(options, dir);
+    ok = bench.setup() && bench.overhead();
+  }
   if (options.restore_path) {
     kvpark::bench::RestorePathOptions r{.llama_server = options.llama_server,
                                         .proxy = options.proxy,
@@ -523,12 +531,9 @@ int main(int argc, char** argv) {
     r.layers = options.layers;
     r.embedding = options.embedding;
     r.threads = options.threads;
-    ok = kvpark::bench::run_restore_path(r, work);
-  } else if (options.overhead) {
-    if (!options.head_given) options.head_tokens = 12288;
-    Bench bench(std::move(options), work);
-    ok = bench.setup() && bench.overhead();
-  } else {
+    ok = kvpark::bench::run_restore_path(r, work) && ok;
+  }
+  if (!options.restore_path && !options.overhead) {
     Bench bench(std::move(options), work);
     ok = bench.setup() &&
          bench.run("sibling B after A",
