@@ -18,6 +18,7 @@
 
 #include "daemon/control.h"
 #include "daemon/disk_tier.h"
+#include "daemon/durable_file.h"
 #include "daemon/log.h"
 #include "daemon/park.h"
 #include "proto/limits.h"
@@ -476,24 +477,7 @@ bool write_runtime_overrides(const std::string& path,
       "# Written by kvparkd; to go back to the configured values, remove this file and\n"
       "# run kvparkctl reload.\n";
   for (const auto& [key, value] : values) text += key + " = " + value + "\n";
-  const std::string temp = path + ".tmp";
-  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
-  if (fd < 0) return false;
-  const bool written = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) &&
-                       fsync(fd) == 0;
-  const int err = errno;
-  ::close(fd);
-  if (!written || rename(temp.c_str(), path.c_str()) != 0) {
-    const int failure = written ? errno : err;
-    unlink(temp.c_str());
-    errno = failure;
-    return false;
-  }
-  const int dir = ::open(file.parent_path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir < 0) return false;
-  const bool synced = fsync(dir) == 0;
-  ::close(dir);
-  return synced;
+  return replace_file_durably(path, text);
 }
 
 std::string format_config(const DaemonOptions& o) {

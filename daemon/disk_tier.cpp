@@ -11,6 +11,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "daemon/durable_file.h"
 #include "proto/limits.h"
 
 namespace kvpark::daemon {
@@ -153,25 +154,9 @@ bool DiskTier::save_budget(uint64_t now_usec, bool force) {
   budget_saved_usec_ = now_usec;
   const std::string text = std::string(disk_budget_format) + "\nday " + std::to_string(day_) +
                            "\nbytes " + std::to_string(written_today_bytes_) + "\n";
-  const std::string path = budget_path();
-  const std::string temp = path + ".tmp";
-  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
-  if (fd < 0) return false;
-  const bool written =
-      ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) && fsync(fd) == 0;
-  const int err = errno;
-  ::close(fd);
-  if (!written || rename(temp.c_str(), path.c_str()) != 0) {
-    const int failure = written ? errno : err;
-    unlink(temp.c_str());
-    errno = failure;
-    return false;
-  }
-  const int dir = ::open(options_.directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  const bool synced = dir >= 0 && fsync(dir) == 0;
-  if (dir >= 0) ::close(dir);
-  budget_dirty_ = !synced;
-  return synced;
+  const bool saved = replace_file_durably(budget_path(), text);
+  budget_dirty_ = !saved;
+  return saved;
 }
 
 bool DiskTier::budget_allows(uint64_t bytes) {
