@@ -192,7 +192,6 @@ bool run_copy_bench(const CopyConfig& config, CopyResult& ret_result, std::strin
     std::memcpy(dst.data, src.data, config.bytes);
     memcpy_sec.push_back(double(now_nsec() - t0) * 1e-9);
   };
-  const auto record = [&](std::vector<double>& secs, double sec) { secs.push_back(sec); };
   bool reused = true;
   uint64_t serial = 0;
   std::memcpy(dst.data, src.data, config.bytes);  // warm the copy path once
@@ -225,20 +224,20 @@ bool run_copy_bench(const CopyConfig& config, CopyResult& ret_result, std::strin
     reference();
     const void* first = publish(writer, ++serial, src, sec, ret_error);
     ok = first != nullptr;
-    if (ok) record(publish_first, sec);
+    if (ok) publish_first.push_back(sec);
     reference();
     const void* second = ok ? publish(writer, ++serial, src, sec, ret_error) : nullptr;
     ok = ok && second != nullptr;
     if (ok) {
-      record(publish_warm, sec);
+      publish_warm.push_back(sec);
       reused = reused && first == second;
     }
     reference();
     ok = ok && restore(reader, serial, src, dst, sec, ret_error);
-    if (ok) record(restore_first, sec);
+    if (ok) restore_first.push_back(sec);
     reference();
     ok = ok && restore(reader, serial, src, dst, sec, ret_error);
-    if (ok) record(restore_warm, sec);
+    if (ok) restore_warm.push_back(sec);
     if (ok) {  // untimed: another client's round trips while a 1 GiB entry is published and sealed
       std::atomic<bool> stop{false};
       std::thread probe(probe_loop, config.socket_path, std::cref(stop), std::ref(loop_busy));

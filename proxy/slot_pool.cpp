@@ -29,35 +29,7 @@ uint32_t SlotPool::busy() const {
   return uint32_t(std::count_if(slots_.begin(), slots_.end(), [](const Slot& s) { return s.busy; }));
 }
 
-uint32_t SlotPool::acquire(const std::vector<int32_t>& prompt, size_t* ret_common) {
-  std::unique_lock lock(mutex_);
-  for (;;) {
-    if (slots_.empty()) return no_slot;
-    uint32_t best = no_slot;
-    size_t best_common = 0;
-    for (uint32_t i = 0; i < slots_.size(); ++i) {
-      const Slot& s = slots_[i];
-      if (s.busy) continue;
-      const size_t common = common_prefix(s.holds, prompt);
-      if (best == no_slot || common > best_common ||
-          (common == best_common && s.last_used < slots_[best].last_used)) {
-        best = i;
-        best_common = common;
-      }
-    }
-    if (best != no_slot) {
-      slots_[best].busy = true;
-      slots_[best].last_used = ++clock_;
-      *ret_common = best_common;
-      return best;
-    }
-    idle_.wait(lock);
-  }
-}
-
-uint32_t SlotPool::try_acquire_holding(const std::vector<int32_t>& prompt, size_t common_min,
-                                       size_t* ret_common) {
-  std::lock_guard lock(mutex_);
+uint32_t SlotPool::best_idle_locked(const std::vector<int32_t>& prompt, size_t* ret_common) const {
   uint32_t best = no_slot;
   size_t best_common = 0;
   for (uint32_t i = 0; i < slots_.size(); ++i) {
@@ -70,11 +42,34 @@ uint32_t SlotPool::try_acquire_holding(const std::vector<int32_t>& prompt, size_
       best_common = common;
     }
   }
-  if (best == no_slot || best_common < common_min) return no_slot;
-  slots_[best].busy = true;
-  slots_[best].last_used = ++clock_;
   *ret_common = best_common;
   return best;
+}
+
+uint32_t SlotPool::take_locked(uint32_t slot) {
+  slots_[slot].busy = true;
+  slots_[slot].last_used = ++clock_;
+  return slot;
+}
+
+uint32_t SlotPool::acquire(const std::vector<int32_t>& prompt, size_t* ret_common) {
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    if (slots_.empty()) return no_slot;
+    const uint32_t best = best_idle_locked(prompt, ret_common);
+    if (best != no_slot) return take_locked(best);
+    idle_.wait(lock);
+  }
+}
+
+uint32_t SlotPool::try_acquire_holding(const std::vector<int32_t>& prompt, size_t common_min,
+                                       size_t* ret_common) {
+  std::lock_guard lock(mutex_);
+  size_t common = 0;
+  const uint32_t best = best_idle_locked(prompt, &common);
+  if (best == no_slot || common < common_min) return no_slot;
+  *ret_common = common;
+  return take_locked(best);
 }
 
 uint32_t SlotPool::try_acquire_idle() {
@@ -83,11 +78,7 @@ uint32_t SlotPool::try_acquire_idle() {
   for (uint32_t i = 0; i < slots_.size(); ++i)
     if (!slots_[i].busy && (best == no_slot || slots_[i].last_used < slots_[best].last_used))
       best = i;
-  if (best != no_slot) {
-    slots_[best].busy = true;
-    slots_[best].last_used = ++clock_;
-  }
-  return best;
+  return best == no_slot ? no_slot : take_locked(best);
 }
 
 void SlotPool::release(uint32_t slot, std::vector<int32_t> holds) {

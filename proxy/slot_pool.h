@@ -47,6 +47,10 @@ class SlotPool {
     std::vector<int32_t> holds;
     uint64_t last_used = 0;
   };
+  // Under mutex_: the idle slot holding the longest prefix of `prompt` (the least
+  // recently used among equals), no_slot when all are busy; *ret_common: that prefix.
+  uint32_t best_idle_locked(const std::vector<int32_t>& prompt, size_t* ret_common) const;
+  uint32_t take_locked(uint32_t slot);  // marks it busy and used now; returns it
   mutable std::mutex mutex_;
   std::condition_variable idle_;
   std::vector<Slot> slots_;

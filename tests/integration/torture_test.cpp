@@ -25,6 +25,7 @@
 #include "tests/testing/content.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/engine_runner.h"
+#include "tests/testing/wait.h"
 
 namespace kvpark::testing {
 namespace {
@@ -284,12 +285,9 @@ TEST_F(Torture, DaemonKilledInALoopWhilePublishersPublishAndSpillsRun) {
     }
     // After a crash: every record on disk is indexed (reachable) or was removed.
     StatsClient stats(daemon.socket_path());
-    kvpark_stats s = stats.get();
-    const uint64_t settle = now_msec() + 10'000;
-    while (record_files(disk) != s.disk_entries && now_msec() < settle) {
-      usleep(10'000);  // removals of unreachable records are asynchronous unlinks
-      s = stats.get();
-    }
+    kvpark_stats s{};
+    // Removals of unreachable records are asynchronous unlinks.
+    (void)wait_until([&] { return s = stats.get(), record_files(disk) == s.disk_entries; }, 10'000);
     EXPECT_EQ(record_files(disk), s.disk_entries)
         << "cycle " << cycles << ": a record on disk is neither reachable nor removed\n"
         << read_file(daemon.log_path());

@@ -273,20 +273,6 @@ class ProxyProcess {
       waitpid(pid_, nullptr, 0);
     }
   }
-  static int free_tcp_port() {
-    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t length = sizeof addr;
-    int port = -1;
-    if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
-        getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &length) == 0) {
-      port = ntohs(addr.sin_port);
-    }
-    close(fd);
-    return port;
-  }
   // Its port once the "started: listening on" line is out; -1 when it exited first.
   int wait_port() {
     bool listening = false;

@@ -7,28 +7,12 @@
 // merges across the boundary), and show that what is parked is keyed by the full
 // tokenization: a later turn after a llama-server restart restores it. kvparkd
 // counts as restored what the proxy restored.
-#include "tests/ops/prometheus_parser.h"
 #include "tests/proxy/proxy_e2e.h"
+#include "tests/proxy/proxy_metrics.h"
 #include "tests/testing/wait.h"
 
 namespace kvpark::testing {
 namespace {
-
-PromDocument scrape(const std::string& proxy_url) {
-  const HttpResult r = http_get(proxy_url, "/metrics");
-  EXPECT_EQ(r.status, 200);
-  PromDocument doc;
-  std::string error;
-  EXPECT_TRUE(parse_prometheus_text(r.body, doc, error)) << error << "\n" << r.body;
-  return doc;
-}
-
-double metric(const PromDocument& doc, const std::string& name,
-              const std::map<std::string, std::string>& labels = {}) {
-  double value = -1;
-  EXPECT_TRUE(doc.value(name, labels, value)) << name;
-  return value;
-}
 
 // llama-server's tokens for a chat request, as its chat endpoint makes them.
 std::vector<int32_t> full_tokens(const std::string& url, const ChatRequest& request) {

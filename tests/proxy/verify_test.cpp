@@ -23,8 +23,8 @@
 
 #include "client/kvpark.h"
 #include "proxy/slot_file.h"
-#include "tests/ops/prometheus_parser.h"
 #include "tests/proxy/proxy_e2e.h"
+#include "tests/proxy/proxy_metrics.h"
 
 namespace kvpark::testing {
 namespace {
@@ -75,23 +75,6 @@ HttpResult wait_for_health(const std::string& proxy_url, int status) {
     usleep(50'000);
   }
   return health;
-}
-
-PromDocument scrape(const std::string& proxy_url) {
-  const HttpResult r = http_get(proxy_url, "/metrics");
-  EXPECT_EQ(r.status, 200);
-  EXPECT_EQ(r.header("content-type").rfind("text/plain", 0), 0u) << r.header("content-type");
-  PromDocument doc;
-  std::string error;
-  EXPECT_TRUE(parse_prometheus_text(r.body, doc, error)) << error << "\n" << r.body;
-  return doc;
-}
-
-double metric(const PromDocument& doc, const std::string& name,
-              const std::map<std::string, std::string>& labels = {}) {
-  double value = -1;
-  EXPECT_TRUE(doc.value(name, labels, value)) << name;
-  return value;
 }
 
 bool contains(const std::string& text, const std::string& part) {

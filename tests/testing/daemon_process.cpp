@@ -2,6 +2,7 @@
 #include "tests/testing/daemon_process.h"
 
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
@@ -69,6 +70,23 @@ int http_port_in_ready_message(const std::string& message) {
       message.substr(at + marker.size(), end == std::string::npos ? end : end - at - marker.size());
   const size_t colon = address.rfind(':');
   return colon == std::string::npos ? -1 : std::atoi(address.c_str() + colon + 1);
+}
+
+int free_tcp_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t length = sizeof addr;
+  int port = -1;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &length) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  close(fd);
+  return port;
 }
 
 uint64_t now_msec() {

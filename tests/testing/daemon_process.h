@@ -71,6 +71,9 @@ class DaemonProcess {
 // (KVPARKD, KVPARK_TEST_ENGINE).
 std::string built_binary(const char* env_name);
 
+// A TCP port on 127.0.0.1 that was free a moment ago (bound, then released).
+int free_tcp_port();
+
 // CLOCK_MONOTONIC in milliseconds.
 uint64_t now_msec();
 

@@ -17,9 +17,6 @@
 
 namespace kvpark::testing {
 
-// A TCP port on 127.0.0.1 that was free a moment ago (bound, then released).
-int free_tcp_port();
-
 struct LlamaServerConfig {
   std::string binary;                   // llama-server
   std::string model;                    // GGUF path
