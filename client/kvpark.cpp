@@ -233,7 +233,12 @@ void apply_reply(kvpark_plan* plan, const wire::LookupReply& reply,
       pending = std::max(pending, c.position);
       continue;
     }
-    if (block_tokens > 0 && c.anchor_chunks > confirmed) continue;
+    if (block_tokens > 0 && c.anchor_chunks > confirmed) {
+      // Its blocks are still coming in from disk: restorable once they land. (A host
+      // block that failed confirmation ends the chain here for good.)
+      if (confirmed == reply.host_blocks) pending = std::max(pending, c.position);
+      continue;
+    }
     const Hash128& anchor = c.anchor_chunks == 0 ? client->namespace_id
                                                  : hashes[c.anchor_chunks - 1];
     const shm::EntryHeader* h = entry_at(a, c.extent_offset, 0);

@@ -199,12 +199,21 @@ struct Listener::Impl {
   }
 
   // Makes room under a cap by displacing the slowest sender; false when nobody can go.
+  // A candidate is read first: a client whose whole request already waits in its
+  // socket (one accepted in the same burst as the slow ones, say) is no slow sender
+  // and goes on to a worker instead.
   bool make_room(const std::string* peer) {
-    const uint64_t victim = oldest_in_head(peer);
-    if (victim == 0) return false;
-    ++counters.displaced;
-    close_connection(victim);
-    return true;
+    for (;;) {
+      const uint64_t victim = oldest_in_head(peer);
+      if (victim == 0) return false;
+      on_readable(victim);
+      const auto it = connections.find(victim);
+      if (it == connections.end()) return true;  // it had closed, or was refused: room made
+      if (it->second.phase != Phase::Head) continue;
+      ++counters.displaced;
+      close_connection(victim);
+      return true;
+    }
   }
 
   void accept_all() {

@@ -11,7 +11,8 @@
 //  - at most http_connections_max connections are held, http_connections_per_peer_max
 //    from one address; at a cap, the oldest connection still sending its head gives
 //    way to the new one (a flood of slow clients cannot lock out a fast one), and
-//    when none is, the new one gets 503;
+//    when none is, the new one gets 503. A candidate is read before it is closed:
+//    one whose whole request already arrived is served, never displaced;
 //  - workers run httplib's routing on the buffered request (RouteServer::serve), so
 //    a worker never waits for a client to send; keep-alive connections come back to
 //    this thread between requests.

