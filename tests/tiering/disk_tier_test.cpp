@@ -525,12 +525,9 @@ TEST_F(DiskTierTest, ReadOnlyDirectoryIsServedReadOnly) {
   EXPECT_EQ(s.disk_entries, blocks_per_head);
   EXPECT_EQ(s.spills, 0u);
   EXPECT_EQ(disk_.records().size(), records);
-  // Status shows it.
-  unsigned port = 0;
-  const size_t at = log.find("http listening on 127.0.0.1:");
-  ASSERT_NE(at, std::string::npos) << log;
-  std::sscanf(log.c_str() + at, "http listening on 127.0.0.1:%u", &port);
-  httplib::Client client("127.0.0.1", static_cast<uint16_t>(port));
+  // Status shows it (on the port its READY=1 status names).
+  ASSERT_GT(daemon_->http_port(), 0) << log;
+  httplib::Client client("127.0.0.1", static_cast<uint16_t>(daemon_->http_port()));
   const auto status = client.Get("/v1/status");
   ASSERT_TRUE(status);
   EXPECT_NE(status->body.find("\"disk_read_only\":true"), std::string::npos) << status->body;
