@@ -143,11 +143,12 @@ Status EntryTable::insert_on_disk(const NewEntry& n, uint64_t disk_bytes, EntryS
   return Status::Ok;
 }
 
-void EntryTable::seal(EntrySlot slot, uint64_t payload_checksum) {
+void EntryTable::seal(EntrySlot slot, uint64_t payload_checksum, uint64_t now_usec) {
   Entry& e = slots_.at(slot);
   assert(e.in_use && !e.sealed && e.on_host);
   e.sealed = true;
   e.payload_checksum = payload_checksum;
+  e.last_use_usec = now_usec;
   NamespaceInfo& info = namespaces_[e.ns];
   info.bytes += e.extent_bytes;
   if (e.kind == EntryKind::Block) {
@@ -292,10 +293,11 @@ bool EntryTable::evict_lru() {
   if (lru_tail_ == no_slot) return false;
   EntrySlot victim = lru_tail_;
   if (value_) {
-    double lowest = value_(slots_[victim]);
+    const uint64_t now = coarse_monotonic_usec();
+    double lowest = value_(slots_[victim], now);
     EntrySlot slot = slots_[victim].lru_prev;
     for (size_t seen = 1; seen < eviction_sample_entries && slot != no_slot; ++seen) {
-      const double value = value_(slots_[slot]);
+      const double value = value_(slots_[slot], now);
       if (value < lowest) {
         lowest = value;
         victim = slot;

@@ -138,7 +138,9 @@ class EntryTable {
   Status insert_reserved(const NewEntry& entry, EntrySlot& ret_slot);
   // Indexes a sealed entry that exists only on disk (recovery after a restart).
   Status insert_on_disk(const NewEntry& entry, uint64_t disk_bytes, EntrySlot& ret_slot);
-  void seal(EntrySlot slot, uint64_t payload_checksum);
+  // Seals a reserved entry, last used at now_usec: one stamp for a whole SEAL, so the
+  // value function never ranks a chain's root below its tip (the LRU order decides).
+  void seal(EntrySlot slot, uint64_t payload_checksum, uint64_t now_usec);
   void erase(EntrySlot slot);  // reserved, or sealed with no lease and no I/O
 
   // Host copy of a disk-only entry: allocates its extent (evicting as needed) and
@@ -164,8 +166,11 @@ class EntryTable {
   // Host-evicts one entry: of the eviction_sample_entries least recently used, the one
   // the value function rates lowest (the oldest if none is set); false if none.
   bool evict_lru();
-  // Value density of an entry (higher: keep longer); see Park::value_density.
-  void set_value_function(std::function<double(const Entry&)> value) { value_ = std::move(value); }
+  // Value density of an entry at a time (higher: keep longer); see Park::value_density.
+  // One eviction compares every candidate at the same instant.
+  void set_value_function(std::function<double(const Entry&, uint64_t now_usec)> value) {
+    value_ = std::move(value);
+  }
   void evict_host(EntrySlot slot);  // host-evicts this evictable entry
   EntrySlot host_lru_tail() const { return lru_tail_; }
   EntrySlot host_lru_prev(EntrySlot slot) const { return slots_.at(slot).lru_prev; }
@@ -239,7 +244,7 @@ class EntryTable {
   // A dead entry's slot goes with its last lease and I/O pin; true if it is dead.
   bool free_if_dead_and_unused(EntrySlot slot);
 
-  std::function<double(const Entry&)> value_;
+  std::function<double(const Entry&, uint64_t now_usec)> value_;
   shm::ExtentAllocator allocator_;
   std::vector<NamespaceInfo> namespaces_;
   std::unordered_map<NamespaceId, NamespaceIndex, Hash128Hasher> namespace_by_id_;

@@ -16,7 +16,7 @@
 namespace kvpark::daemon {
 Park::Park(const ParkOptions& options, EntryTable& table) : options_(options), table_(table) {
   assert(options.arena_data != nullptr && options.reservation_bytes_max > 0);
-  table_.set_value_function([this](const Entry& e) { return value_density(e); });
+  table_.set_value_function([this](const Entry& e, uint64_t now) { return value_density(e, now); });
 }
 
 Status Park::open(ConnectionId id, uint32_t peer_pid) {
@@ -339,7 +339,8 @@ Status Park::seal(ConnectionId id, const wire::ReservationRequest& req) {
   Status status = Status::Ok;
   if (intact) {
     // Deepest first, so a chain's root ends up the most recently used.
-    for (size_t i = r.slots.size(); i-- > 0;) table_.seal(r.slots[i], req.payload_checksums[i]);
+    const uint64_t now = coarse_monotonic_usec();
+    for (size_t i = r.slots.size(); i-- > 0;) table_.seal(r.slots[i], req.payload_checksums[i], now);
     // Shared heads and explicit breakpoints are written through to disk, chain order
     // (a block's predecessors first; see spill_chain).
     for (EntrySlot slot : r.slots) {

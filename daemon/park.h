@@ -237,8 +237,9 @@ class Park {
   // Recovery: the records a lookup can reach, in chain order; the rest in ret_unreachable.
   static std::vector<const disk::RecordInfo*> reachable_records(
       const disk::RecoveryReport& report, std::vector<const disk::RecordInfo*>& ret_unreachable);
-  // Expected saved prefill seconds per arena byte (the value model; see park_disk.cpp).
-  double value_density(const Entry& e) const;
+  // Expected saved prefill seconds per arena byte at now_usec (the value model; see
+  // park_disk.cpp).
+  double value_density(const Entry& e, uint64_t now_usec) const;
   // Whether reading a disk-only entry beats recomputing it at the engine's rate.
   bool load_beats_recompute(const Entry& e) const;
   // A flush's spills (and their predecessors') are exempt from the write budget.

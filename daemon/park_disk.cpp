@@ -45,7 +45,7 @@ bool Park::worth_keeping(const Entry& e) const {
          e.evidence != Evidence::DefaultAutomatic || age < private_keep_usec;
 }
 
-double Park::value_density(const Entry& e) const {
+double Park::value_density(const Entry& e, uint64_t now) const {
   const NamespaceInfo& ns = table_.namespace_info(e.ns);
   const double rate = ns.prefill_tokens_per_second != 0 ? ns.prefill_tokens_per_second
                                                         : prefill_tokens_per_second_default;
@@ -54,7 +54,6 @@ double Park::value_density(const Entry& e) const {
   const double tokens = e.kind == EntryKind::Block ? ns.geometry.block_tokens : e.position;
   const bool shared = e.entry_class == EntryClass::Shared ||
                       e.evidence == Evidence::ObservedRecurrence;
-  const uint64_t now = coarse_monotonic_usec();
   const double age = static_cast<double>(now - std::min(e.last_use_usec, now));
   const double half_life = shared ? shared_half_life_usec : private_half_life_usec;
   const double likelihood = (1.0 + static_cast<double>(e.hits)) * std::exp2(-age / half_life);

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include "daemon/clock.h"
 #include "proto/limits.h"
 
 namespace kvpark::daemon {
@@ -27,7 +28,7 @@ class EntryTableTest : public ::testing::Test {
   }
   EntrySlot insert_sealed(uint64_t key, uint64_t granules = 1) {
     EntrySlot slot = insert(key, granules);
-    if (slot != no_slot) table_.seal(slot, 0);
+    if (slot != no_slot) table_.seal(slot, 0, coarse_monotonic_usec());
     return slot;
   }
   bool present(uint64_t key) const { return table_.find_block(ns_, {key, 0}) != no_slot; }
@@ -42,7 +43,7 @@ TEST_F(EntryTableTest, FindsReservedAndSealedBlocksByKey) {
   EXPECT_EQ(table_.find_block(ns_, {1, 0}), slot);
   EXPECT_FALSE(table_.entry(slot).sealed);
   EXPECT_EQ(table_.blocks(), 0u) << "reserved entries are not counted as parked";
-  table_.seal(slot, 0);
+  table_.seal(slot, 0, coarse_monotonic_usec());
   EXPECT_TRUE(table_.entry(slot).sealed);
   EXPECT_EQ(table_.blocks(), 1u);
   EXPECT_EQ(table_.evictable_bytes(), granule);
@@ -187,7 +188,7 @@ TEST_F(EntryTableTest, SnapshotsAreKeyedByAnchorAndExactTail) {
   EXPECT_EQ(table_.find_snapshot(ns_, {7, 7}, std::vector<int32_t>{1, 2}), no_slot);
   EXPECT_EQ(table_.find_snapshot(ns_, {7, 8}, tail_a), no_slot);
   EXPECT_EQ(table_.snapshots_at(ns_, {7, 7}).size(), 2u);
-  table_.seal(a, 0);
+  table_.seal(a, 0, coarse_monotonic_usec());
   EXPECT_EQ(table_.snapshots(), 1u);
   table_.erase(a);
   table_.erase(b);
