@@ -252,11 +252,12 @@ void spill_before_stopping(daemon::Park& park, daemon::DiskTier& disk,
 // with this configuration, else made new (and stored with the manager, when there is
 // one). A fresh start over kept fds says why in one line and has the manager drop them.
 bool open_host_tier(const daemon::DaemonOptions& options, std::unique_ptr<shm::ArenaOwner>& ret_arena,
-                    std::unique_ptr<shm::StateSegment>& ret_state, bool& ret_adopted) {
+                    std::unique_ptr<shm::StateSegment>& ret_state, bool& ret_adopted,
+                    std::string& ret_fresh_reason) {
   ret_adopted = false;
   daemon::StoredFds stored = daemon::take_stored_fds();
   daemon::KeptArena kept;
-  std::string fresh_reason;
+  std::string& fresh_reason = ret_fresh_reason;
   if (daemon::take_over(stored, {.configured_arena_bytes = options.arena_bytes, .huge_pages = options.huge_pages},
                         kept, fresh_reason)) {
     ret_arena = std::move(kept.arena);
@@ -347,7 +348,8 @@ int main(int argc, char** argv) {
   std::unique_ptr<shm::ArenaOwner> arena;
   std::unique_ptr<shm::StateSegment> state;
   bool adopted = false;
-  if (!open_host_tier(options, arena, state, adopted)) return exit_failure;
+  std::string fresh_reason;
+  if (!open_host_tier(options, arena, state, adopted, fresh_reason)) return exit_failure;
   shm::guard_arena(arena->data(), arena->data_bytes());
   std::unique_ptr<daemon::EntryState> entry_state;
   if (state) entry_state = std::make_unique<daemon::EntryState>(*state);
@@ -407,7 +409,9 @@ int main(int argc, char** argv) {
                                     [&options](const daemon::LimitChange& change) {
                                       daemon::keep_limit_change(options, change);
                                     },
-                                .disk_failure = disk_failure},
+                                .disk_failure = disk_failure,
+                                .adoption = adoption,
+                                .fresh_start_reason = fresh_reason},
                                park, table, loop);
   // Operations: SIGHUP reload, HTTP status and metrics, the systemd notify protocol.
   daemon::Notifier notifier(options.watchdog_usec);
