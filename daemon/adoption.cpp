@@ -160,17 +160,19 @@ AdoptionReport adopt_entries(EntryState& state, const uint8_t* arena_data, uint6
       drop(DropReason::Extent);
       continue;
     }
-    // The arena's own header of the extent must name the same entry (no payload read).
+    // A snapshot's extent is read for its tail tokens (the index needs them), and its
+    // header must name the same entry. Blocks touch no arena page: a page fault per
+    // entry would dominate adoption, and readers confirm headers and token ids anyway.
     shm::EntryHeader h{};
     const uint32_t tokens = block ? info.geometry.block_tokens : b.tail_tokens;
     const bool header_ok =
-        shm::guarded_copy(&h, arena_data + b.extent_offset, sizeof h) && h.magic == shm::entry_magic &&
+        block ||
+        (shm::guarded_copy(&h, arena_data + b.extent_offset, sizeof h) && h.magic == shm::entry_magic &&
         h.format_version == shm::entry_format_version && h.kind == b.kind &&
         h.namespace_id == b.namespace_id && h.key_hash == b.key_hash && h.token_count == tokens &&
         h.position == b.position && h.anchor_chunks == b.anchor_chunks &&
         h.payload_offset == shm::payload_offset_for(tokens) &&
-        (!block || h.payload_bytes == info.geometry.block_payload_bytes) &&
-        shm::extent_bytes_for(tokens, h.payload_bytes) == b.extent_bytes;
+        shm::extent_bytes_for(tokens, h.payload_bytes) == b.extent_bytes);
     if (!header_ok) {
       drop(DropReason::Header);
       continue;

@@ -7,9 +7,10 @@
 // and huge_pages as configured, every format version); otherwise the daemon starts
 // fresh and says why in one line. adopt_entries() reads each record, keeps those
 // that pass every check (record checksum, namespace, extent inside the arena and
-// overlapping no other, the entry header in the arena naming the same entry, a
-// snapshot's tail tokens matching their digest) and drops the rest, counted by
-// reason. No payload is read: restores verify payload checksums anyway. Free space
+// overlapping no other; for a snapshot, the entry header in the arena naming the same
+// entry and its tail tokens matching their digest) and drops the rest, counted by
+// reason. No payload is read, and no arena page of a block: readers confirm headers,
+// token ids and payload checksums anyway. Free space
 // is what no kept record covers: reservations in flight at the crash are free again.
 #pragma once
 
@@ -46,7 +47,7 @@ enum class DropReason : uint8_t {
   Damaged,    // the record fails its checksum (torn by a crash, or written over)
   Namespace,  // its namespace record is missing or damaged
   Extent,     // outside the arena, or overlapping another kept entry, or a duplicate key
-  Header,     // the entry header in the arena does not name this entry
+  Header,     // a snapshot's entry header in the arena does not name this entry
   Tail,       // a snapshot's tail tokens in the arena do not match the record
 };
 inline constexpr size_t drop_reason_count = 5;

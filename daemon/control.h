@@ -99,7 +99,7 @@ struct StatusInfo {
   uint64_t adoption_dropped_damaged = 0;    // failed their record checksum
   uint64_t adoption_dropped_namespace = 0;  // their namespace record was missing or damaged
   uint64_t adoption_dropped_extent = 0;     // outside the arena, overlapping, or a duplicate
-  uint64_t adoption_dropped_header = 0;     // the arena's entry header named another entry
+  uint64_t adoption_dropped_header = 0;     // a snapshot's entry header named another entry
   uint64_t adoption_dropped_tail = 0;       // a snapshot's tail tokens were altered
   LatencyHistogram spill_seconds;    // one entry, host -> disk, until durable
   LatencyHistogram restore_seconds;  // one entry, disk -> host, verified

@@ -11,7 +11,7 @@
 //             in GB/s, next to the same client's second one, a fresh client's, and
 //             memcpy of the same bytes
 //
-//   kvpark-restart-bench [--quick] [--kvparkd PATH] [--arena-mib N]
+//   kvpark-restart-bench [--quick] [--kvparkd PATH] [--arena-mib N] [--block-kib N]
 #include <fcntl.h>
 #include <getopt.h>
 #include <poll.h>
@@ -40,7 +40,7 @@ namespace {
 using kvpark::testing::ManagerFdStore;
 
 constexpr uint32_t block_tokens = 64;
-constexpr uint64_t block_bytes = 256 * 1024;
+uint64_t block_bytes = 256 * 1024;  // --block-kib
 constexpr size_t publish_batch_blocks = 64;
 constexpr int ready_timeout_msec = 120'000;
 constexpr kvpark_hash128 bench_ns{0x7e57a7, 0x7e57a7};
@@ -182,14 +182,16 @@ int main(int argc, char** argv) {
   static const option options[] = {{"quick", no_argument, nullptr, 'q'},
                                    {"kvparkd", required_argument, nullptr, 'k'},
                                    {"arena-mib", required_argument, nullptr, 'a'},
+                                   {"block-kib", required_argument, nullptr, 'b'},
                                    {"help", no_argument, nullptr, 'h'},
                                    {nullptr, 0, nullptr, 0}};
   for (int o; (o = getopt_long(argc, argv, "", options, nullptr)) != -1;) {
     if (o == 'q') arena_mib = 64;
     else if (o == 'k') kvparkd = optarg;
     else if (o == 'a') arena_mib = std::strtoull(optarg, nullptr, 0);
+    else if (o == 'b') block_bytes = std::strtoull(optarg, nullptr, 0) << 10;
     else {
-      std::printf("Usage: kvpark-restart-bench [--quick] [--kvparkd PATH] [--arena-mib N]\n");
+      std::printf("Usage: kvpark-restart-bench [--quick] [--kvparkd PATH] [--arena-mib N] [--block-kib N]\n");
       return o == 'h' ? 0 : 2;
     }
   }
@@ -208,7 +210,7 @@ int main(int argc, char** argv) {
   std::strncpy(addr.sun_path, m.notify_path.c_str(), sizeof addr.sun_path - 1);
   if (bind(m.notify_fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) return 1;
 
-  const size_t blocks = static_cast<size_t>(m.arena_bytes * 6 / 10 / (block_bytes + 4096));
+  const size_t blocks = std::min<size_t>(m.arena_bytes * 6 / 10 / (block_bytes + 4096), 8192);
   const std::vector<int32_t> tokens = prompt_tokens(blocks);
   std::vector<uint8_t> buffer(blocks * block_bytes), source(blocks * block_bytes, 1);
   std::vector<Row> rows;
@@ -268,6 +270,12 @@ int main(int argc, char** argv) {
   std::printf("restart: signal -> the first LOOKUP answered (a client connected across it); first: that "
               "client's first restore after the restart, warm: its second, fresh: a client that connects "
               "afterwards (maps anew); every restore verified\n");
+  // The daemon's own account of its adoptions.
+  FILE* log = std::fopen((m.directory + "/kvparkd.log").c_str(), "r");
+  for (char line[512]; log != nullptr && std::fgets(line, sizeof line, log) != nullptr;) {
+    if (std::strstr(line, "from the previous instance") != nullptr) std::printf("  %s", line);
+  }
+  if (log != nullptr) std::fclose(log);
   std::error_code ec;
   std::filesystem::remove_all(m.directory, ec);
   return 0;
