@@ -67,7 +67,8 @@ class Channel {
   int fd_ = -1;
   Attachment attachment_;
   // The mapping of the connection last dropped, kept until the next HELLO says
-  // whether its daemon adopted the same arena.
+  // whether its daemon adopted the same arena (while no daemon answers, the old
+  // arena's memory stays mapped here, as it did for a client holding a plan).
   std::shared_ptr<shm::ArenaMapping> last_mapping_;
   uint64_t generations_ = 0;
   uint32_t sequence_ = 0;

@@ -133,6 +133,7 @@ AdoptionReport adopt_entries(EntryState& state, const uint8_t* arena_data, uint6
   const uint64_t now = coarse_monotonic_usec();
   std::vector<int32_t> tail;
   const uint64_t high_water = segment.records_high_water();
+  table.reserve(static_cast<size_t>(high_water));
   for (uint64_t i = 0; i < high_water; ++i) {
     shm::StateRecord record{};
     const auto check = segment.check_record(i, record);

@@ -150,6 +150,12 @@ class EntryTable {
   // changed) when that range is not free or the key is already indexed.
   Status insert_adopted(const NewEntry& entry, uint64_t extent_offset, uint32_t record,
                         uint64_t hits, uint64_t last_use_usec, bool pinned, EntrySlot& ret_slot);
+  // Room for this many entries without regrowing (adoption knows how many come).
+  void reserve(size_t entries) {
+    slots_.reserve(entries);
+    generations_.reserve(entries);
+    blocks_.reserve(entries);
+  }
   // Adopted entries become evictable like any other.
   void release_adoption_hold();
   uint64_t held_bytes() const { return held_bytes_; }
