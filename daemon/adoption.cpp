@@ -21,24 +21,34 @@ constexpr uint64_t adopted_hits_max = uint64_t{1} << 32;
 
 const char* huge_pages_name(uint32_t setting) {
   switch (static_cast<shm::HugePages>(setting)) {
-    case shm::HugePages::Try: return "try";
-    case shm::HugePages::On: return "on";
-    case shm::HugePages::Off: return "off";
+    case shm::HugePages::Try:
+      return "try";
+    case shm::HugePages::On:
+      return "on";
+    case shm::HugePages::Off:
+      return "off";
   }
   return "unknown";
 }
 
-std::string mib(uint64_t bytes) { return std::to_string(bytes >> 20) + " MiB"; }
+std::string mib(uint64_t bytes) {
+  return std::to_string(bytes >> 20) + " MiB";
+}
 
 }  // namespace
 
 const char* drop_reason_name(DropReason reason) {
   switch (reason) {
-    case DropReason::Damaged: return "damaged";
-    case DropReason::Namespace: return "namespace";
-    case DropReason::Extent: return "extent";
-    case DropReason::Header: return "header";
-    case DropReason::Tail: return "tail";
+    case DropReason::Damaged:
+      return "damaged";
+    case DropReason::Namespace:
+      return "namespace";
+    case DropReason::Extent:
+      return "extent";
+    case DropReason::Header:
+      return "header";
+    case DropReason::Tail:
+      return "tail";
   }
   return "unknown";
 }
@@ -51,7 +61,8 @@ uint64_t AdoptionReport::dropped_total() const {
 
 std::string AdoptionReport::summary() const {
   char head[160];
-  std::snprintf(head, sizeof head, "adopted %llu entries (%.2f GiB) from the previous instance in %llu ms",
+  std::snprintf(head, sizeof head,
+                "adopted %llu entries (%.2f GiB) from the previous instance in %llu ms",
                 static_cast<unsigned long long>(entries), static_cast<double>(bytes) / (1ull << 30),
                 static_cast<unsigned long long>(usec / 1000));
   std::string text = head;
@@ -87,8 +98,9 @@ bool take_over(StoredFds& fds, const AdoptionConfig& config, KeptArena& ret_kept
     return false;
   }
   if (state_status != Status::Ok) {
-    ret_reason = "the kept state segment fails its header check or is of another format (state format " +
-                 std::to_string(shm::state_format_version) + ")";
+    ret_reason =
+        "the kept state segment fails its header check or is of another format (state format " +
+        std::to_string(shm::state_format_version) + ")";
     return false;
   }
   const shm::StateHeader& s = state->header();
@@ -98,8 +110,8 @@ bool take_over(StoredFds& fds, const AdoptionConfig& config, KeptArena& ret_kept
       s.entry_format_version != shm::entry_format_version) {
     ret_reason = "the kept state segment describes another arena or entry format";
   } else if (s.configured_arena_bytes != config.configured_arena_bytes) {
-    ret_reason = "the kept arena is " + mib(s.configured_arena_bytes) + ", the configuration asks for " +
-                 mib(config.configured_arena_bytes);
+    ret_reason = "the kept arena is " + mib(s.configured_arena_bytes) +
+                 ", the configuration asks for " + mib(config.configured_arena_bytes);
   } else if (s.huge_pages != static_cast<uint16_t>(config.huge_pages)) {
     ret_reason = std::string("huge_pages was ") + huge_pages_name(s.huge_pages) + ", is now " +
                  huge_pages_name(static_cast<uint32_t>(config.huge_pages));
@@ -128,7 +140,8 @@ AdoptionReport adopt_entries(EntryState& state, const uint8_t* arena_data, uint6
                      .block_payload_bytes = r.block_payload_bytes,
                      .snapshot_required = r.snapshot_required != 0};
     NamespaceIndex ns = 0;
-    if (table.register_namespace(r.id, g, r.prefill_tokens_per_second, ns) == Status::Ok) by_id[r.id] = ns;
+    if (table.register_namespace(r.id, g, r.prefill_tokens_per_second, ns) == Status::Ok)
+      by_id[r.id] = ns;
   }
   const uint64_t now = coarse_monotonic_usec();
   std::vector<int32_t> tail;
@@ -167,21 +180,22 @@ AdoptionReport adopt_entries(EntryState& state, const uint8_t* arena_data, uint6
     shm::EntryHeader h{};
     const uint32_t tokens = block ? info.geometry.block_tokens : b.tail_tokens;
     const bool header_ok =
-        block ||
-        (shm::guarded_copy(&h, arena_data + b.extent_offset, sizeof h) && h.magic == shm::entry_magic &&
-        h.format_version == shm::entry_format_version && h.kind == b.kind &&
-        h.namespace_id == b.namespace_id && h.key_hash == b.key_hash && h.token_count == tokens &&
-        h.position == b.position && h.anchor_chunks == b.anchor_chunks &&
-        h.payload_offset == shm::payload_offset_for(tokens) &&
-        shm::extent_bytes_for(tokens, h.payload_bytes) == b.extent_bytes);
+        block || (shm::guarded_copy(&h, arena_data + b.extent_offset, sizeof h) &&
+                  h.magic == shm::entry_magic && h.format_version == shm::entry_format_version &&
+                  h.kind == b.kind && h.namespace_id == b.namespace_id &&
+                  h.key_hash == b.key_hash && h.token_count == tokens && h.position == b.position &&
+                  h.anchor_chunks == b.anchor_chunks &&
+                  h.payload_offset == shm::payload_offset_for(tokens) &&
+                  shm::extent_bytes_for(tokens, h.payload_bytes) == b.extent_bytes);
     if (!header_ok) {
       drop(DropReason::Header);
       continue;
     }
     tail.assign(block ? 0 : b.tail_tokens, 0);
-    if (!block && (!shm::guarded_copy(tail.data(), arena_data + b.extent_offset + limits::entry_header_bytes,
-                                      tail.size() * sizeof(int32_t)) ||
-                   record_tail_digest(tail) != b.tail_digest)) {
+    if (!block &&
+        (!shm::guarded_copy(tail.data(), arena_data + b.extent_offset + limits::entry_header_bytes,
+                            tail.size() * sizeof(int32_t)) ||
+         record_tail_digest(tail) != b.tail_digest)) {
       drop(DropReason::Tail);
       continue;
     }
@@ -207,8 +221,8 @@ AdoptionReport adopt_entries(EntryState& state, const uint8_t* arena_data, uint6
                .evidence = static_cast<Evidence>(evidence)};
     EntrySlot slot = no_slot;
     if (table.insert_adopted(n, b.extent_offset, static_cast<uint32_t>(i),
-                             std::min(record.hits, adopted_hits_max), std::min(record.last_use_usec, now),
-                             pinned, slot) != Status::Ok) {
+                             std::min(record.hits, adopted_hits_max),
+                             std::min(record.last_use_usec, now), pinned, slot) != Status::Ok) {
       drop(DropReason::Extent);
       continue;
     }

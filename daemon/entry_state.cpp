@@ -58,8 +58,8 @@ void EntryState::clear(uint32_t record) {
 }
 
 void EntryState::upgrade(uint32_t record, const Entry& e) {
-  segment_.write_upgrade(record, static_cast<uint8_t>(e.entry_class), static_cast<uint8_t>(e.evidence),
-                         e.pinned);
+  segment_.write_upgrade(record, static_cast<uint8_t>(e.entry_class),
+                         static_cast<uint8_t>(e.evidence), e.pinned);
 }
 
 void EntryState::use(uint32_t record, const Entry& e) {

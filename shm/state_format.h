@@ -38,16 +38,16 @@ struct StateHeader {
   uint16_t format_version;
   uint16_t arena_format_version;  // of the arena this state describes
   uint16_t entry_format_version;
-  uint16_t huge_pages;            // the configured setting (shm::HugePages)
-  uint32_t record_bytes;          // sizeof(StateRecord)
-  uint64_t arena_identity;        // the arena header's incarnation
-  uint64_t arena_data_bytes;      // the data object's size
+  uint16_t huge_pages;              // the configured setting (shm::HugePages)
+  uint32_t record_bytes;            // sizeof(StateRecord)
+  uint64_t arena_identity;          // the arena header's incarnation
+  uint64_t arena_data_bytes;        // the data object's size
   uint64_t configured_arena_bytes;  // --arena-size as configured
   uint64_t record_capacity;
   uint32_t namespace_capacity;
   uint32_t connection_capacity;
   uint64_t created_unix_usec;
-  uint64_t checksum;              // XXH3-64 of the bytes before it
+  uint64_t checksum;  // XXH3-64 of the bytes before it
 };
 static_assert(std::is_trivially_copyable_v<StateHeader>);
 static_assert(sizeof(StateHeader) == 72);
@@ -74,20 +74,20 @@ static_assert(sizeof(NamespaceRecord) == 64);
 // What a sealed host entry is, checksummed as a whole.
 struct StateRecordBody {
   NamespaceId namespace_id;
-  Hash128 key_hash;          // block: its chain hash; snapshot: its anchor hash
-  Hash128 parent_hash;       // block: h[i-1]
-  uint64_t extent_offset;    // data-region offset
+  Hash128 key_hash;        // block: its chain hash; snapshot: its anchor hash
+  Hash128 parent_hash;     // block: h[i-1]
+  uint64_t extent_offset;  // data-region offset
   uint64_t extent_bytes;
   uint64_t payload_checksum;  // XXH3-64, as sealed
   uint64_t creator_session;
-  uint64_t tail_digest;      // snapshot: XXH3-64 of its tail token ids (0 for blocks)
-  uint64_t sequence;         // the write's number: ties the upgrade word to this write
+  uint64_t tail_digest;  // snapshot: XXH3-64 of its tail token ids (0 for blocks)
+  uint64_t sequence;     // the write's number: ties the upgrade word to this write
   uint32_t position;
   uint32_t anchor_chunks;
-  uint32_t tail_tokens;      // snapshot: how many tail token ids the extent holds
-  uint8_t kind;              // EntryKind
-  uint8_t entry_class;       // EntryClass at seal
-  uint8_t evidence;          // Evidence at seal
+  uint32_t tail_tokens;  // snapshot: how many tail token ids the extent holds
+  uint8_t kind;          // EntryKind
+  uint8_t entry_class;   // EntryClass at seal
+  uint8_t evidence;      // Evidence at seal
   uint8_t reserved0;
 };
 static_assert(std::is_trivially_copyable_v<StateRecordBody>);
@@ -98,7 +98,7 @@ struct StateRecord {
   uint64_t checksum;  // XXH3-64 of body
   StateRecordBody body;
   // Hints, outside the checksum.
-  uint64_t upgrade;        // class | evidence << 8 | pinned << 16 | check << 32
+  uint64_t upgrade;  // class | evidence << 8 | pinned << 16 | check << 32
   uint64_t hits;
   uint64_t last_use_usec;  // CLOCK_MONOTONIC_COARSE, which outlives the process
 };

@@ -21,7 +21,9 @@ namespace {
 
 constexpr uint64_t page_bytes = 4096;
 
-uint64_t page_align(uint64_t bytes) { return (bytes + page_bytes - 1) / page_bytes * page_bytes; }
+uint64_t page_align(uint64_t bytes) {
+  return (bytes + page_bytes - 1) / page_bytes * page_bytes;
+}
 
 uint64_t header_checksum(const StateHeader& h) {
   return XXH3_64bits(&h, offsetof(StateHeader, checksum));
@@ -62,8 +64,10 @@ uint64_t state_segment_bytes(uint64_t record_capacity) {
 
 void StateSegment::place() {
   namespaces_offset_ = state_header_bytes + state_hints_bytes;
-  connections_offset_ = namespaces_offset_ + page_align(header_.namespace_capacity * sizeof(NamespaceRecord));
-  records_offset_ = connections_offset_ + page_align(header_.connection_capacity * sizeof(uint64_t));
+  connections_offset_ =
+      namespaces_offset_ + page_align(header_.namespace_capacity * sizeof(NamespaceRecord));
+  records_offset_ =
+      connections_offset_ + page_align(header_.connection_capacity * sizeof(uint64_t));
 }
 
 Status StateSegment::map(int fd, uint64_t bytes, int& ret_errno) {
@@ -179,7 +183,8 @@ void StateSegment::clear_record(uint64_t index) {
   store_word(records()[index].valid, 0);
 }
 
-void StateSegment::write_upgrade(uint64_t index, uint8_t entry_class, uint8_t evidence, bool pinned) {
+void StateSegment::write_upgrade(uint64_t index, uint8_t entry_class, uint8_t evidence,
+                                 bool pinned) {
   StateRecord& r = records()[index];
   const uint64_t low = uint64_t{entry_class} | uint64_t{evidence} << 8 | uint64_t{pinned} << 16;
   store_word(r.upgrade, low | uint64_t{upgrade_check(r.body.sequence, low)} << 32);
@@ -191,7 +196,8 @@ void StateSegment::write_use(uint64_t index, uint64_t hits, uint64_t last_use_us
   r.last_use_usec = last_use_usec;
 }
 
-StateSegment::RecordCheck StateSegment::check_record(uint64_t index, StateRecord& ret_record) const {
+StateSegment::RecordCheck StateSegment::check_record(uint64_t index,
+                                                     StateRecord& ret_record) const {
   assert(index < record_capacity());
   const StateRecord& r = records()[index];
   const uint64_t valid = load_word(r.valid);
@@ -208,8 +214,8 @@ StateSegment::RecordCheck StateSegment::check_record(uint64_t index, StateRecord
 bool StateSegment::upgraded(const StateRecord& record, uint8_t& ret_class, uint8_t& ret_evidence,
                             bool& ret_pinned) {
   const uint64_t low = record.upgrade & 0xffffffffu;
-  const bool held = (record.upgrade >> 32) == upgrade_check(record.body.sequence, low) &&
-                    (low >> 17) == 0;
+  const bool held =
+      (record.upgrade >> 32) == upgrade_check(record.body.sequence, low) && (low >> 17) == 0;
   ret_class = held ? static_cast<uint8_t>(low & 0xff) : record.body.entry_class;
   ret_evidence = held ? static_cast<uint8_t>((low >> 8) & 0xff) : record.body.evidence;
   ret_pinned = held && ((low >> 16) & 1) != 0;
@@ -235,7 +241,8 @@ bool StateSegment::namespace_valid(uint32_t index, NamespaceRecord& ret_record) 
   assert(index < header_.namespace_capacity);
   NamespaceRecord copy;
   std::memcpy(&copy, &namespaces()[index], sizeof copy);
-  if (copy.valid != state_namespace_valid || copy.checksum != checksum_after(copy, 16)) return false;
+  if (copy.valid != state_namespace_valid || copy.checksum != checksum_after(copy, 16))
+    return false;
   ret_record = copy;
   return true;
 }

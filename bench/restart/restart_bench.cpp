@@ -72,9 +72,10 @@ struct Manager {
   }
   bool start() {
     drain();
-    std::vector<std::string> argv = {kvparkd, "--socket", socket_path, "--arena-size", std::to_string(arena_bytes),
-                                     "--http-listen", "off", "--dbus", "off", "--disk-dir", "off",
-                                     "--state-dir", "off"};
+    std::vector<std::string> argv = {
+        kvparkd,         "--socket",    socket_path, "--arena-size", std::to_string(arena_bytes),
+        "--http-listen", "off",         "--dbus",    "off",          "--disk-dir",
+        "off",           "--state-dir", "off"};
     std::vector<std::string> env;
     for (char** e = environ; *e != nullptr; ++e) env.emplace_back(*e);
     env.push_back("NOTIFY_SOCKET=" + notify_path);
@@ -133,10 +134,13 @@ bool publish(kvpark_client* c, const std::vector<int32_t>& tokens, size_t blocks
   for (size_t first = 0; first < blocks; first += publish_batch_blocks) {
     const size_t count = std::min(publish_batch_blocks, blocks - first);
     kvpark_reservation* r = nullptr;
-    if (kvpark_reserve_blocks(c, &options, tokens.data(), tokens.size(), first, count, &r) != KVPARK_OK) return false;
+    if (kvpark_reserve_blocks(c, &options, tokens.data(), tokens.size(), first, count, &r) !=
+        KVPARK_OK)
+      return false;
     for (size_t i = 0; i < count; ++i) {
       std::memset(payload.data(), static_cast<int>((first + i) & 0xff), payload.size());
-      if (kvpark_reservation_block(r, i) != nullptr) kvpark_reservation_write_block(r, i, payload.data());
+      if (kvpark_reservation_block(r, i) != nullptr)
+        kvpark_reservation_write_block(r, i, payload.data());
     }
     if (kvpark_seal(r) != KVPARK_OK) return false;
   }
@@ -168,10 +172,10 @@ struct Row {
   const char* stop;
   double restart_ms = 0;
   double restored_share = 0;
-  double restore_gbps = 0;        // the client connected across the restart
-  double warm_gbps = 0;           // the same client's second restore
-  double fresh_gbps = 0;          // a client that connects after it (maps anew)
-  double memcpy_gbps = 0;         // the best of three, between the restores
+  double restore_gbps = 0;  // the client connected across the restart
+  double warm_gbps = 0;     // the same client's second restore
+  double fresh_gbps = 0;    // a client that connects after it (maps anew)
+  double memcpy_gbps = 0;   // the best of three, between the restores
 };
 
 }  // namespace
@@ -186,12 +190,18 @@ int main(int argc, char** argv) {
                                    {"help", no_argument, nullptr, 'h'},
                                    {nullptr, 0, nullptr, 0}};
   for (int o; (o = getopt_long(argc, argv, "", options, nullptr)) != -1;) {
-    if (o == 'q') arena_mib = 64;
-    else if (o == 'k') kvparkd = optarg;
-    else if (o == 'a') arena_mib = std::strtoull(optarg, nullptr, 0);
-    else if (o == 'b') block_bytes = std::strtoull(optarg, nullptr, 0) << 10;
+    if (o == 'q')
+      arena_mib = 64;
+    else if (o == 'k')
+      kvparkd = optarg;
+    else if (o == 'a')
+      arena_mib = std::strtoull(optarg, nullptr, 0);
+    else if (o == 'b')
+      block_bytes = std::strtoull(optarg, nullptr, 0) << 10;
     else {
-      std::printf("Usage: kvpark-restart-bench [--quick] [--kvparkd PATH] [--arena-mib N] [--block-kib N]\n");
+      std::printf(
+          "Usage: kvpark-restart-bench [--quick] [--kvparkd PATH] [--arena-mib N] [--block-kib "
+          "N]\n");
       return o == 'h' ? 0 : 2;
     }
   }
@@ -220,16 +230,19 @@ int main(int argc, char** argv) {
       m.store.clear();
       if (!m.start()) return std::fprintf(stderr, "kvparkd did not start\n"), 1;
       kvpark_client* c = connect(m.socket_path);
-      if (c == nullptr || !publish(c, tokens, blocks)) return std::fprintf(stderr, "publish failed\n"), 1;
+      if (c == nullptr || !publish(c, tokens, blocks))
+        return std::fprintf(stderr, "publish failed\n"), 1;
       size_t found = 0;
       double sec = 0;
       (void)lookup(c, tokens, true, found, sec, buffer);  // the client's pages are mapped now
 
-      Row row{keep ? "kept (fd store)" : "none (today)", signal_number == SIGTERM ? "SIGTERM" : "SIGKILL"};
+      Row row{keep ? "kept (fd store)" : "none (today)",
+              signal_number == SIGTERM ? "SIGTERM" : "SIGKILL"};
       const double t0 = now_sec();
       m.stop(signal_number);
       if (!m.start()) return std::fprintf(stderr, "kvparkd did not restart\n"), 1;
-      if (!lookup(c, tokens, false, found, sec, buffer)) return std::fprintf(stderr, "lookup failed\n"), 1;
+      if (!lookup(c, tokens, false, found, sec, buffer))
+        return std::fprintf(stderr, "lookup failed\n"), 1;
       row.restart_ms = (now_sec() - t0) * 1e3;
       row.restored_share = static_cast<double>(found) / static_cast<double>(blocks);
       // The bench forked the daemon, so its own pages are copy-on-write until written
@@ -238,7 +251,8 @@ int main(int argc, char** argv) {
       for (int i = 0; i < 3; ++i) {
         const double m0 = now_sec();
         std::memcpy(buffer.data(), source.data(), buffer.size());
-        row.memcpy_gbps = std::max(row.memcpy_gbps, static_cast<double>(buffer.size()) / (now_sec() - m0) / 1e9);
+        row.memcpy_gbps =
+            std::max(row.memcpy_gbps, static_cast<double>(buffer.size()) / (now_sec() - m0) / 1e9);
       }
       if (found > 0 && lookup(c, tokens, true, found, sec, buffer) && sec > 0) {
         row.restore_gbps = static_cast<double>(found * block_bytes) / sec / 1e9;
@@ -261,15 +275,17 @@ int main(int argc, char** argv) {
               static_cast<unsigned long long>(arena_mib), blocks,
               static_cast<unsigned long long>(block_bytes >> 10),
               static_cast<double>(blocks * block_bytes) / (1 << 20));
-  std::printf("%-17s %-8s %11s %9s %13s %10s %11s %12s\n", "arena store", "stop", "restart ms", "restored",
-              "first GB/s", "warm GB/s", "fresh GB/s", "memcpy GB/s");
+  std::printf("%-17s %-8s %11s %9s %13s %10s %11s %12s\n", "arena store", "stop", "restart ms",
+              "restored", "first GB/s", "warm GB/s", "fresh GB/s", "memcpy GB/s");
   for (const Row& r : rows) {
-    std::printf("%-17s %-8s %11.1f %8.0f%% %13.2f %10.2f %11.2f %12.2f\n", r.store, r.stop, r.restart_ms,
-                r.restored_share * 100, r.restore_gbps, r.warm_gbps, r.fresh_gbps, r.memcpy_gbps);
+    std::printf("%-17s %-8s %11.1f %8.0f%% %13.2f %10.2f %11.2f %12.2f\n", r.store, r.stop,
+                r.restart_ms, r.restored_share * 100, r.restore_gbps, r.warm_gbps, r.fresh_gbps,
+                r.memcpy_gbps);
   }
-  std::printf("restart: signal -> the first LOOKUP answered (a client connected across it); first: that "
-              "client's first restore after the restart, warm: its second, fresh: a client that connects "
-              "afterwards (maps anew); every restore verified\n");
+  std::printf(
+      "restart: signal -> the first LOOKUP answered (a client connected across it); first: that "
+      "client's first restore after the restart, warm: its second, fresh: a client that connects "
+      "afterwards (maps anew); every restore verified\n");
   // The daemon's own account of its adoptions.
   FILE* log = std::fopen((m.directory + "/kvparkd.log").c_str(), "r");
   for (char line[512]; log != nullptr && std::fgets(line, sizeof line, log) != nullptr;) {

@@ -23,7 +23,8 @@ namespace {
 using std::to_string;
 
 constexpr const char* state_fd_name = "kvpark-state";
-const std::vector<std::string> stored_names = {"kvpark-arena-header", "kvpark-arena-data", state_fd_name};
+const std::vector<std::string> stored_names = {"kvpark-arena-header", "kvpark-arena-data",
+                                               state_fd_name};
 
 // Lines of the daemon's log holding `needle`.
 std::vector<std::string> log_lines(const DaemonProcess& daemon, const std::string& needle) {
@@ -44,7 +45,8 @@ DaemonConfig kept_config(uint64_t arena_bytes = 64ull << 20) {
 void publish(const DaemonProcess& daemon, const std::vector<int>& seeds) {
   for (int seed : seeds) {
     std::vector<std::string> args = {"publish", "--head-seed", to_string(seed)};
-    if (seed % 2 == 1) args.insert(args.end(), {"--body-tokens", "40", "--snapshot-bytes", "12288"});
+    if (seed % 2 == 1)
+      args.insert(args.end(), {"--body-tokens", "40", "--snapshot-bytes", "12288"});
     EngineRun run = run_engine(daemon, args);
     ASSERT_EQ(run.exit_code, 0) << run.output;
   }
@@ -66,7 +68,8 @@ void expect_all_restored(const DaemonProcess& daemon, const std::vector<int>& se
     ASSERT_EQ(run.exit_code, 0) << run.output;
     const auto r = restores_in(run.output);
     ASSERT_EQ(r.size(), 1u);
-    EXPECT_EQ(r[0].tokens, seed % 2 == 1 ? 1024u + 40 : full_restore_tokens(1024, 64)) << "seed " << seed;
+    EXPECT_EQ(r[0].tokens, seed % 2 == 1 ? 1024u + 40 : full_restore_tokens(1024, 64))
+        << "seed " << seed;
   }
 }
 
@@ -139,7 +142,8 @@ TEST(Adoption, ChangedArenaSizeStartsFreshRemovesTheStaleFdsAndSaysWhyOnce) {
   ASSERT_TRUE(daemon.start());
   const auto fresh = log_lines(daemon, "starting with an empty arena");
   ASSERT_EQ(fresh.size(), 1u);
-  EXPECT_NE(fresh[0].find("the kept arena is 64 MiB, the configuration asks for 32 MiB"), std::string::npos)
+  EXPECT_NE(fresh[0].find("the kept arena is 64 MiB, the configuration asks for 32 MiB"),
+            std::string::npos)
       << fresh[0];
   EXPECT_TRUE(log_lines(daemon, "from the previous instance").empty());
   EXPECT_EQ(daemon.fd_store().removed() - removed_before, 3u);
@@ -181,7 +185,8 @@ TEST(Adoption, ScribbledStateDropsWhatFailsItsCheckAndServesNothingWrong) {
   std::mt19937_64 random(seed);
   constexpr uint64_t first = 20, count = 20;
   uint8_t* at = segment->base() + segment->records_offset() + first * sizeof(shm::StateRecord);
-  for (uint64_t i = 0; i < count * sizeof(shm::StateRecord); ++i) at[i] = static_cast<uint8_t>(random());
+  for (uint64_t i = 0; i < count * sizeof(shm::StateRecord); ++i)
+    at[i] = static_cast<uint8_t>(random());
   segment.reset();
 
   ASSERT_TRUE(daemon.start());

@@ -40,7 +40,8 @@ bool log_has(const DaemonProcess& daemon, const std::string& needle) {
 
 // Looks `tokens` up, checks every restored byte; the first block's address in our
 // mapping (null when nothing restored).
-const void* restore_and_check(kvpark_client* c, const std::vector<int32_t>& tokens, uint32_t& ret_restored) {
+const void* restore_and_check(kvpark_client* c, const std::vector<int32_t>& tokens,
+                              uint32_t& ret_restored) {
   kvpark_plan* raw = nullptr;
   EXPECT_EQ(kvpark_lookup(c, 1, tokens.data(), tokens.size(), &raw), KVPARK_OK);
   PlanPtr plan(raw);
@@ -55,7 +56,8 @@ class RideThrough : public ::testing::TestWithParam<bool> {};  // SIGKILL (true)
 TEST_P(RideThrough, ConnectedEngineRestoresThroughItsOwnMappingWithoutRemapping) {
   DaemonProcess daemon({.arena_bytes = 64ull << 20, .fd_store = true});
   ASSERT_TRUE(daemon.start());
-  ClientPtr c = connect_client(daemon.socket_path(), engine_namespace(ns_low, block_tokens, block_bytes));
+  ClientPtr c =
+      connect_client(daemon.socket_path(), engine_namespace(ns_low, block_tokens, block_bytes));
   ASSERT_TRUE(c);
   const std::vector<int32_t> tokens = engine_prompt(731, 1024, 2, 1);
   ASSERT_EQ(park_blocks(c.get(), ns_low, block_bytes, tokens, 1), KVPARK_OK);
@@ -79,15 +81,18 @@ TEST_P(RideThrough, ConnectedEngineRestoresThroughItsOwnMappingWithoutRemapping)
   EXPECT_EQ(after, before);
   EXPECT_EQ(mappings_of(daemon.arena_name()), mapped);
   // This process was the previous instance's only engine: its HELLO ends the hold.
-  EXPECT_TRUE(wait_until([&] { return log_has(daemon, "every engine of the previous instance came back"); }));
+  EXPECT_TRUE(wait_until(
+      [&] { return log_has(daemon, "every engine of the previous instance came back"); }));
 }
 
-INSTANTIATE_TEST_SUITE_P(AfterEachStop, RideThrough, ::testing::Bool(),
-                         [](const auto& param_info) { return param_info.param ? "Sigkill" : "Sigterm"; });
+INSTANTIATE_TEST_SUITE_P(AfterEachStop, RideThrough, ::testing::Bool(), [](const auto& param_info) {
+  return param_info.param ? "Sigkill" : "Sigterm";
+});
 
 // 64 KiB blocks in a 16 MiB arena: about 240 extents; 16 of them adopted.
 TEST(AdoptionHold, AdoptedExtentsAreNotReusedUntilThePreviousInstancesEnginesAreGone) {
-  DaemonProcess daemon({.arena_bytes = 16ull << 20, .reservation_bytes_max = 16ull << 20, .fd_store = true});
+  DaemonProcess daemon(
+      {.arena_bytes = 16ull << 20, .reservation_bytes_max = 16ull << 20, .fd_store = true});
   ASSERT_TRUE(daemon.start());
   EngineRun leased = run_engine(daemon, {"publish", "--head-seed", "741"});
   ASSERT_EQ(leased.exit_code, 0) << leased.output;
@@ -99,7 +104,8 @@ TEST(AdoptionHold, AdoptedExtentsAreNotReusedUntilThePreviousInstancesEnginesAre
 
   // One 230-block prompt fits only if adopted entries are evicted: refused while
   // the reader lives, and nothing adopted is evicted.
-  const std::vector<std::string> filler = {"publish", "--head-seed", "742", "--head-tokens", to_string(230 * 64)};
+  const std::vector<std::string> filler = {"publish", "--head-seed", "742", "--head-tokens",
+                                           to_string(230 * 64)};
   EngineRun refused = run_engine(daemon, filler);
   EXPECT_NE(refused.exit_code, 0) << refused.output;
   {

@@ -46,7 +46,8 @@ TEST(AdoptionStatus, StatusMetricsAndKvparkctlSayWhatWasAdopted) {
   EXPECT_TRUE(contains(status, "\"adopted_entries\":16")) << status;
   EXPECT_TRUE(contains(status, "\"adopted_bytes\":" + std::to_string(16 * (68 << 10)))) << status;
   EXPECT_TRUE(contains(status, "\"adoption_dropped\":0")) << status;
-  EXPECT_TRUE(contains(status, "adopted 16 entries (0.00 GiB) from the previous instance in ")) << status;
+  EXPECT_TRUE(contains(status, "adopted 16 entries (0.00 GiB) from the previous instance in "))
+      << status;
 
   const std::string metrics = http_get(port, "/metrics");
   EXPECT_TRUE(contains(metrics, "\nkvpark_arena_adopted 1\n")) << metrics;
@@ -54,11 +55,12 @@ TEST(AdoptionStatus, StatusMetricsAndKvparkctlSayWhatWasAdopted) {
   EXPECT_TRUE(contains(metrics, "kvpark_adoption_dropped{reason=\"damaged\"} 0")) << metrics;
   EXPECT_TRUE(contains(metrics, "\nkvpark_adoption_seconds ")) << metrics;
 
-  const RunResult ctl = run_capture({built_binary("KVPARKCTL"), "--http", "127.0.0.1:" + std::to_string(port),
-                                     "status"},
-                                    command_timeout_msec);
+  const RunResult ctl = run_capture(
+      {built_binary("KVPARKCTL"), "--http", "127.0.0.1:" + std::to_string(port), "status"},
+      command_timeout_msec);
   ASSERT_EQ(ctl.code, 0) << ctl.err;
-  EXPECT_TRUE(contains(ctl.out, "Restart: adopted 16 entries (0.00 GiB) from the previous instance in "))
+  EXPECT_TRUE(
+      contains(ctl.out, "Restart: adopted 16 entries (0.00 GiB) from the previous instance in "))
       << ctl.out;
   EXPECT_TRUE(contains(ctl.out, "; dropped 0")) << ctl.out;
 }
@@ -75,8 +77,9 @@ TEST(AdoptionStatus, AFreshStartOverKeptFdsSaysWhy) {
                                      "127.0.0.1:" + std::to_string(daemon.http_port()), "status"},
                                     command_timeout_msec);
   ASSERT_EQ(ctl.code, 0) << ctl.err;
-  EXPECT_TRUE(contains(ctl.out, "Restart: started with an empty arena: the kept arena is 64 MiB, the "
-                                "configuration asks for 32 MiB"))
+  EXPECT_TRUE(contains(ctl.out,
+                       "Restart: started with an empty arena: the kept arena is 64 MiB, the "
+                       "configuration asks for 32 MiB"))
       << ctl.out;
 }
 

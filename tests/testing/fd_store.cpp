@@ -13,10 +13,10 @@
 namespace kvpark::testing {
 namespace {
 
-constexpr size_t notify_fds_max = 16;         // per datagram
+constexpr size_t notify_fds_max = 16;  // per datagram
 constexpr size_t notify_message_bytes = 4096;
-constexpr int listen_fds_start = 3;          // SD_LISTEN_FDS_START
-constexpr int spawn_fd_base = 100;           // staging fds above anything passed
+constexpr int listen_fds_start = 3;  // SD_LISTEN_FDS_START
+constexpr int spawn_fd_base = 100;   // staging fds above anything passed
 
 // The value of line `key=` in a notify message; empty when absent.
 std::string field(const std::string& message, const std::string& key) {
@@ -29,7 +29,8 @@ std::string field(const std::string& message, const std::string& key) {
 }
 
 bool same_file(int a, int b) {
-  struct stat sa {}, sb {};
+  struct stat sa {
+  }, sb{};
   return fstat(a, &sa) == 0 && fstat(b, &sb) == 0 && sa.st_dev == sb.st_dev &&
          sa.st_ino == sb.st_ino;
 }

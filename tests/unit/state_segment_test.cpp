@@ -18,7 +18,8 @@ constexpr uint64_t arena_bytes = 16ull << 20;
 std::unique_ptr<StateSegment> make_segment() {
   std::unique_ptr<StateSegment> segment;
   int err = 0;
-  EXPECT_EQ(StateSegment::create({.arena_identity = 42, .arena_data_bytes = arena_bytes,
+  EXPECT_EQ(StateSegment::create({.arena_identity = 42,
+                                  .arena_data_bytes = arena_bytes,
                                   .configured_arena_bytes = arena_bytes},
                                  segment, err),
             Status::Ok);
