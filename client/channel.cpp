@@ -26,6 +26,7 @@ Channel::~Channel() {
 void Channel::drop_locked() {
   if (fd_ >= 0) close(fd_);
   fd_ = -1;
+  if (attachment_.mapping) last_mapping_ = attachment_.mapping;
   attachment_ = Attachment{};
 }
 
@@ -77,11 +78,18 @@ Status Channel::connect_once_locked() {
     s = Status::ProtocolError;
   }
   std::shared_ptr<shm::ArenaMapping> mapping;
-  if (s == Status::Ok) {
+  // A daemon that adopted the arena we map passes the same objects: keep the mapping
+  // (no remap, no first-touch faults on the next restores).
+  if (s == Status::Ok && last_mapping_ && last_mapping_->header().incarnation == reply.incarnation &&
+      last_mapping_->data_bytes() == reply.data_bytes &&
+      last_mapping_->same_objects(arena_fds.fds[0], arena_fds.fds[1])) {
+    mapping = last_mapping_;
+  } else if (s == Status::Ok) {
     s = shm::ArenaMapping::attach(arena_fds.fds[0], arena_fds.fds[1], reply.data_bytes,
                                   reply.incarnation, mapping);
     arena_fds.count = 0;  // attach took them
   }
+  last_mapping_.reset();
   for (size_t i = 0; i < arena_fds.count; ++i) close(arena_fds.fds[i]);
   if (s != Status::Ok) {
     drop_locked();

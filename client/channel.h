@@ -2,7 +2,8 @@
 // reconnection after a daemon restart.
 //
 // A Channel owns the socket and the arena mapping of the current daemon
-// incarnation. Each successful (re)connection bumps `generation`; leases and
+// incarnation; a daemon that adopted the same arena (the service manager kept it)
+// is mapped through the same mapping. Each successful (re)connection bumps `generation`; leases and
 // reservations remember the generation they were made in, and verbs about them
 // are not sent to a newer incarnation, which never heard of them.
 #pragma once
@@ -65,6 +66,10 @@ class Channel {
   wire::HelloRequest hello_;
   int fd_ = -1;
   Attachment attachment_;
+  // The mapping of the connection last dropped, kept until the next HELLO says
+  // whether its daemon adopted the same arena (while no daemon answers, the old
+  // arena's memory stays mapped here, as it did for a client holding a plan).
+  std::shared_ptr<shm::ArenaMapping> last_mapping_;
   uint64_t generations_ = 0;
   uint32_t sequence_ = 0;
   std::vector<uint8_t> receive_buffer_;

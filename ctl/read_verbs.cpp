@@ -44,6 +44,12 @@ int verb_status(ReadSource& source, const ReadOptions& o) {
          format_bytes(number_of(s, "arena_largest_free_bytes")).c_str(),
          format_bytes(number_of(s, "arena_low_water_bytes")).c_str(),
          text_of(s, "arena_pages").c_str(), format_bytes(number_of(s, "arena_page_bytes")).c_str());
+  if (flag_of(s, "arena_adopted")) {
+    printf("    Restart: %s%s\n", text_of(s, "adoption").c_str(),
+           flag_of(s, "adoption_hold") ? "; adopted extents wait for the previous instance's engines" : "");
+  } else if (!text_of(s, "fresh_start_reason").empty()) {
+    printf("    Restart: started with an empty arena: %s\n", text_of(s, "fresh_start_reason").c_str());
+  }
   if (flag_of(s, "disk_enabled")) {
     printf("       Disk: %s of %s in %s%s, written today %s of %s/day\n",
            format_bytes(number_of(s, "disk_bytes")).c_str(),

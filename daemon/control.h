@@ -86,6 +86,21 @@ struct StatusInfo {
   uint64_t checksum_failures = 0;
   uint64_t corrupt_payloads = 0;  // host payloads engines found altered, dropped
   uint64_t disk_io_errors = 0;
+  // The host tier's start (docs/operations.md, "Restarts"): adopted from the
+  // previous instance through the service manager's fd store, or made new.
+  bool arena_adopted = false;
+  bool adoption_hold = false;      // adopted extents not reused yet (the previous instance's leases)
+  std::string adoption;            // "adopted N entries (X GiB) from the previous instance in T ms; ..."
+  std::string fresh_start_reason;  // why kept fds were not adopted; empty otherwise
+  uint64_t adopted_entries = 0;
+  uint64_t adopted_bytes = 0;
+  uint64_t adoption_usec = 0;
+  uint64_t adoption_dropped = 0;   // records dropped at adoption, all reasons
+  uint64_t adoption_dropped_damaged = 0;    // failed their record checksum
+  uint64_t adoption_dropped_namespace = 0;  // their namespace record was missing or damaged
+  uint64_t adoption_dropped_extent = 0;     // outside the arena, overlapping, or a duplicate
+  uint64_t adoption_dropped_header = 0;     // a snapshot's entry header named another entry
+  uint64_t adoption_dropped_tail = 0;       // a snapshot's tail tokens were altered
   LatencyHistogram spill_seconds;    // one entry, host -> disk, until durable
   LatencyHistogram restore_seconds;  // one entry, disk -> host, verified
 };

@@ -6,6 +6,7 @@
 #include <functional>
 #include <string>
 
+#include "daemon/adoption.h"
 #include "daemon/control.h"
 #include "daemon/entry_table.h"
 #include "daemon/loop_queue.h"
@@ -27,6 +28,9 @@ struct ControlPlaneOptions {
   std::function<void(const LimitChange&)> limit_changed;
   // Why a configured disk tier is not serving; empty when it serves or none is configured.
   std::string disk_failure;
+  AdoptionReport adoption;         // adopted == false: the arena was made new
+  std::string fresh_start_reason;  // why kept fds were not adopted
+
 };
 
 class ControlPlane final : public Control {

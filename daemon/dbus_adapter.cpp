@@ -158,6 +158,19 @@ Dict status_dict(const StatusInfo& s) {
       {"checksum_failures", sdbus::Variant(s.checksum_failures)},
       {"corrupt_payloads", sdbus::Variant(s.corrupt_payloads)},
       {"disk_io_errors", sdbus::Variant(s.disk_io_errors)},
+      {"arena_adopted", sdbus::Variant(s.arena_adopted)},
+      {"adoption_hold", sdbus::Variant(s.adoption_hold)},
+      {"adoption", sdbus::Variant(s.adoption)},
+      {"fresh_start_reason", sdbus::Variant(s.fresh_start_reason)},
+      {"adopted_entries", sdbus::Variant(s.adopted_entries)},
+      {"adopted_bytes", sdbus::Variant(s.adopted_bytes)},
+      {"adoption_usec", sdbus::Variant(s.adoption_usec)},
+      {"adoption_dropped", sdbus::Variant(s.adoption_dropped)},
+      {"adoption_dropped_damaged", sdbus::Variant(s.adoption_dropped_damaged)},
+      {"adoption_dropped_namespace", sdbus::Variant(s.adoption_dropped_namespace)},
+      {"adoption_dropped_extent", sdbus::Variant(s.adoption_dropped_extent)},
+      {"adoption_dropped_header", sdbus::Variant(s.adoption_dropped_header)},
+      {"adoption_dropped_tail", sdbus::Variant(s.adoption_dropped_tail)},
   };
 }
 

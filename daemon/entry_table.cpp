@@ -39,6 +39,7 @@ Status EntryTable::register_namespace(const NamespaceId& id, const Geometry& g,
   ret_ns = static_cast<NamespaceIndex>(namespaces_.size());
   namespaces_.push_back(info);
   namespace_by_id_.emplace(id, ret_ns);
+  if (state_ != nullptr) state_->write_namespace(ret_ns, info);
   return Status::Ok;
 }
 
@@ -158,7 +159,65 @@ void EntryTable::seal(EntrySlot slot, uint64_t payload_checksum, uint64_t now_us
     ++info.snapshots;
     ++sealed_snapshots_;
   }
+  record_host_copy(slot);
   sync_lists(slot, true);
+}
+
+void EntryTable::record_host_copy(EntrySlot slot) {
+  Entry& e = slots_[slot];
+  if (state_ != nullptr) e.state_record = state_->write(e, namespaces_[e.ns]);
+}
+
+void EntryTable::forget_record(EntrySlot slot) {
+  Entry& e = slots_[slot];
+  if (e.state_record == no_record) return;
+  assert(state_ != nullptr);
+  state_->clear(e.state_record);  // before the extent is free for anyone else
+  e.state_record = no_record;
+}
+
+Status EntryTable::insert_adopted(const NewEntry& n, uint64_t extent_offset, uint32_t record,
+                                  uint64_t hits, uint64_t last_use_usec, bool pinned,
+                                  EntrySlot& ret_slot) {
+  const bool indexed = n.kind == EntryKind::Block
+                           ? find_block(n.ns, n.key_hash) != no_slot
+                           : find_snapshot(n.ns, n.key_hash, n.tail_tokens) != no_slot;
+  if (indexed || !allocator_.claim(extent_offset, n.extent_bytes)) return Status::Corrupt;
+  const EntrySlot slot = new_slot(n);
+  Entry& e = slots_[slot];
+  e.extent_offset = extent_offset;
+  e.sealed = true;
+  e.state_record = record;
+  e.hits = hits;
+  e.last_use_usec = last_use_usec;
+  e.adoption_hold = true;
+  held_bytes_ += e.extent_bytes;
+  NamespaceInfo& info = namespaces_[e.ns];
+  info.bytes += e.extent_bytes;
+  if (e.kind == EntryKind::Block) {
+    ++info.blocks;
+    ++sealed_blocks_;
+  } else {
+    ++info.snapshots;
+    ++sealed_snapshots_;
+  }
+  index(slot);
+  if (pinned) {
+    e.pinned = true;
+    ++pinned_;
+  }
+  ret_slot = slot;
+  return Status::Ok;
+}
+
+void EntryTable::release_adoption_hold() {
+  for (EntrySlot slot = 0; slot < slots_.size(); ++slot) {
+    Entry& e = slots_[slot];
+    if (!e.adoption_hold) continue;
+    e.adoption_hold = false;
+    if (e.in_use) sync_lists(slot, false);
+  }
+  held_bytes_ = 0;
 }
 
 void EntryTable::remove_from_index(EntrySlot slot) {
@@ -176,7 +235,8 @@ void EntryTable::remove_from_index(EntrySlot slot) {
 
 void EntryTable::free_slot(EntrySlot slot) {
   Entry& e = slots_[slot];
-  assert(!e.on_lru && !e.on_disk_lru && e.leases == 0 && e.io_pins == 0);
+  assert(!e.on_lru && !e.on_disk_lru && e.leases == 0 && e.io_pins == 0 &&
+         e.state_record == no_record);
   if (e.pinned) --pinned_;
   e = Entry{};
   ++generations_[slot];
@@ -188,6 +248,9 @@ void EntryTable::drop_host_copy(EntrySlot slot) {
   Entry& e = slots_[slot];
   assert(e.on_host);
   if (e.on_lru) lru_unlink(slot);
+  forget_record(slot);
+  if (e.adoption_hold) held_bytes_ -= e.extent_bytes;
+  e.adoption_hold = false;
   allocator_.free(e.extent_offset, e.extent_bytes);
   if (e.sealed) namespaces_[e.ns].bytes -= e.extent_bytes;
   e.on_host = false;
@@ -234,6 +297,7 @@ void EntryTable::finish_promotion(EntrySlot slot, bool success) {
   assert(e.on_host && e.promoting);
   e.promoting = false;
   if (!success) drop_host_copy(slot);
+  if (success && !e.dead) record_host_copy(slot);
   sync_lists(slot, true);
 }
 
@@ -285,6 +349,7 @@ void EntryTable::kill(EntrySlot slot) {
     --sealed_snapshots_;
   }
   remove_from_index(slot);
+  forget_record(slot);  // never adopted again, whoever still reads it now
   e.dead = true;
   (void)free_if_dead_and_unused(slot);
 }
@@ -365,6 +430,7 @@ void EntryTable::touch(EntrySlot slot, uint64_t now_usec) {
   ++e.hits;
   e.last_use_tick = ++tick_;
   e.last_use_usec = now_usec != 0 ? now_usec : coarse_monotonic_usec();
+  if (e.state_record != no_record) state_->use(e.state_record, e);
   // A leased entry is off the lists: its place is set when the lease ends.
   if (e.leases == 0) sync_lists(slot, true);
 }
@@ -384,6 +450,7 @@ void EntryTable::set_pinned(EntrySlot slot, bool pinned) {
   if (e.pinned == pinned) return;
   e.pinned = pinned;
   pinned ? ++pinned_ : --pinned_;
+  if (e.state_record != no_record) state_->upgrade(e.state_record, e);
   sync_lists(slot, true);
 }
 
@@ -459,6 +526,7 @@ bool EntryTable::upgrade(EntrySlot slot, EntryClass entry_class, Evidence eviden
     e.evidence = evidence;
     changed = true;
   }
+  if (changed && e.state_record != no_record) state_->upgrade(e.state_record, e);
   return changed;
 }
 

@@ -13,6 +13,10 @@
 //  - a dead entry (its disk copy failed verification while leased) is out of the
 //    index and is freed when its last lease goes.
 // Host eviction of an entry that has a disk copy only drops the host copy.
+// With a state segment (entry_state.h), every host-readable sealed entry has a
+// record there, written when it became readable and cleared before its extent is
+// freed; entries adopted from an earlier daemon are held (not evictable) until
+// release_adoption_hold(), since that daemon's clients may still be reading them.
 // Blocks are keyed by (namespace, chain hash), snapshots by (namespace, anchor
 // hash, tail tokens); identical content is therefore stored once.
 // Single-threaded: the daemon's event loop owns it.
@@ -25,6 +29,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "daemon/entry_state.h"
 #include "proto/status.h"
 #include "proto/types.h"
 #include "shm/extent_allocator.h"
@@ -78,6 +83,7 @@ struct Entry {
   EntrySlot lru_next = no_slot;
   EntrySlot disk_prev = no_slot;
   EntrySlot disk_next = no_slot;
+  uint32_t state_record = no_record;  // its record in the state segment, if any
   EntryKind kind = EntryKind::Block;
   EntryClass entry_class = EntryClass::Private;
   Evidence evidence = Evidence::DefaultAutomatic;
@@ -90,6 +96,7 @@ struct Entry {
   bool dead = false;
   bool on_lru = false;
   bool on_disk_lru = false;
+  bool adoption_hold = false;  // adopted; a lease of the previous daemon may still read it
 };
 
 struct NewEntry {
@@ -136,6 +143,22 @@ class EntryTable {
   // ArenaFull when even evicting everything evictable cannot make room; then
   // nothing is evicted (a request that can never fit costs no parked state).
   Status insert_reserved(const NewEntry& entry, EntrySlot& ret_slot);
+  // Keeps each host entry's record in `state` from now on (null: none kept).
+  void set_state(EntryState* state) { state_ = state; }
+  // Indexes a sealed host entry adopted from an earlier daemon at exactly
+  // [extent_offset, +extent_bytes), whose record is `record`. Corrupt (nothing
+  // changed) when that range is not free or the key is already indexed.
+  Status insert_adopted(const NewEntry& entry, uint64_t extent_offset, uint32_t record,
+                        uint64_t hits, uint64_t last_use_usec, bool pinned, EntrySlot& ret_slot);
+  // Room for this many entries without regrowing (adoption knows how many come).
+  void reserve(size_t entries) {
+    slots_.reserve(entries);
+    generations_.reserve(entries);
+    blocks_.reserve(entries);
+  }
+  // Adopted entries become evictable like any other.
+  void release_adoption_hold();
+  uint64_t held_bytes() const { return held_bytes_; }
   // Indexes a sealed entry that exists only on disk (recovery after a restart).
   Status insert_on_disk(const NewEntry& entry, uint64_t disk_bytes, EntrySlot& ret_slot);
   // Seals a reserved entry, last used at now_usec: one stamp for a whole SEAL, so the
@@ -217,7 +240,8 @@ class EntryTable {
   };
 
   bool host_evictable(const Entry& e) const {
-    return host_readable(e) && !e.dead && e.leases == 0 && !e.pinned && e.io_pins == 0;
+    return host_readable(e) && !e.dead && e.leases == 0 && !e.pinned && e.io_pins == 0 &&
+           !e.adoption_hold;
   }
   bool disk_evictable(const Entry& e) const {
     return e.sealed && !e.dead && e.on_disk && e.leases == 0 && !e.pinned &&
@@ -244,7 +268,13 @@ class EntryTable {
   // A dead entry's slot goes with its last lease and I/O pin; true if it is dead.
   bool free_if_dead_and_unused(EntrySlot slot);
 
+  // The state record of an entry now readable on the host / about to leave it.
+  void record_host_copy(EntrySlot slot);
+  void forget_record(EntrySlot slot);
+
   std::function<double(const Entry&, uint64_t now_usec)> value_;
+  EntryState* state_ = nullptr;
+  uint64_t held_bytes_ = 0;
   shm::ExtentAllocator allocator_;
   std::vector<NamespaceInfo> namespaces_;
   std::unordered_map<NamespaceId, NamespaceIndex, Hash128Hasher> namespace_by_id_;

@@ -194,6 +194,15 @@ void write_status(JsonWriter& w, const StatusInfo& s) {
       {"checksum_failures", s.checksum_failures},
       {"corrupt_payloads", s.corrupt_payloads},
       {"disk_io_errors", s.disk_io_errors},
+      {"adopted_entries", s.adopted_entries},
+      {"adopted_bytes", s.adopted_bytes},
+      {"adoption_usec", s.adoption_usec},
+      {"adoption_dropped", s.adoption_dropped},
+      {"adoption_dropped_damaged", s.adoption_dropped_damaged},
+      {"adoption_dropped_namespace", s.adoption_dropped_namespace},
+      {"adoption_dropped_extent", s.adoption_dropped_extent},
+      {"adoption_dropped_header", s.adoption_dropped_header},
+      {"adoption_dropped_tail", s.adoption_dropped_tail},
   };
   for (const auto& [key, value] : numbers) {
     w.Key(key);
@@ -205,6 +214,14 @@ void write_status(JsonWriter& w, const StatusInfo& s) {
   w.Bool(s.disk_read_only);
   w.Key("disk_directory");
   w.String(s.disk_directory.c_str());
+  w.Key("arena_adopted");
+  w.Bool(s.arena_adopted);
+  w.Key("adoption_hold");
+  w.Bool(s.adoption_hold);
+  w.Key("adoption");
+  w.String(s.adoption.c_str());
+  w.Key("fresh_start_reason");
+  w.String(s.fresh_start_reason.c_str());
   w.EndObject();
 }
 
@@ -430,6 +447,24 @@ std::string render_metrics(const StatusInfo& s, const std::vector<NamespaceSumma
   m.one("kvpark_corrupt_payloads_total", "counter",
         "Host payloads engines found altered at restore (dropped, never served).", s.corrupt_payloads);
   m.one("kvpark_disk_io_errors_total", "counter", "Disk tier I/O errors.", s.disk_io_errors);
+  m.one("kvpark_arena_adopted", "gauge",
+        "1 when this instance adopted the previous instance's arena (the service manager kept it).",
+        s.arena_adopted ? 1 : 0);
+  m.one("kvpark_adopted_entries", "gauge", "Entries adopted from the previous instance at start.",
+        s.adopted_entries);
+  m.one("kvpark_adopted_bytes", "gauge", "Arena bytes adopted from the previous instance at start.",
+        s.adopted_bytes);
+  m.family("kvpark_adoption_seconds", "gauge", "Time adoption took at start (records read, index rebuilt).");
+  m.sample_double(static_cast<double>(s.adoption_usec) / 1e6);
+  m.family("kvpark_adoption_dropped", "gauge", "Records dropped at adoption, by reason (never served).");
+  m.sample(s.adoption_dropped_damaged, label("reason", "damaged"));
+  m.sample(s.adoption_dropped_namespace, label("reason", "namespace"));
+  m.sample(s.adoption_dropped_extent, label("reason", "extent"));
+  m.sample(s.adoption_dropped_header, label("reason", "header"));
+  m.sample(s.adoption_dropped_tail, label("reason", "tail"));
+  m.one("kvpark_adoption_hold", "gauge",
+        "1 while adopted extents wait for the previous instance's engines before reuse.",
+        s.adoption_hold ? 1 : 0);
   return m.take();
 }
 

@@ -12,12 +12,15 @@
 #include <cstring>
 #include <filesystem>
 
+#include "daemon/adoption.h"
 #include "daemon/clock.h"
 #include "daemon/config.h"
 #include "daemon/control_plane.h"
 #include "daemon/dbus_adapter.h"
 #include "daemon/disk_tier.h"
+#include "daemon/entry_state.h"
 #include "daemon/entry_table.h"
+#include "daemon/fd_store.h"
 #include "daemon/http_adapter.h"
 #include "daemon/loop_queue.h"
 #include "daemon/log.h"
@@ -29,6 +32,7 @@
 #include "proto/version.h"
 #include "shm/arena.h"
 #include "shm/arena_guard.h"
+#include "shm/state_segment.h"
 
 using namespace kvpark;
 using daemon::monotonic_usec;
@@ -244,6 +248,55 @@ void spill_before_stopping(daemon::Park& park, daemon::DiskTier& disk,
            static_cast<unsigned long long>(f.bytes_done >> 20), f.done ? "" : " (timed out)");
 }
 
+// The arena and its state: adopted from what the service manager kept when that agrees
+// with this configuration, else made new (and stored with the manager, when there is
+// one). A fresh start over kept fds says why in one line and has the manager drop them.
+bool open_host_tier(const daemon::DaemonOptions& options, std::unique_ptr<shm::ArenaOwner>& ret_arena,
+                    std::unique_ptr<shm::StateSegment>& ret_state, bool& ret_adopted,
+                    std::string& ret_fresh_reason) {
+  ret_adopted = false;
+  daemon::StoredFds stored = daemon::take_stored_fds();
+  daemon::KeptArena kept;
+  std::string& fresh_reason = ret_fresh_reason;
+  if (daemon::take_over(stored, {.configured_arena_bytes = options.arena_bytes, .huge_pages = options.huge_pages},
+                        kept, fresh_reason)) {
+    ret_arena = std::move(kept.arena);
+    ret_state = std::move(kept.state);
+    ret_adopted = true;
+    return true;
+  }
+  if (!fresh_reason.empty()) {
+    log_notice("kvparkd: starting with an empty arena: %s", fresh_reason.c_str());
+    for (const char* name : daemon::stored_fd_names) (void)daemon::remove_stored_fds(name);
+  }
+  uint64_t arena_identity = 0;
+  if (!random_incarnation(arena_identity)) {
+    log_error("kvparkd: no random arena identity from getrandom: %s", strerror(errno));
+    return false;
+  }
+  if (!create_arena(options, arena_identity, ret_arena)) return false;
+  int err = 0;
+  if (shm::StateSegment::create({.arena_identity = arena_identity,
+                                 .arena_data_bytes = ret_arena->data_bytes(),
+                                 .configured_arena_bytes = options.arena_bytes,
+                                 .huge_pages = static_cast<uint16_t>(options.huge_pages)},
+                                ret_state, err) != Status::Ok) {
+    log_warning("kvparkd: no state segment (%s): a restart will start with an empty arena", strerror(err));
+    return true;
+  }
+  if (!daemon::service_manager_present()) return true;
+  const int fds[] = {ret_arena->header_fd(), ret_arena->data_fd(), ret_state->fd()};
+  for (size_t i = 0; i < std::size(fds); ++i) {
+    if (const int r = daemon::store_fd(daemon::stored_fd_names[i], fds[i]); r < 0) {
+      log_warning("kvparkd: cannot keep the arena with the service manager (%s): a restart will start "
+                  "with an empty arena",
+                  strerror(-r));
+      break;
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -293,8 +346,13 @@ int main(int argc, char** argv) {
     return exit_failure;
   }
   std::unique_ptr<shm::ArenaOwner> arena;
-  if (!create_arena(options, incarnation, arena)) return exit_failure;
+  std::unique_ptr<shm::StateSegment> state;
+  bool adopted = false;
+  std::string fresh_reason;
+  if (!open_host_tier(options, arena, state, adopted, fresh_reason)) return exit_failure;
   shm::guard_arena(arena->data(), arena->data_bytes());
+  std::unique_ptr<daemon::EntryState> entry_state;
+  if (state) entry_state = std::make_unique<daemon::EntryState>(*state);
 
   // The disk tier is optional: without it (or if it cannot start) the host tier serves.
   disk::RecoveryReport recovery;
@@ -302,15 +360,24 @@ int main(int argc, char** argv) {
   std::unique_ptr<daemon::DiskTier> disk = open_disk_tier(options, *arena, recovery, disk_failure);
 
   daemon::EntryTable table(arena->data_bytes(), limits::extent_align_bytes);
+  table.set_state(entry_state.get());
+  // Clients check the arena's identity at HELLO: it outlives daemon incarnations.
   daemon::Park park({.arena_data = arena->data(),
                      .arena_data_bytes = arena->data_bytes(),
                      .arena_pages = static_cast<uint32_t>(arena->pages()),
                      .arena_page_bytes = arena->page_bytes(),
-                     .incarnation = incarnation,
+                     .incarnation = arena->header().incarnation,
                      .reservation_bytes_max = options.reservation_bytes_max,
                      .connections_max = limits::connections_max,
-                     .disk = disk.get()},
+                     .disk = disk.get(),
+                     .state = entry_state.get()},
                     table);
+  daemon::AdoptionReport adoption;
+  if (adopted) {
+    adoption = daemon::adopt_entries(*entry_state, arena->data(), arena->data_bytes(), table);
+    log_info("kvparkd: %s", adoption.summary().c_str());
+    park.hold_adopted(adoption.previous_pids, monotonic_usec() + limits::adopted_lease_grace_usec);
+  }
   if (disk) recover_disk(park, *disk, recovery);
   park.set_low_water_bytes(options.arena_low_water_bytes);  // derived by finish_options
   gid_t attach_gid = static_cast<gid_t>(-1);
@@ -342,7 +409,9 @@ int main(int argc, char** argv) {
                                     [&options](const daemon::LimitChange& change) {
                                       daemon::keep_limit_change(options, change);
                                     },
-                                .disk_failure = disk_failure},
+                                .disk_failure = disk_failure,
+                                .adoption = adoption,
+                                .fresh_start_reason = fresh_reason},
                                park, table, loop);
   // Operations: SIGHUP reload, HTTP status and metrics, the systemd notify protocol.
   daemon::Notifier notifier(options.watchdog_usec);
@@ -393,6 +462,8 @@ int main(int argc, char** argv) {
   }
   control.set_serving(false);
   notifier.stopping("stopping");
+  // Engines may still copy out of their leases: the next instance waits for them.
+  if (entry_state) entry_state->freeze_connections();
   server.close_connections();
   if (disk && options.spill_on_shutdown) spill_before_stopping(park, *disk, notifier);
   if (disk && !disk->save_budget(monotonic_usec(), true)) {

@@ -2,8 +2,11 @@
 #include "daemon/clock.h"
 #include "daemon/park.h"
 
+#include <signal.h>
+
 #include <algorithm>
 #include <cassert>
+#include <cerrno>
 #include <cstring>
 #include <ctime>
 
@@ -24,7 +27,27 @@ Status Park::open(ConnectionId id, uint32_t peer_pid) {
   auto [it, inserted] = connections_.try_emplace(id);
   assert(inserted && "connection ids are never reused while open");
   it->second.peer_pid = peer_pid;
+  if (options_.state != nullptr) it->second.state_slot = options_.state->add_connection(peer_pid);
   return Status::Ok;
+}
+
+void Park::hold_adopted(const std::vector<uint32_t>& pids, uint64_t deadline_usec) {
+  previous_pids_.clear();
+  for (uint32_t pid : pids) ++previous_pids_[pid];
+  hold_deadline_usec_ = deadline_usec;
+  holding_ = true;
+  if (previous_pids_.empty()) end_adoption_hold("no engine was connected to the previous instance");
+}
+
+void Park::end_adoption_hold(const char* why) {
+  if (!holding_) return;
+  holding_ = false;
+  previous_pids_.clear();
+  const uint64_t held = table_.held_bytes();
+  table_.release_adoption_hold();
+  if (options_.state != nullptr) options_.state->release_previous_connections();
+  log_info("kvparkd: adopted entries (%llu MiB) may be evicted from now on: %s",
+           static_cast<unsigned long long>(held >> 20), why);
 }
 
 void Park::close(ConnectionId id) {
@@ -36,6 +59,7 @@ void Park::close(ConnectionId id) {
   reservations_open_ -= c.reservations.size();
   leases_open_ -= c.leases.size();
   std::erase_if(waiters_, [id](const Waiter& w) { return w.connection == id; });
+  if (options_.state != nullptr) options_.state->remove_connection(c.state_slot);
   connections_.erase(it);
   answer_waiters(false);  // its reservations are gone: followers go ahead alone
 }
@@ -69,6 +93,12 @@ Status Park::hello(ConnectionId id, const wire::HelloRequest& req, wire::HelloRe
   }
   c.greeted = true;
   c.ns = ns;
+  // An engine of the previous instance is back: its old leases are gone with its
+  // reconnection (libkvpark releases nothing across generations).
+  if (auto back = previous_pids_.find(c.peer_pid); holding_ && back != previous_pids_.end()) {
+    if (--back->second == 0) previous_pids_.erase(back);
+    if (previous_pids_.empty()) end_adoption_hold("every engine of the previous instance came back");
+  }
   const NamespaceInfo& info = table_.namespace_info(ns);
   ret.data_bytes = options_.arena_data_bytes;
   ret.incarnation = options_.incarnation;
@@ -424,6 +454,17 @@ bool Park::evict_entry_unpinned(EntrySlot slot) {
 }
 
 void Park::tick() {
+  if (holding_) {
+    // An engine that exited holds no lease.
+    std::erase_if(previous_pids_, [](const auto& p) {
+      return kill(static_cast<pid_t>(p.first), 0) != 0 && errno == ESRCH;
+    });
+    if (previous_pids_.empty()) {
+      end_adoption_hold("every engine of the previous instance came back or exited");
+    } else if (monotonic_usec() >= hold_deadline_usec_) {
+      end_adoption_hold("the grace for leases of the previous instance passed");
+    }
+  }
   answer_waiters(true);
   keep_low_water();
   advance_flush();

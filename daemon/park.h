@@ -48,6 +48,7 @@ struct ParkOptions {
   uint64_t reservation_bytes_max = 0;  // one reservation's extents, bytes
   size_t connections_max = 0;
   DiskTier* disk = nullptr;            // null: host tier only
+  EntryState* state = nullptr;         // null: no state segment (nothing to adopt later)
 };
 
 inline constexpr size_t spills_in_flight_max = 16;
@@ -134,8 +135,16 @@ class Park {
   // Keeps at least this many arena bytes free on tick(): demotes or evicts.
   void set_low_water_bytes(uint64_t bytes) { low_water_bytes_ = bytes; }
   uint64_t low_water_bytes() const { return low_water_bytes_; }
-  // Periodic work: WAIT deadlines, low-water demotion, flush progress.
+  // Periodic work: WAIT deadlines, low-water demotion, flush progress, the end of
+  // the adoption hold.
   void tick();
+
+  // After adoption: adopted entries are not evicted (their extents not reused) while
+  // a lease of the previous instance may still be read, i.e. until every engine in
+  // `pids` has said HELLO again or exited, or until deadline_usec (CLOCK_MONOTONIC).
+  void hold_adopted(const std::vector<uint32_t>& pids, uint64_t deadline_usec);
+  bool adoption_held() const { return holding_; }
+  size_t previous_engines_waited_for() const { return previous_pids_.size(); }
 
   // Disk tier (no-ops without one).
   DiskTier* disk() const { return options_.disk; }
@@ -178,6 +187,7 @@ class Park {
   };
   struct Connection {
     uint32_t peer_pid = 0;
+    uint32_t state_slot = no_record;  // its word in the state segment
     bool greeted = false;
     NamespaceIndex ns = 0;
     std::unordered_map<uint64_t, Lease> leases;
@@ -250,8 +260,13 @@ class Park {
   void keep_low_water();
   void advance_flush();
 
+  void end_adoption_hold(const char* why);
+
   ParkOptions options_;
   EntryTable& table_;
+  std::unordered_map<uint32_t, uint32_t> previous_pids_;  // pid -> connections not back yet
+  uint64_t hold_deadline_usec_ = 0;
+  bool holding_ = false;
   std::unordered_map<ConnectionId, Connection> connections_;
   std::vector<Waiter> waiters_;
   std::unordered_map<Hash128, RecurrenceSeen, Hash128Hasher> recurrence_;  // by chunk hash

@@ -467,8 +467,15 @@ uint64_t Park::recover(const disk::RecoveryReport& report) {
         h.entry_class <= entry_class_max && h.evidence <= evidence_max &&
         (!snapshot || disk->read_tail_tokens(record, tail));
     if (usable) {
-      usable = snapshot ? table_.find_snapshot(ns, h.key_hash, tail) == no_slot
-                        : table_.find_block(ns, h.key_hash) == no_slot;
+      const EntrySlot found = snapshot ? table_.find_snapshot(ns, h.key_hash, tail)
+                                       : table_.find_block(ns, h.key_hash);
+      // An entry adopted on the host: this is its disk copy.
+      if (found != no_slot && !table_.entry(found).on_disk &&
+          table_.entry(found).payload_checksum == h.payload_checksum) {
+        table_.attach_disk_record(found, record.file_bytes);
+        continue;
+      }
+      usable = found == no_slot;
     }
     if (!usable) {
       ++skipped;

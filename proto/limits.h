@@ -86,6 +86,13 @@ inline constexpr size_t checksum_piece_bytes = 16 * 1024;
 // few faults, and a region once filled stays filled for the mapping's life.
 inline constexpr uint64_t prefault_min_bytes = 1024 * 1024;
 
+// A daemon that adopted the arena of the one before it (systemd's fd store) reuses no
+// adopted extent while a lease of that daemon may still be read: until every engine it
+// had connected said HELLO again or exited, or this long after the start. A client
+// copies the largest snapshot (64 GiB) out of the arena in well under this at the
+// memory bandwidth of the machines kvpark serves (~10 GB/s).
+inline constexpr uint64_t adopted_lease_grace_usec = 30'000'000;
+
 // HTTP listeners (kvparkd's status and metrics, kvpark-proxy's front): a peer must
 // send its whole request head within http_head_timeout_usec and its body within
 // http_body_timeout_usec, or it is closed; workers only ever see complete requests.

@@ -291,6 +291,47 @@ Status ArenaOwner::create(const ArenaOptions& options, std::unique_ptr<ArenaOwne
   return Status::Ok;
 }
 
+Status ArenaOwner::adopt(int header_fd, int data_fd, std::unique_ptr<ArenaOwner>& ret_arena,
+                         int& ret_errno) {
+  auto arena = std::unique_ptr<ArenaOwner>(new ArenaOwner());
+  arena->header_fd_ = header_fd;  // closed by the destructor on every failure below
+  arena->data_fd_ = data_fd;
+  ret_errno = 0;
+  struct stat hst {}, dst {};
+  const int header_seals = fcntl(header_fd, F_GET_SEALS);
+  const int data_seals = fcntl(data_fd, F_GET_SEALS);
+  if (fstat(header_fd, &hst) != 0 || fstat(data_fd, &dst) != 0 ||
+      static_cast<uint64_t>(hst.st_size) != limits::arena_header_bytes || header_seals < 0 ||
+      data_seals < 0 || (header_seals & header_seals_required) != header_seals_required ||
+      (data_seals & data_seals_required) != data_seals_required) {
+    return Status::Corrupt;
+  }
+  void* h = mmap(nullptr, limits::arena_header_bytes, PROT_READ, MAP_SHARED, header_fd, 0);
+  if (h == MAP_FAILED) {
+    ret_errno = errno;
+    return Status::IoError;
+  }
+  arena->header_ = static_cast<const ArenaHeader*>(h);
+  const uint64_t bytes = arena->header_->data_bytes;
+  if (check_arena_header(*arena->header_, bytes) != Status::Ok ||
+      static_cast<uint64_t>(dst.st_size) < bytes) {
+    return Status::Corrupt;
+  }
+  // Not populated: the pages are there already, and the daemon touches only headers.
+  uint8_t* reservation = nullptr;
+  uint64_t reservation_bytes = 0;
+  uint8_t* data = map_aligned(data_fd, bytes, arena->header_->page_bytes, PROT_READ | PROT_WRITE,
+                              reservation, reservation_bytes);
+  if (data == nullptr) {
+    ret_errno = errno;
+    return Status::IoError;
+  }
+  arena->data_ = data;
+  arena->mapped_bytes_ = bytes;
+  ret_arena = std::move(arena);
+  return Status::Ok;
+}
+
 ArenaOwner::~ArenaOwner() {
   if (data_ != nullptr) munmap(data_, mapped_bytes_);
   if (header_ != nullptr) munmap(const_cast<ArenaHeader*>(header_), limits::arena_header_bytes);
@@ -347,8 +388,18 @@ Status ArenaMapping::attach(int header_fd, int data_fd, uint64_t data_bytes, uin
   mapping->populated_ = std::make_unique<std::atomic<uint64_t>[]>((regions + 63) / 64);
   mapping->reservation_ = reservation;
   mapping->reservation_bytes_ = reservation_bytes;
+  mapping->header_dev_ = hst.st_dev;
+  mapping->header_ino_ = hst.st_ino;
+  mapping->data_dev_ = dst.st_dev;
+  mapping->data_ino_ = dst.st_ino;
   ret_mapping = std::move(mapping);
   return done(Status::Ok);
+}
+
+bool ArenaMapping::same_objects(int header_fd, int data_fd) const {
+  struct stat hst {}, dst {};
+  return fstat(header_fd, &hst) == 0 && fstat(data_fd, &dst) == 0 && hst.st_dev == header_dev_ &&
+         hst.st_ino == header_ino_ && dst.st_dev == data_dev_ && dst.st_ino == data_ino_;
 }
 
 void ArenaMapping::prefault(const void* p, uint64_t bytes) {

@@ -8,7 +8,9 @@
 // Engines receive both fds over the socket and map them (ArenaMapping): the header
 // read-only, the data region read-write, lazily (no page is touched at attach).
 // Both sides check the header and the seals (STYLE.md §4). Neither object has a
-// name in /dev/shm: nothing is left behind when the daemon dies.
+// name in /dev/shm: nothing is left behind when the daemon dies, unless the service
+// manager keeps the fds (its fd store), and a restarted daemon adopts them: the
+// header's incarnation is then the arena's identity, which outlives daemons.
 //
 // Pages: a hugetlb memfd when huge pages are reserved, else shmem with transparent
 // huge pages where the kernel allows it, else 4 KiB pages (HugePages::Try).
@@ -48,6 +50,11 @@ class ArenaOwner {
   // sets ret_errno; HugePages::On without enough reserved huge pages is ArenaFull.
   static Status create(const ArenaOptions& options, std::unique_ptr<ArenaOwner>& ret_arena,
                        int& ret_errno, ArenaCreation* ret_creation = nullptr);
+  // Takes over the arena an earlier daemon created (fds the service manager kept):
+  // maps both objects and checks header and seals as a client would. Takes both fds
+  // (closed on failure); Corrupt when they are not a sealed arena.
+  static Status adopt(int header_fd, int data_fd, std::unique_ptr<ArenaOwner>& ret_arena,
+                      int& ret_errno);
   ~ArenaOwner();
   ArenaOwner(const ArenaOwner&) = delete;
   ArenaOwner& operator=(const ArenaOwner&) = delete;
@@ -94,9 +101,13 @@ class ArenaMapping {
   // (a fresh mapping after an engine restart; faults are dear in a VM). Attaching
   // still maps nothing. Copies under limits::prefault_min_bytes are left to faults.
   void prefault(const void* p, uint64_t bytes);
+  // Whether these fds are the objects this mapping maps (a daemon that adopted the
+  // arena passes the same ones again: the mapping, its page tables included, stays).
+  bool same_objects(int header_fd, int data_fd) const;
 
  private:
   ArenaMapping() = default;
+  uint64_t header_dev_ = 0, header_ino_ = 0, data_dev_ = 0, data_ino_ = 0;
   const ArenaHeader* header_ = nullptr;
   uint8_t* data_ = nullptr;
   // One bit per 2 MiB region whose page tables this mapping has filled.

@@ -36,6 +36,25 @@ bool ExtentAllocator::allocate(uint64_t bytes, uint64_t& ret_offset) {
   return true;
 }
 
+bool ExtentAllocator::claim(uint64_t offset, uint64_t bytes) {
+  if (bytes == 0 || bytes % granularity_bytes_ != 0 || offset % granularity_bytes_ != 0 ||
+      offset > capacity_bytes_ || bytes > capacity_bytes_ - offset) {
+    return false;
+  }
+  auto run = by_offset_.upper_bound(offset);
+  if (run == by_offset_.begin()) return false;
+  --run;
+  const auto [run_offset, run_bytes] = *run;
+  if (offset + bytes > run_offset + run_bytes) return false;  // not wholly free
+  erase_run(run);
+  if (offset > run_offset) insert_run(run_offset, offset - run_offset);
+  if (offset + bytes < run_offset + run_bytes) {
+    insert_run(offset + bytes, run_offset + run_bytes - offset - bytes);
+  }
+  bytes_free_ -= bytes;
+  return true;
+}
+
 void ExtentAllocator::free(uint64_t offset, uint64_t bytes) {
   assert(bytes > 0 && bytes % granularity_bytes_ == 0 && offset % granularity_bytes_ == 0);
   assert(offset + bytes <= capacity_bytes_);

@@ -26,6 +26,9 @@ class ExtentAllocator {
 
   // Returns false (ret_offset untouched) when no free run holds `bytes`.
   bool allocate(uint64_t bytes, uint64_t& ret_offset);
+  // Takes exactly [offset, offset+bytes) when all of it is free (rebuilding the
+  // allocation of an adopted arena); false, nothing changed, when any of it is not.
+  bool claim(uint64_t offset, uint64_t bytes);
   // Returns an extent obtained from allocate(); freeing anything else is a bug.
   void free(uint64_t offset, uint64_t bytes);
 

@@ -59,6 +59,21 @@ int bind_notify_socket(const std::string& path) {
   return fd;
 }
 
+// This process's environment with `overrides` ("NAME=value") replacing or adding.
+std::vector<std::string> environment_with(const std::vector<std::string>& overrides) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string_view variable(*e);
+    const std::string_view name = variable.substr(0, variable.find('='));
+    bool replaced = false;
+    for (const std::string& o : overrides)
+      replaced |= o.compare(0, name.size() + 1, std::string(name) + "=") == 0;
+    if (!replaced) env.emplace_back(variable);
+  }
+  env.insert(env.end(), overrides.begin(), overrides.end());
+  return env;
+}
+
 }  // namespace
 
 int http_port_in_ready_message(const std::string& message) {
@@ -100,16 +115,9 @@ pid_t spawn(const std::vector<std::string>& argv, int stdout_fd, int stderr_fd,
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
+  std::vector<std::string> environment = environment_with(env_overrides);
   std::vector<char*> env;
-  for (char** e = environ; *e != nullptr; ++e) {
-    const std::string_view variable(*e);
-    const std::string_view name = variable.substr(0, variable.find('='));
-    bool replaced = false;
-    for (const std::string& o : env_overrides)
-      replaced |= o.compare(0, name.size() + 1, std::string(name) + "=") == 0;
-    if (!replaced) env.push_back(*e);
-  }
-  for (const std::string& o : env_overrides) env.push_back(const_cast<char*>(o.c_str()));
+  for (std::string& e : environment) env.push_back(e.data());
   env.push_back(nullptr);
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
@@ -181,14 +189,17 @@ bool DaemonProcess::start() {
   argv.insert(argv.end(), config_.extra_args.begin(), config_.extra_args.end());
   if (notify_fd_ < 0) notify_fd_ = bind_notify_socket(notify_path_);
   if (notify_fd_ < 0) return false;
-  char drained[512];
-  while (recv(notify_fd_, drained, sizeof drained, 0) >= 0) {  // what an earlier run sent
-  }
+  drain_notify();  // what an earlier run sent: its stored fds are kept
   http_port_ = -1;
   int log_fd = open(log_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   std::vector<std::string> env = config_.env;
   env.push_back("NOTIFY_SOCKET=" + notify_path_);
-  pid_ = spawn(argv, -1, log_fd, env);
+  if (config_.fd_store) {
+    for (const char* name : {"LISTEN_FDS", "LISTEN_FDNAMES", "LISTEN_PID"}) unsetenv(name);
+    pid_ = spawn_with_fds(argv, environment_with(env), log_fd, fd_store_);
+  } else {
+    pid_ = spawn(argv, -1, log_fd, env);
+  }
   close(log_fd);
   if (pid_ <= 0) return false;
   return wait_ready(daemon_ready_msec_max);
@@ -213,14 +224,7 @@ bool DaemonProcess::wait_notify(const std::string& field, int timeout_msec,
     // Without a pidfd, wake now and then to ask waitpid.
     const int wait_msec = pidfd >= 0 ? deadline.left_msec() : std::min(deadline.left_msec(), 50);
     if (poll(p, pidfd >= 0 ? 2 : 1, wait_msec) < 0 && errno != EINTR) break;
-    char buffer[4096];
-    ssize_t n = 0;
-    while (!seen && (n = recv(notify_fd_, buffer, sizeof buffer, 0)) > 0) {
-      const std::string message(buffer, static_cast<size_t>(n));
-      if (("\n" + message + "\n").find("\n" + field + "\n") == std::string::npos) continue;
-      seen = true;
-      if (ret_message != nullptr) *ret_message = message;
-    }
+    seen = drain_notify(field, ret_message);
     int status = 0;
     if (!seen && waitpid(pid_, &status, WNOHANG) == pid_) exited = true;
   }
@@ -229,12 +233,31 @@ bool DaemonProcess::wait_notify(const std::string& field, int timeout_msec,
   return seen;
 }
 
+bool DaemonProcess::drain_notify(const std::string& field, std::string* ret_message) {
+  if (notify_fd_ < 0) return false;
+  std::string message;
+  std::vector<int> fds;
+  while (receive_notify(notify_fd_, message, fds)) {
+    if (config_.fd_store) {
+      fd_store_.handle(message, fds);
+    } else {
+      for (int fd : fds) close(fd);
+    }
+    if (field.empty()) continue;
+    if (("\n" + message + "\n").find("\n" + field + "\n") == std::string::npos) continue;
+    if (ret_message != nullptr) *ret_message = message;
+    return true;  // later messages wait for the next call
+  }
+  return false;
+}
+
 int DaemonProcess::stop() {
   if (pid_ <= 0) return -1;
   ::kill(pid_, SIGTERM);
   int status = wait_with_timeout(pid_, daemon_stop_msec_max);
   if (status == -1) kill_hard();
   pid_ = -1;
+  drain_notify();
   return status;
 }
 
@@ -244,6 +267,7 @@ int DaemonProcess::signal_and_wait(int signal_number, int timeout_msec) {
   int status = wait_with_timeout(pid_, timeout_msec);
   if (status == -1) kill_hard();
   pid_ = -1;
+  drain_notify();
   return status;
 }
 
@@ -258,6 +282,7 @@ void DaemonProcess::kill_hard() {
   int status = 0;
   waitpid(pid_, &status, 0);
   pid_ = -1;
+  drain_notify();
 }
 
 int run_process(const std::vector<std::string>& argv, int timeout_msec, std::string* ret_output) {

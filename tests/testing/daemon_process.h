@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/testing/fd_store.h"
+
 namespace kvpark::testing {
 
 struct DaemonConfig {
@@ -20,6 +22,9 @@ struct DaemonConfig {
   uint64_t reservation_bytes_max = 0;  // 0: the daemon's default
   std::vector<std::string> extra_args;
   std::vector<std::string> env;  // "NAME=value" for the daemon's environment
+  // Play systemd's fd store (fd_store.h): keep what the daemon stores and pass it
+  // back at the next start. Off: stored fds are closed, as with FileDescriptorStoreMax=0.
+  bool fd_store = false;
 };
 
 class DaemonProcess {
@@ -52,14 +57,20 @@ class DaemonProcess {
   // sent again when a reload finished); false if the daemon exits or time runs out.
   // The whole message goes to ret_message.
   bool wait_notify(const std::string& field, int timeout_msec, std::string* ret_message = nullptr);
+  // The manager's fd store (config().fd_store); a test may read, scribble on or clear it.
+  ManagerFdStore& fd_store() { return fd_store_; }
 
  private:
   bool wait_ready(int timeout_msec);
+  // Handles queued notify messages (their fds go to the store) up to the first
+  // holding the line `field` (to ret_message; true); empty field: all of them.
+  bool drain_notify(const std::string& field = "", std::string* ret_message = nullptr);
 
   DaemonConfig config_;
   std::string directory_;
   std::string notify_path_;
   int notify_fd_ = -1;
+  ManagerFdStore fd_store_;
   int http_port_ = -1;
   std::string socket_path_;
   std::string arena_name_;

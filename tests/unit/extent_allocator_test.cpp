@@ -27,6 +27,21 @@ TEST(ExtentAllocator, StartsAsOneFreeRun) {
   EXPECT_EQ(a.free_runs(), 1u);
 }
 
+TEST(ExtentAllocator, ClaimTakesExactlyAFreeRangeAndRefusesAnOverlap) {
+  ExtentAllocator a(16 * granule, granule);
+  EXPECT_TRUE(a.claim(4 * granule, 2 * granule));
+  EXPECT_EQ(a.bytes_free(), 14 * granule);
+  EXPECT_EQ(a.free_runs(), 2u);
+  EXPECT_FALSE(a.claim(5 * granule, 2 * granule));   // overlaps the claimed range
+  EXPECT_FALSE(a.claim(15 * granule, 2 * granule));  // runs past the end
+  EXPECT_FALSE(a.claim(granule + 1, granule));       // not on a granule
+  EXPECT_EQ(a.bytes_free(), 14 * granule);
+  EXPECT_TRUE(a.claim(0, 4 * granule));              // the whole run before it
+  EXPECT_EQ(a.free_runs(), 1u);
+  a.free(4 * granule, 2 * granule);
+  EXPECT_EQ(a.largest_free_bytes(), 12 * granule);   // coalesced with what follows
+}
+
 TEST(ExtentAllocator, CarvesFromTheLowEnd) {
   ExtentAllocator a(16 * granule, granule);
   EXPECT_EQ(alloc_or_die(a, 2), 0u);

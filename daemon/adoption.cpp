@@ -1,0 +1,240 @@
+// Taking over a kept arena and rebuilding the index from its state (see adoption.h).
+#include "daemon/adoption.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <unordered_map>
+
+#include "daemon/clock.h"
+#include "daemon/config.h"
+#include "daemon/entry_table.h"
+#include "shm/arena_format.h"
+#include "shm/arena_guard.h"
+
+namespace kvpark::daemon {
+namespace {
+
+// Hits are an eviction hint; a scribbled count must not pin an entry forever.
+constexpr uint64_t adopted_hits_max = uint64_t{1} << 32;
+
+const char* huge_pages_name(uint32_t setting) {
+  switch (static_cast<shm::HugePages>(setting)) {
+    case shm::HugePages::Try:
+      return "try";
+    case shm::HugePages::On:
+      return "on";
+    case shm::HugePages::Off:
+      return "off";
+  }
+  return "unknown";
+}
+
+std::string mib(uint64_t bytes) {
+  return std::to_string(bytes >> 20) + " MiB";
+}
+
+}  // namespace
+
+const char* drop_reason_name(DropReason reason) {
+  switch (reason) {
+    case DropReason::Damaged:
+      return "damaged";
+    case DropReason::Namespace:
+      return "namespace";
+    case DropReason::Extent:
+      return "extent";
+    case DropReason::Header:
+      return "header";
+    case DropReason::Tail:
+      return "tail";
+  }
+  return "unknown";
+}
+
+uint64_t AdoptionReport::dropped_total() const {
+  uint64_t total = 0;
+  for (uint64_t n : dropped) total += n;
+  return total;
+}
+
+std::string AdoptionReport::summary() const {
+  char head[160];
+  std::snprintf(head, sizeof head,
+                "adopted %llu entries (%.2f GiB) from the previous instance in %llu ms",
+                static_cast<unsigned long long>(entries), static_cast<double>(bytes) / (1ull << 30),
+                static_cast<unsigned long long>(usec / 1000));
+  std::string text = head;
+  text += "; dropped " + std::to_string(dropped_total());
+  std::string why;
+  for (size_t r = 0; r < drop_reason_count; ++r) {
+    if (dropped[r] == 0) continue;
+    why += (why.empty() ? "" : ", ") + std::to_string(dropped[r]) + " " +
+           drop_reason_name(static_cast<DropReason>(r));
+  }
+  return why.empty() ? text : text + " (" + why + ")";
+}
+
+bool take_over(StoredFds& fds, const AdoptionConfig& config, KeptArena& ret_kept,
+               std::string& ret_reason) {
+  ret_reason.clear();
+  if (!fds.any()) return false;
+  if (!fds.complete()) {
+    ret_reason = "the service manager kept only part of the arena";
+    close_stored_fds(fds);
+    return false;
+  }
+  int err = 0;
+  std::unique_ptr<shm::ArenaOwner> arena;
+  const Status arena_status = shm::ArenaOwner::adopt(fds.arena_header, fds.arena_data, arena, err);
+  fds.arena_header = fds.arena_data = -1;  // taken
+  std::unique_ptr<shm::StateSegment> state;
+  const Status state_status = shm::StateSegment::adopt(fds.state, state, err);
+  fds.state = -1;
+  if (arena_status != Status::Ok) {
+    ret_reason = "the kept arena is not a sealed arena of this format (arena format " +
+                 std::to_string(shm::arena_format_version) + ")";
+    return false;
+  }
+  if (state_status != Status::Ok) {
+    ret_reason =
+        "the kept state segment fails its header check or is of another format (state format " +
+        std::to_string(shm::state_format_version) + ")";
+    return false;
+  }
+  const shm::StateHeader& s = state->header();
+  const shm::ArenaHeader& a = arena->header();
+  if (s.arena_identity != a.incarnation || s.arena_data_bytes != a.data_bytes ||
+      s.arena_format_version != shm::arena_format_version ||
+      s.entry_format_version != shm::entry_format_version) {
+    ret_reason = "the kept state segment describes another arena or entry format";
+  } else if (s.configured_arena_bytes != config.configured_arena_bytes) {
+    ret_reason = "the kept arena is " + mib(s.configured_arena_bytes) +
+                 ", the configuration asks for " + mib(config.configured_arena_bytes);
+  } else if (s.huge_pages != static_cast<uint16_t>(config.huge_pages)) {
+    ret_reason = std::string("huge_pages was ") + huge_pages_name(s.huge_pages) + ", is now " +
+                 huge_pages_name(static_cast<uint32_t>(config.huge_pages));
+  }
+  if (!ret_reason.empty()) return false;
+  ret_kept.arena = std::move(arena);
+  ret_kept.state = std::move(state);
+  return true;
+}
+
+AdoptionReport adopt_entries(EntryState& state, const uint8_t* arena_data, uint64_t arena_bytes,
+                             EntryTable& table) {
+  const uint64_t start = monotonic_usec();
+  AdoptionReport report;
+  report.adopted = true;
+  shm::StateSegment& segment = state.segment();
+  // Every namespace record first: registering rewrites them in index order.
+  std::vector<shm::NamespaceRecord> namespaces;
+  for (uint32_t i = 0; i < limits::namespaces_max; ++i) {
+    shm::NamespaceRecord r{};
+    if (segment.namespace_valid(i, r)) namespaces.push_back(r);
+  }
+  std::unordered_map<NamespaceId, NamespaceIndex, Hash128Hasher> by_id;
+  for (const shm::NamespaceRecord& r : namespaces) {
+    const Geometry g{.block_tokens = r.block_tokens,
+                     .block_payload_bytes = r.block_payload_bytes,
+                     .snapshot_required = r.snapshot_required != 0};
+    NamespaceIndex ns = 0;
+    if (table.register_namespace(r.id, g, r.prefill_tokens_per_second, ns) == Status::Ok)
+      by_id[r.id] = ns;
+  }
+  const uint64_t now = coarse_monotonic_usec();
+  std::vector<int32_t> tail;
+  const uint64_t high_water = segment.records_high_water();
+  table.reserve(static_cast<size_t>(high_water));
+  for (uint64_t i = 0; i < high_water; ++i) {
+    shm::StateRecord record{};
+    const auto check = segment.check_record(i, record);
+    if (check == shm::StateSegment::RecordCheck::Empty) continue;
+    auto drop = [&](DropReason reason) { ++report.dropped[static_cast<size_t>(reason)]; };
+    if (check == shm::StateSegment::RecordCheck::Damaged) {
+      drop(DropReason::Damaged);
+      continue;
+    }
+    const shm::StateRecordBody& b = record.body;
+    auto ns_it = by_id.find(b.namespace_id);
+    if (ns_it == by_id.end()) {
+      drop(DropReason::Namespace);
+      continue;
+    }
+    const NamespaceInfo& info = table.namespace_info(ns_it->second);
+    const bool block = b.kind == static_cast<uint8_t>(EntryKind::Block);
+    const bool shape = (block ? info.geometry.block_tokens > 0 && b.tail_tokens == 0
+                              : b.kind == static_cast<uint8_t>(EntryKind::Snapshot) &&
+                                    b.tail_tokens < info.chain_tokens) &&
+                       b.entry_class <= entry_class_max && b.evidence <= evidence_max;
+    if (!shape || b.extent_bytes == 0 || b.extent_offset % limits::extent_align_bytes != 0 ||
+        b.extent_bytes % limits::extent_align_bytes != 0 || b.extent_offset > arena_bytes ||
+        b.extent_bytes > arena_bytes - b.extent_offset) {
+      drop(DropReason::Extent);
+      continue;
+    }
+    // A snapshot's extent is read for its tail tokens (the index needs them), and its
+    // header must name the same entry. Blocks touch no arena page: a page fault per
+    // entry would dominate adoption, and readers confirm headers and token ids anyway.
+    shm::EntryHeader h{};
+    const uint32_t tokens = block ? info.geometry.block_tokens : b.tail_tokens;
+    const bool header_ok =
+        block || (shm::guarded_copy(&h, arena_data + b.extent_offset, sizeof h) &&
+                  h.magic == shm::entry_magic && h.format_version == shm::entry_format_version &&
+                  h.kind == b.kind && h.namespace_id == b.namespace_id &&
+                  h.key_hash == b.key_hash && h.token_count == tokens && h.position == b.position &&
+                  h.anchor_chunks == b.anchor_chunks &&
+                  h.payload_offset == shm::payload_offset_for(tokens) &&
+                  shm::extent_bytes_for(tokens, h.payload_bytes) == b.extent_bytes);
+    if (!header_ok) {
+      drop(DropReason::Header);
+      continue;
+    }
+    tail.assign(block ? 0 : b.tail_tokens, 0);
+    if (!block &&
+        (!shm::guarded_copy(tail.data(), arena_data + b.extent_offset + limits::entry_header_bytes,
+                            tail.size() * sizeof(int32_t)) ||
+         record_tail_digest(tail) != b.tail_digest)) {
+      drop(DropReason::Tail);
+      continue;
+    }
+    uint8_t entry_class = 0, evidence = 0;
+    bool pinned = false;
+    shm::StateSegment::upgraded(record, entry_class, evidence, pinned);
+    if (entry_class > entry_class_max || evidence > evidence_max) {
+      entry_class = b.entry_class;
+      evidence = b.evidence;
+      pinned = false;
+    }
+    NewEntry n{.ns = ns_it->second,
+               .kind = static_cast<EntryKind>(b.kind),
+               .key_hash = b.key_hash,
+               .parent_hash = b.parent_hash,
+               .tail_tokens = tail,
+               .extent_bytes = b.extent_bytes,
+               .position = b.position,
+               .anchor_chunks = b.anchor_chunks,
+               .creator_session = b.creator_session,
+               .payload_checksum = b.payload_checksum,
+               .entry_class = static_cast<EntryClass>(entry_class),
+               .evidence = static_cast<Evidence>(evidence)};
+    EntrySlot slot = no_slot;
+    if (table.insert_adopted(n, b.extent_offset, static_cast<uint32_t>(i),
+                             std::min(record.hits, adopted_hits_max),
+                             std::min(record.last_use_usec, now), pinned, slot) != Status::Ok) {
+      drop(DropReason::Extent);
+      continue;
+    }
+    state.claim(static_cast<uint32_t>(i));
+    segment.note_sequence(b.sequence);
+    ++report.entries;
+    report.bytes += b.extent_bytes;
+  }
+  state.finish_adoption(static_cast<uint32_t>(table.namespace_count()));
+  report.previous_pids = state.take_previous_connections();
+  report.usec = monotonic_usec() - start;
+  return report;
+}
+
+}  // namespace kvpark::daemon

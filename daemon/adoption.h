@@ -1,0 +1,73 @@
+// Adoption: a new kvparkd takes over the arena and state segment an earlier one
+// left with the service manager, and rebuilds its index from the state's records.
+//
+// take_over() decides: the kept objects are adopted only when they are whole (the
+// arena's header and seals, the state's header checksum), name each other (the
+// state's arena identity and size) and agree with this configuration (arena size
+// and huge_pages as configured, every format version); otherwise the daemon starts
+// fresh and says why in one line. adopt_entries() reads each record, keeps those
+// that pass every check (record checksum, namespace, extent inside the arena and
+// overlapping no other; for a snapshot, the entry header in the arena naming the same
+// entry and its tail tokens matching their digest) and drops the rest, counted by
+// reason. No payload is read, and no arena page of a block: readers confirm headers,
+// token ids and payload checksums anyway. Free space
+// is what no kept record covers: reservations in flight at the crash are free again.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "daemon/entry_state.h"
+#include "daemon/fd_store.h"
+#include "shm/arena.h"
+#include "shm/state_segment.h"
+
+namespace kvpark::daemon {
+
+class EntryTable;
+
+struct AdoptionConfig {
+  uint64_t configured_arena_bytes = 0;
+  shm::HugePages huge_pages = shm::HugePages::Try;
+};
+
+struct KeptArena {
+  std::unique_ptr<shm::ArenaOwner> arena;
+  std::unique_ptr<shm::StateSegment> state;
+};
+
+// Adopts what the manager kept when it agrees with `config`; false otherwise, with
+// ret_reason (empty when nothing was kept). Takes the fds either way.
+bool take_over(StoredFds& fds, const AdoptionConfig& config, KeptArena& ret_kept,
+               std::string& ret_reason);
+
+enum class DropReason : uint8_t {
+  Damaged,    // the record fails its checksum (torn by a crash, or written over)
+  Namespace,  // its namespace record is missing or damaged
+  Extent,     // outside the arena, or overlapping another kept entry, or a duplicate key
+  Header,     // a snapshot's entry header in the arena does not name this entry
+  Tail,       // a snapshot's tail tokens in the arena do not match the record
+};
+inline constexpr size_t drop_reason_count = 5;
+const char* drop_reason_name(DropReason reason);  // "damaged", "namespace", ...
+
+struct AdoptionReport {
+  bool adopted = false;
+  uint64_t entries = 0;
+  uint64_t bytes = 0;  // extents
+  uint64_t usec = 0;   // reading the records and rebuilding the index
+  uint64_t dropped[drop_reason_count] = {};
+  std::vector<uint32_t> previous_pids;  // engines the previous instance had connected
+  uint64_t dropped_total() const;
+  // "adopted N entries (X GiB) from the previous instance in T ms; dropped ..."
+  std::string summary() const;
+};
+
+// Rebuilds `table` (which must keep its records in `state`) from the segment over
+// the adopted arena's data region.
+AdoptionReport adopt_entries(EntryState& state, const uint8_t* arena_data, uint64_t arena_bytes,
+                             EntryTable& table);
+
+}  // namespace kvpark::daemon

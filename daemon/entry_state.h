@@ -1,0 +1,69 @@
+// What the entry table keeps in the state segment (shm/state_format.h) so that a
+// restarted daemon can adopt the arena: one record per sealed host entry, one per
+// namespace, one word per connected engine.
+//
+// The entry table calls it as entries change placement: a record is written when an
+// entry becomes readable on the host (seal, a finished promotion) and cleared before
+// its extent is freed (eviction, erase, a dead entry), so a record never names an
+// extent something else may be written into. Record indexes are reused lowest first,
+// keeping the touched part of the segment small. Loop thread only.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <queue>
+#include <span>
+#include <vector>
+
+#include "shm/state_segment.h"
+
+namespace kvpark::daemon {
+
+struct Entry;
+struct NamespaceInfo;
+inline constexpr uint32_t no_record = UINT32_MAX;
+
+class EntryState {
+ public:
+  explicit EntryState(shm::StateSegment& segment);
+
+  // A record for a sealed host entry; returns its index.
+  uint32_t write(const Entry& e, const NamespaceInfo& ns);
+  void clear(uint32_t record);
+  void upgrade(uint32_t record, const Entry& e);  // class, evidence, pin changed
+  void use(uint32_t record, const Entry& e);      // hits and last use changed
+  void write_namespace(uint32_t index, const NamespaceInfo& ns);
+
+  // Adoption: `record` is an adopted entry's; every other index below the
+  // high-water mark is free once finish_adoption() runs.
+  void claim(uint32_t record) { claimed_.push_back(record); }
+  void finish_adoption(uint32_t namespaces);
+
+  // Connected engines (a connection slot is the daemon's own numbering).
+  uint32_t add_connection(uint32_t pid);  // a slot, or no_record when full
+  void remove_connection(uint32_t slot);
+  // Adoption: the pids the previous instance had connected. Their words stay (a
+  // second crash still knows them) until release_previous_connections().
+  std::vector<uint32_t> take_previous_connections();
+  void release_previous_connections();
+  // A planned stop keeps the words: engines may still be copying out of their leases.
+  void freeze_connections() { connections_frozen_ = true; }
+
+  shm::StateSegment& segment() { return segment_; }
+
+ private:
+  uint32_t allocate();
+
+  shm::StateSegment& segment_;
+  std::priority_queue<uint32_t, std::vector<uint32_t>, std::greater<>> free_;
+  uint64_t next_fresh_ = 0;
+  std::vector<uint32_t> claimed_;
+  std::vector<bool> connection_used_;
+  std::vector<uint32_t> previous_slots_;
+  bool connections_frozen_ = false;
+};
+
+// XXH3-64 of a snapshot's tail token ids (what a record and the arena must agree on).
+uint64_t record_tail_digest(std::span<const int32_t> tail_tokens);
+
+}  // namespace kvpark::daemon

@@ -1,0 +1,235 @@
+// A restarted kvparkd adopts the arena the service manager kept for it (the fd
+// store, played here by the harness: tests/testing/fd_store.h): every sealed entry is
+// served again, byte for byte, after SIGTERM and after SIGKILL; a changed arena size
+// starts fresh, has the stale fds removed and says why in one line; a state segment
+// written over drops what fails its checks and serves nothing wrong.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "shm/state_segment.h"
+#include "tests/testing/daemon_process.h"
+#include "tests/testing/engine_runner.h"
+
+namespace kvpark::testing {
+namespace {
+
+using std::to_string;
+
+constexpr const char* state_fd_name = "kvpark-state";
+const std::vector<std::string> stored_names = {"kvpark-arena-header", "kvpark-arena-data",
+                                               state_fd_name};
+
+// Lines of the daemon's log holding `needle`.
+std::vector<std::string> log_lines(const DaemonProcess& daemon, const std::string& needle) {
+  std::ifstream in(daemon.log_path());
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) {
+    if (line.find(needle) != std::string::npos) lines.push_back(line);
+  }
+  return lines;
+}
+
+DaemonConfig kept_config(uint64_t arena_bytes = 64ull << 20) {
+  return {.arena_bytes = arena_bytes, .fd_store = true};
+}
+
+// Heads of 1024 tokens (16 blocks of 64 KiB); the odd ones also park a snapshot
+// 40 tokens past their last block, so snapshot records (tail tokens) ride along.
+void publish(const DaemonProcess& daemon, const std::vector<int>& seeds) {
+  for (int seed : seeds) {
+    std::vector<std::string> args = {"publish", "--head-seed", to_string(seed)};
+    if (seed % 2 == 1)
+      args.insert(args.end(), {"--body-tokens", "40", "--snapshot-bytes", "12288"});
+    EngineRun run = run_engine(daemon, args);
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+  }
+}
+
+// A verify of `seed`'s prompt one token past its snapshot (a restore leaves a token).
+std::vector<std::string> verify_args(int seed) {
+  std::vector<std::string> args = {"verify", "--head-seed", to_string(seed)};
+  if (seed % 2 == 1) args.insert(args.end(), {"--body-tokens", "41", "--snapshot-bytes", "12288"});
+  return args;
+}
+
+// Every head restores as deep as it was parked, each byte checked against its
+// checksum and against the content the publisher wrote (exit code 3 otherwise).
+void expect_all_restored(const DaemonProcess& daemon, const std::vector<int>& seeds) {
+  for (int seed : seeds) {
+    const std::vector<std::string> args = verify_args(seed);
+    EngineRun run = run_engine(daemon, args);
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    const auto r = restores_in(run.output);
+    ASSERT_EQ(r.size(), 1u);
+    EXPECT_EQ(r[0].tokens, seed % 2 == 1 ? 1024u + 40 : full_restore_tokens(1024, 64))
+        << "seed " << seed;
+  }
+}
+
+kvpark_stats stats_of(const DaemonProcess& daemon) {
+  StatsClient stats(daemon.socket_path());
+  EXPECT_TRUE(stats.ok());
+  return stats.get();
+}
+
+const std::vector<int> seeds = {701, 702, 703, 704, 705};
+
+TEST(Adoption, SigtermRestartServesEverySealedEntryByteForByte) {
+  DaemonProcess daemon(kept_config());
+  ASSERT_TRUE(daemon.start());
+  publish(daemon, seeds);
+  const kvpark_stats before = stats_of(daemon);
+  ASSERT_EQ(before.blocks, seeds.size() * 16);
+  ASSERT_EQ(before.snapshots, 3u);
+  for (const std::string& name : stored_names) EXPECT_EQ(daemon.fd_store().count(name), 1u) << name;
+
+  ASSERT_EQ(daemon.stop(), 0);
+  ASSERT_TRUE(daemon.start());
+  const kvpark_stats after = stats_of(daemon);
+  EXPECT_EQ(after.blocks, before.blocks);
+  EXPECT_EQ(after.snapshots, before.snapshots);
+  EXPECT_EQ(after.arena_free_bytes, before.arena_free_bytes);  // recomputed from the records
+  expect_all_restored(daemon, seeds);
+  const auto adopted = log_lines(daemon, "from the previous instance");
+  ASSERT_EQ(adopted.size(), 1u);
+  EXPECT_NE(adopted[0].find("adopted " + to_string(before.blocks + before.snapshots) + " entries"),
+            std::string::npos)
+      << adopted[0];
+  EXPECT_NE(adopted[0].find("dropped 0"), std::string::npos) << adopted[0];
+  // Adopted, not re-stored: the manager still holds one of each.
+  for (const std::string& name : stored_names) EXPECT_EQ(daemon.fd_store().count(name), 1u) << name;
+}
+
+TEST(Adoption, SigkillRestartServesEveryEntrySealedBeforeTheKill) {
+  DaemonProcess daemon(kept_config());
+  ASSERT_TRUE(daemon.start());
+  publish(daemon, seeds);
+  // A writer killed with the daemon, mid-write: its reservation is freed at adoption.
+  ChildProcess writer = spawn_engine(daemon, {"hang-while-writing", "--head-seed", "798"});
+  ASSERT_TRUE(writer.wait_for_line("ready", 10'000));
+  const kvpark_stats before = stats_of(daemon);
+  ASSERT_EQ(before.reservations, 1u);
+  daemon.kill_hard();
+  writer.kill_hard();
+  ASSERT_TRUE(daemon.start());
+  const kvpark_stats after = stats_of(daemon);
+  EXPECT_EQ(after.blocks, before.blocks);
+  EXPECT_EQ(after.snapshots, before.snapshots);
+  EXPECT_EQ(after.reservations, 0u);
+  EXPECT_EQ(after.arena_free_bytes, before.arena_free_bytes + 16 * (68ull << 10));
+  expect_all_restored(daemon, seeds);
+  // The blocks in flight at the kill were never sealed: another engine writes them all.
+  EngineRun again = run_engine(daemon, {"publish", "--head-seed", "798"});
+  ASSERT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_EQ(published_in(again.output), 16);
+  expect_all_restored(daemon, {798});
+}
+
+TEST(Adoption, ChangedArenaSizeStartsFreshRemovesTheStaleFdsAndSaysWhyOnce) {
+  DaemonProcess daemon(kept_config(64ull << 20));
+  ASSERT_TRUE(daemon.start());
+  publish(daemon, {711});
+  ASSERT_EQ(daemon.stop(), 0);
+  const uint64_t removed_before = daemon.fd_store().removed();
+  daemon.config().arena_bytes = 32ull << 20;
+  ASSERT_TRUE(daemon.start());
+  const auto fresh = log_lines(daemon, "starting with an empty arena");
+  ASSERT_EQ(fresh.size(), 1u);
+  EXPECT_NE(fresh[0].find("the kept arena is 64 MiB, the configuration asks for 32 MiB"),
+            std::string::npos)
+      << fresh[0];
+  EXPECT_TRUE(log_lines(daemon, "from the previous instance").empty());
+  EXPECT_EQ(daemon.fd_store().removed() - removed_before, 3u);
+  for (const std::string& name : stored_names) EXPECT_EQ(daemon.fd_store().count(name), 1u) << name;
+  const kvpark_stats s = stats_of(daemon);
+  EXPECT_EQ(s.blocks, 0u);
+  EXPECT_EQ(s.arena_data_bytes, 32ull << 20);
+  // The new arena is kept in turn.
+  publish(daemon, {712});
+  daemon.kill_hard();
+  ASSERT_TRUE(daemon.start());
+  expect_all_restored(daemon, {712});
+}
+
+TEST(Adoption, AnAdoptedEntryKeepsItsDiskCopyAndIsIndexedOnce) {
+  char templ[] = "/var/tmp/kvpark-adoption-XXXXXX";
+  const std::string disk = mkdtemp(templ);
+  DaemonProcess daemon(
+      {.arena_bytes = 64ull << 20, .extra_args = {"--disk-dir", disk}, .fd_store = true});
+  ASSERT_TRUE(daemon.start());
+  if (!log_lines(daemon, "disk tier off").empty()) GTEST_SKIP() << "no disk tier here";
+  // Shared blocks are written through to disk at seal.
+  EngineRun run = run_engine(daemon, {"publish", "--head-seed", "760", "--shared"});
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  StatsClient before(daemon.socket_path());
+  ASSERT_TRUE(
+      before.wait_until([](const kvpark_stats& s) { return s.disk_entries == 16; }, 30'000));
+  daemon.kill_hard();
+  ASSERT_TRUE(daemon.start());
+  const kvpark_stats after = stats_of(daemon);
+  EXPECT_EQ(after.blocks, 16u);        // on the host and on disk: one entry each
+  EXPECT_EQ(after.disk_entries, 16u);  // the disk tier's scan found each adopted entry's record
+  expect_all_restored(daemon, {760});
+  std::error_code ec;
+  std::filesystem::remove_all(disk, ec);
+}
+
+TEST(Adoption, WithoutAServiceManagerKeepingFdsARestartStartsEmptyAsBefore) {
+  DaemonProcess daemon({.arena_bytes = 64ull << 20, .fd_store = false});
+  ASSERT_TRUE(daemon.start());
+  publish(daemon, {721});
+  ASSERT_EQ(daemon.stop(), 0);
+  ASSERT_TRUE(daemon.start());
+  EXPECT_EQ(stats_of(daemon).blocks, 0u);
+  EXPECT_TRUE(log_lines(daemon, "starting with an empty arena").empty());
+}
+
+TEST(Adoption, ScribbledStateDropsWhatFailsItsCheckAndServesNothingWrong) {
+  DaemonProcess daemon(kept_config());
+  ASSERT_TRUE(daemon.start());
+  publish(daemon, seeds);
+  const kvpark_stats before = stats_of(daemon);
+  daemon.kill_hard();
+  // Garbage over records 20..39 through the manager's own fd.
+  const int fd = daemon.fd_store().fd(state_fd_name);
+  ASSERT_GE(fd, 0);
+  std::unique_ptr<shm::StateSegment> segment;
+  int err = 0;
+  ASSERT_EQ(shm::StateSegment::adopt(dup(fd), segment, err), Status::Ok);
+  const uint64_t seed = std::random_device{}();
+  std::printf("scribble seed %llu\n", static_cast<unsigned long long>(seed));
+  std::mt19937_64 random(seed);
+  constexpr uint64_t first = 20, count = 20;
+  uint8_t* at = segment->base() + segment->records_offset() + first * sizeof(shm::StateRecord);
+  for (uint64_t i = 0; i < count * sizeof(shm::StateRecord); ++i)
+    at[i] = static_cast<uint8_t>(random());
+  segment.reset();
+
+  ASSERT_TRUE(daemon.start());
+  const auto adopted = log_lines(daemon, "from the previous instance");
+  ASSERT_EQ(adopted.size(), 1u);
+  EXPECT_NE(adopted[0].find("dropped " + to_string(count) + " (" + to_string(count) + " damaged)"),
+            std::string::npos)
+      << adopted[0];
+  const kvpark_stats after = stats_of(daemon);
+  EXPECT_EQ(after.blocks + after.snapshots + count, before.blocks + before.snapshots);
+  // Restores stop where a dropped entry was; nothing restored is wrong (exit code 3).
+  for (int seed_value : seeds) {
+    EngineRun run = run_engine(daemon, verify_args(seed_value));
+    EXPECT_EQ(run.exit_code, 0) << run.output;
+  }
+  // Republishing repairs what was dropped.
+  publish(daemon, seeds);
+  expect_all_restored(daemon, seeds);
+}
+
+}  // namespace
+}  // namespace kvpark::testing

@@ -1,0 +1,139 @@
+// The state segment's record discipline (shm/state_format.h): a record is empty,
+// whole and valid, or recognisably damaged, whatever byte of it was written over; the
+// upgrade word falls back to the values at seal when its check fails; the header of a
+// segment made for another format or size is refused at adoption.
+#include "shm/state_segment.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <memory>
+
+namespace kvpark::shm {
+namespace {
+
+constexpr uint64_t arena_bytes = 16ull << 20;
+
+std::unique_ptr<StateSegment> make_segment() {
+  std::unique_ptr<StateSegment> segment;
+  int err = 0;
+  EXPECT_EQ(StateSegment::create({.arena_identity = 42,
+                                  .arena_data_bytes = arena_bytes,
+                                  .configured_arena_bytes = arena_bytes},
+                                 segment, err),
+            Status::Ok);
+  return segment;
+}
+
+StateRecordBody body_at(uint64_t offset) {
+  StateRecordBody b{};
+  b.namespace_id = {7, 8};
+  b.key_hash = {offset, ~offset};
+  b.extent_offset = offset;
+  b.extent_bytes = 8192;
+  b.payload_checksum = 0x1234;
+  b.kind = static_cast<uint8_t>(EntryKind::Block);
+  b.evidence = static_cast<uint8_t>(Evidence::DefaultAutomatic);
+  return b;
+}
+
+StateRecord* record_in(StateSegment& s, uint64_t index) {
+  return reinterpret_cast<StateRecord*>(s.base() + s.records_offset()) + index;
+}
+
+TEST(StateSegment, CapacityHoldsEveryEntryAnArenaCanHold) {
+  auto s = make_segment();
+  EXPECT_EQ(s->record_capacity(), arena_bytes / 8192);
+  EXPECT_EQ(s->records_high_water(), 0u);
+  s->write_record(s->record_capacity() - 1, body_at(0), 0, 0);
+  EXPECT_EQ(s->records_high_water(), s->record_capacity());
+}
+
+TEST(StateSegment, ARecordIsEmptyValidOrDamagedWhateverByteWasWrittenOver) {
+  auto s = make_segment();
+  StateRecord r{};
+  EXPECT_EQ(s->check_record(0, r), StateSegment::RecordCheck::Empty);
+  s->write_record(0, body_at(4096), 3, 5);
+  ASSERT_EQ(s->check_record(0, r), StateSegment::RecordCheck::Valid);
+  EXPECT_EQ(r.body.extent_offset, 4096u);
+  EXPECT_EQ(r.hits, 3u);
+  // Every byte of the checksummed part, and the checksum and valid word themselves.
+  const size_t checked = offsetof(StateRecord, body) + sizeof(StateRecordBody);
+  for (size_t i = 0; i < checked; ++i) {
+    auto* bytes = reinterpret_cast<uint8_t*>(record_in(*s, 0));
+    bytes[i] ^= 0x5a;
+    const auto check = s->check_record(0, r);
+    EXPECT_NE(check, StateSegment::RecordCheck::Valid) << "byte " << i;
+    bytes[i] ^= 0x5a;
+  }
+  ASSERT_EQ(s->check_record(0, r), StateSegment::RecordCheck::Valid);
+  s->clear_record(0);
+  EXPECT_EQ(s->check_record(0, r), StateSegment::RecordCheck::Empty);
+}
+
+TEST(StateSegment, ARewriteInvalidatesTheRecordUntilItIsWholeAgain) {
+  auto s = make_segment();
+  s->write_record(0, body_at(4096), 0, 0);
+  StateRecord* r = record_in(*s, 0);
+  // What a kill between the first store of a rewrite and its last leaves behind.
+  r->valid = 0;
+  r->body.extent_offset = 8192;
+  StateRecord out{};
+  EXPECT_EQ(s->check_record(0, out), StateSegment::RecordCheck::Empty);
+  s->write_record(0, body_at(8192), 0, 0);
+  ASSERT_EQ(s->check_record(0, out), StateSegment::RecordCheck::Valid);
+  EXPECT_EQ(out.body.extent_offset, 8192u);
+}
+
+TEST(StateSegment, UpgradeWordAppliesOnlyWhenItsCheckHolds) {
+  auto s = make_segment();
+  s->write_record(0, body_at(4096), 0, 0);
+  s->write_upgrade(0, static_cast<uint8_t>(EntryClass::Shared),
+                   static_cast<uint8_t>(Evidence::ExplicitBreakpoint), true);
+  StateRecord r{};
+  ASSERT_EQ(s->check_record(0, r), StateSegment::RecordCheck::Valid);
+  uint8_t entry_class = 0, evidence = 0;
+  bool pinned = false;
+  EXPECT_TRUE(StateSegment::upgraded(r, entry_class, evidence, pinned));
+  EXPECT_EQ(entry_class, static_cast<uint8_t>(EntryClass::Shared));
+  EXPECT_EQ(evidence, static_cast<uint8_t>(Evidence::ExplicitBreakpoint));
+  EXPECT_TRUE(pinned);
+  r.upgrade ^= 0x100;  // a torn or scribbled word: the values at seal stand
+  EXPECT_FALSE(StateSegment::upgraded(r, entry_class, evidence, pinned));
+  EXPECT_EQ(entry_class, static_cast<uint8_t>(EntryClass::Private));
+  EXPECT_EQ(evidence, static_cast<uint8_t>(Evidence::DefaultAutomatic));
+  EXPECT_FALSE(pinned);
+  // An upgrade of an earlier write of this index does not carry over to a new one.
+  const uint64_t stale = record_in(*s, 0)->upgrade;
+  s->write_record(0, body_at(4096), 0, 0);
+  record_in(*s, 0)->upgrade = stale;
+  ASSERT_EQ(s->check_record(0, r), StateSegment::RecordCheck::Valid);
+  EXPECT_FALSE(StateSegment::upgraded(r, entry_class, evidence, pinned));
+}
+
+TEST(StateSegment, AdoptionRefusesAHeaderWrittenOver) {
+  auto s = make_segment();
+  s->write_record(0, body_at(4096), 0, 0);
+  std::unique_ptr<StateSegment> adopted;
+  int err = 0;
+  ASSERT_EQ(StateSegment::adopt(dup(s->fd()), adopted, err), Status::Ok);
+  StateRecord r{};
+  EXPECT_EQ(adopted->check_record(0, r), StateSegment::RecordCheck::Valid);
+  EXPECT_EQ(adopted->header().arena_identity, 42u);
+  adopted.reset();
+  s->base()[20] ^= 1;  // inside the header
+  EXPECT_EQ(StateSegment::adopt(dup(s->fd()), adopted, err), Status::Corrupt);
+}
+
+TEST(StateSegment, ConnectionWordsNameAPidOrNothing) {
+  auto s = make_segment();
+  s->set_connection(3, 4242);
+  EXPECT_EQ(s->connection_pid(3), 4242u);
+  EXPECT_EQ(s->connection_pid(4), 0u);
+  s->clear_connection(3);
+  EXPECT_EQ(s->connection_pid(3), 0u);
+}
+
+}  // namespace
+}  // namespace kvpark::shm
