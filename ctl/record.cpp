@@ -1,7 +1,6 @@
 // kvparkctl's records and their JSON (see record.h).
 #include "ctl/record.h"
 
-#include <algorithm>
 #include <charconv>
 #include <cinttypes>
 #include <cstdio>
@@ -60,9 +59,6 @@ Record entry_from_dbus(Record r) {
   if (auto it = r.find("key"); it != r.end()) {  // D-Bus Park1 names it "key"
     r[json_schema::key_hash] = it->second;
     r.erase("key");
-  }
-  if (auto it = r.find("evidence"); it != r.end() && it->second.kind == Value::Kind::Text) {
-    std::replace(it->second.text.begin(), it->second.text.end(), '-', '_');
   }
   return r;
 }

@@ -252,13 +252,22 @@ TEST_F(HttpTest, NamespacesAndFilteredEntries) {
   EXPECT_EQ(json(fetch(port_, "GET", "/v1/entries?namespace=" + std::string(32, 'f')).body)["total"]
                 .GetUint64(),
             0u);
+  // The id grammar D-Bus and kvparkctl read too: leading zeros may go, 0x may come first.
+  std::string short_id = id.substr(id.find_first_not_of('0'));
+  for (const std::string& form : {short_id, "0x" + short_id, "0x" + id}) {
+    EXPECT_EQ(json(fetch(port_, "GET", "/v1/entries?namespace=" + form).body)["total"].GetUint64(),
+              5u)
+        << form;
+  }
 }
 
 TEST_F(HttpTest, BadQueriesAreRefusedWith400AndAJsonError) {
   for (const char* query : {"limit=0", "limit=1001", "limit=abc", "offset=-1", "tier=ssd",
-                            "class=public", "namespace=xyz",
+                            "class=public", "namespace=xyz", "namespace=", "namespace=0x",
                             "namespace="
                             "0123456789abcdef0123456789abcdeg",
+                            "namespace="
+                            "0123456789abcdef0123456789abcdef0",
                             "colour=blue", "limit=1&limit=2"}) {
     const Fetched f = fetch(port_, "GET", std::string("/v1/entries?") + query);
     EXPECT_EQ(f.status, 400) << query;
