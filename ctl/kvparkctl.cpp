@@ -28,6 +28,7 @@
 #include "proto/dbus_api.h"
 #include "proto/names.h"
 #include "proto/paths.h"
+#include "proto/size.h"
 #include "proto/version.h"
 
 using namespace kvpark;
