@@ -127,13 +127,13 @@ inline bool park_corrupt_snapshot(const std::string& socket, const std::string& 
                                        .evidence = KVPARK_EVIDENCE_ENGINE_STRUCTURAL};
   kvpark_reservation* reservation = nullptr;
   bool ok = kvpark_reserve_snapshot(client, &options, tokens.data(), position,
-                                    sizeof(proxy::SlotFileHeader) + file_bytes,
+                                    sizeof(SealedPayloadHeader) + file_bytes,
                                     &reservation) == KVPARK_OK;
   if (ok) {
     auto* payload = static_cast<uint8_t*>(kvpark_reservation_snapshot(reservation));
-    std::memset(payload + sizeof(proxy::SlotFileHeader), 0x5a, file_bytes);
-    proxy::slot_file_seal(payload, uint32_t(position), file_bytes);
-    payload[sizeof(proxy::SlotFileHeader) + 100] ^= 0x01;  // after sealing: a bit flip
+    std::memset(payload + sizeof(SealedPayloadHeader), 0x5a, file_bytes);
+    sealed_payload_seal(payload, proxy::slot_file_magic, uint32_t(position), file_bytes);
+    payload[sizeof(SealedPayloadHeader) + 100] ^= 0x01;  // after sealing: a bit flip
     ok = kvpark_seal(reservation) == KVPARK_OK;
   }
   kvpark_disconnect(client);

@@ -334,9 +334,9 @@ std::string parked_slot_file(const std::string& socket, const std::string& space
   if (kvpark_lookup(client, 7, tokens.data(), tokens.size(), &plan) == KVPARK_OK) {
     uint64_t payload_bytes = 0;
     const void* payload = kvpark_plan_snapshot(plan, &payload_bytes, ret_position);
-    if (payload != nullptr && payload_bytes > sizeof(proxy::SlotFileHeader))
-      bytes.assign(static_cast<const char*>(payload) + sizeof(proxy::SlotFileHeader),
-                   payload_bytes - sizeof(proxy::SlotFileHeader));
+    if (payload != nullptr && payload_bytes > sizeof(SealedPayloadHeader))
+      bytes.assign(static_cast<const char*>(payload) + sizeof(SealedPayloadHeader),
+                   payload_bytes - sizeof(SealedPayloadHeader));
     kvpark_plan_release(plan);
   }
   kvpark_disconnect(client);
