@@ -10,9 +10,9 @@
 #include <fstream>
 #include <sstream>
 
-#include "bench/daemon_runner.h"
 #include "bench/replay/scenarios.h"
 #include "proto/version.h"
+#include "tests/testing/daemon_process.h"
 
 using namespace kvpark::replay;
 
@@ -118,7 +118,7 @@ int main(int argc, char** argv) {
     usage(stderr);
     return 2;
   }
-  run.kvparkd = kvpark::bench::find_kvparkd(kvparkd_flag);
+  run.kvparkd = kvpark::testing::find_kvparkd(kvparkd_flag);
   if (run.kvparkd.empty()) {
     fprintf(stderr, "kvpark-replay: no kvparkd found (use --kvparkd)\n");
     return 2;
