@@ -47,9 +47,15 @@ int open_pidfd(pid_t pid) {
 #endif
 }
 
-// A datagram socket bound at `path` for the notify protocol; -1 on failure.
-int bind_notify_socket(const std::string& path) {
-  const int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+bool is_executable(const std::filesystem::path& p) {
+  std::error_code ec;
+  return std::filesystem::is_regular_file(p, ec) && access(p.c_str(), X_OK) == 0;
+}
+
+}  // namespace
+
+int bind_unix_socket(const std::string& path, int type) {
+  const int fd = socket(AF_UNIX, type | SOCK_CLOEXEC, 0);
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   std::strncpy(addr.sun_path, path.c_str(), sizeof addr.sun_path - 1);
@@ -59,13 +65,6 @@ int bind_notify_socket(const std::string& path) {
   }
   return fd;
 }
-
-bool is_executable(const std::filesystem::path& p) {
-  std::error_code ec;
-  return std::filesystem::is_regular_file(p, ec) && access(p.c_str(), X_OK) == 0;
-}
-
-}  // namespace
 
 int http_port_in_ready_message(const std::string& message) {
   const std::string marker = "http on ";  // "STATUS=serving on SOCKET, http on HOST:PORT"
@@ -242,7 +241,7 @@ bool DaemonProcess::start() {
     argv.push_back(std::to_string(config_.reservation_bytes_max));
   }
   argv.insert(argv.end(), config_.extra_args.begin(), config_.extra_args.end());
-  if (notify_fd_ < 0) notify_fd_ = bind_notify_socket(notify_path_);
+  if (notify_fd_ < 0) notify_fd_ = bind_unix_socket(notify_path_, SOCK_DGRAM | SOCK_NONBLOCK);  // sd_notify
   if (notify_fd_ < 0) return false;
   char drained[512];
   while (recv(notify_fd_, drained, sizeof drained, 0) >= 0) {  // what an earlier run sent

@@ -109,6 +109,10 @@ uint64_t now_msec();
 pid_t spawn(const std::vector<std::string>& argv, int stdout_fd, int stderr_fd,
             const std::vector<std::string>& env_overrides = {}, bool die_with_parent = false);
 
+// A close-on-exec AF_UNIX socket of `type` (SOCK_DGRAM, SOCK_SEQPACKET; flags such
+// as SOCK_NONBLOCK may be or'ed in) bound at `path`, not listening; -1 on failure.
+int bind_unix_socket(const std::string& path, int type);
+
 // The "http on HOST:PORT" port of a kvparkd READY=1 notify message; -1 if absent.
 int http_port_in_ready_message(const std::string& message);
 
