@@ -7,6 +7,7 @@
 
 #include "ctl/format.h"
 #include "proto/json_schema.h"
+#include "proto/names.h"
 
 namespace kvpark::ctl {
 namespace {
@@ -46,9 +47,7 @@ bool flag_of(const Record& r, const char* key) {
 Record status_from_dbus(Record r) {
   auto it = r.find(json_schema::incarnation);
   if (it != r.end() && it->second.kind == Value::Kind::Number) {
-    char hex[17];
-    snprintf(hex, sizeof hex, "%016" PRIx64, it->second.number);
-    it->second = Value::of_text(hex);
+    it->second = Value::of_text(hex64(it->second.number));
   }
   return r;
 }

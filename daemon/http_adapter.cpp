@@ -97,10 +97,8 @@ void write_status(JsonWriter& w, const StatusInfo& s) {
   w.StartObject();
   w.Key("version");
   w.String(s.version.c_str());
-  char incarnation[17];
-  snprintf(incarnation, sizeof incarnation, "%016" PRIx64, s.incarnation);
   w.Key(json_schema::incarnation);
-  w.String(incarnation);
+  w.String(hex64(s.incarnation).c_str());
   w.Key("uptime_usec");
   w.Uint64(s.uptime_usec);
   w.Key("socket_path");

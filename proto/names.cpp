@@ -22,6 +22,12 @@ std::string hex128(const Hash128& value) {
   return text;
 }
 
+std::string hex64(uint64_t value) {
+  char text[17];
+  snprintf(text, sizeof text, "%016" PRIx64, value);
+  return text;
+}
+
 bool parse_hex128(std::string_view text, Hash128& ret_value) {
   if (text.substr(0, 2) == "0x") text.remove_prefix(2);
   if (text.empty() || text.size() > 32) return false;

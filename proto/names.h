@@ -2,8 +2,8 @@
 // kvparkctl, kvpark-proxy and the benches print and read them through here, so
 // they cannot drift apart (docs/operations.md, "JSON").
 //
-// Printed forms: a 128-bit id is 32 lowercase hex digits, high word first; an
-// enumerated value is one snake_case word. Read forms: the printed ones, and for
+// Printed forms: a 128-bit id is 32 lowercase hex digits, high word first (a 64-bit
+// one, the incarnation, 16); an enumerated value is one snake_case word. Read forms: the printed ones, and for
 // ids also what kvparkctl shows (leading zeros dropped) and a 0x prefix.
 #pragma once
 
@@ -16,6 +16,8 @@ namespace kvpark {
 
 // 32 lowercase hex digits, high word first.
 std::string hex128(const Hash128& value);
+// 16 lowercase hex digits (the daemon's incarnation, json_schema.h).
+std::string hex64(uint64_t value);
 // 1 to 32 hex digits of either case, optionally after "0x", high word first;
 // fewer than 32 fill from the low end ("5" is 0...05). False on anything else,
 // ret_value untouched.

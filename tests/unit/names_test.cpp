@@ -16,6 +16,11 @@ TEST(Hex128, PrintsThirtyTwoLowercaseDigitsHighWordFirst) {
   EXPECT_EQ(hex128({.low = 7}), "00000000000000000000000000000007");
 }
 
+TEST(Hex64, PrintsSixteenLowercaseDigits) {
+  EXPECT_EQ(hex64(0xb629cce28e2b6a13ull), "b629cce28e2b6a13");
+  EXPECT_EQ(hex64(1), "0000000000000001");
+}
+
 TEST(ParseHex128, ReadsWhatHex128Prints) {
   const Hash128 value{.low = 0x0123456789abcdefull, .high = 0xfedcba9876543210ull};
   Hash128 back;
