@@ -2,8 +2,6 @@
 #include "ctl/record.h"
 
 #include <charconv>
-#include <cinttypes>
-#include <cstdio>
 
 #include "ctl/format.h"
 #include "proto/json_schema.h"

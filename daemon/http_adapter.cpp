@@ -7,7 +7,6 @@
 #include <unistd.h>
 
 #include <charconv>
-#include <cinttypes>
 #include <cstdio>
 
 #include "http/listener.h"
