@@ -193,7 +193,7 @@ DaemonProcess::DaemonProcess(DaemonConfig config) : config_(std::move(config)) {
   const int n = instance_counter++;
   if (config_.directory.empty()) {
     std::string templ = "/tmp/kvpark-" + config_.label + "-XXXXXX";
-    if (mkdtemp(templ.data()) != nullptr) directory_ = templ;  // else start() fails to bind
+    if (mkdtemp(templ.data()) != nullptr) directory_ = templ;  // else start() refuses
     owns_directory_ = true;
   } else {
     directory_ = config_.directory;
@@ -210,7 +210,9 @@ DaemonProcess::~DaemonProcess() {
   if (pid_ > 0) kill_hard();
   if (notify_fd_ >= 0) close(notify_fd_);
   std::error_code ec;
-  if (owns_directory_ && !directory_.empty()) {
+  if (directory_.empty()) {
+    // mkdtemp failed: nothing was made
+  } else if (owns_directory_) {
     std::filesystem::remove_all(directory_, ec);
   } else {
     std::filesystem::remove(notify_path_, ec);  // the log stays with its directory
@@ -228,6 +230,7 @@ std::string DaemonProcess::log_tail() const {
 }
 
 bool DaemonProcess::start() {
+  if (directory_.empty()) return false;  // no directory of its own could be made
   // Tests run many daemons side by side: no shared HTTP port, bus name or state
   // directory unless a test asks for one (extra_args come later and win).
   const std::string kvparkd = config_.kvparkd.empty() ? built_binary("KVPARKD") : config_.kvparkd;
