@@ -1,5 +1,5 @@
 // kvpark-bench: the host-tier benchmark (issue 2). Each section runs against a
-// real kvparkd started for it (daemon_runner.h) and returns plain figures;
+// real kvparkd started for it (tests/testing/daemon_process.h) and returns plain figures;
 // main.cpp prints them as a table or JSON and judges them against the targets.
 #pragma once
 

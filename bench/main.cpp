@@ -11,13 +11,16 @@
 #include <getopt.h>
 #include <unistd.h>
 
+#include <sys/wait.h>
+
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "bench/bench.h"
-#include "bench/daemon_runner.h"
-#include "shm/arena_format.h"
 #include "proto/version.h"
+#include "shm/arena_format.h"
+#include "tests/testing/daemon_process.h"
 
 using namespace kvpark::bench;
 
@@ -240,13 +243,46 @@ int fail(const char* section, const std::string& error) {
   return 1;
 }
 
+// The daemon commits every arena page before it is ready: a large arena takes a
+// while, longer on a busy machine.
+constexpr int daemon_ready_msec_base = 30'000;
+constexpr int daemon_ready_msec_per_gib = 15'000;
+
+// One section's kvparkd, killed with the bench if the bench dies first.
+kvpark::testing::DaemonConfig section_daemon(const std::string& kvparkd, uint64_t arena_bytes) {
+  return {.arena_bytes = arena_bytes,
+          .kvparkd = kvparkd,
+          .label = "bench",
+          .ready_timeout_msec =
+              daemon_ready_msec_base + int(arena_bytes >> 30) * daemon_ready_msec_per_gib,
+          .die_with_parent = true};
+}
+
+// Starts it; on failure ret_error holds the tail of its log.
+bool start_daemon(kvpark::testing::DaemonProcess& daemon, std::string& ret_error) {
+  if (daemon.start()) return true;
+  ret_error = "kvparkd (" + daemon.config().kvparkd + ") did not become ready:\n" + daemon.log_tail();
+  return false;
+}
+
+// SIGTERM and reap; false, with its log on stderr, unless it exited 0.
+bool stop_daemon(kvpark::testing::DaemonProcess& daemon) {
+  const int status = daemon.stop();
+  const bool clean = status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  if (!clean) {
+    fprintf(stderr, "kvpark-bench: kvparkd exited with status %d; its log:\n%s\n", status,
+            daemon.log_tail().c_str());
+  }
+  return clean;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   Options o;
   int exit_code = 0;
   if (!parse(argc, argv, o, exit_code)) return exit_code;
-  const std::string kvparkd = find_kvparkd(o.kvparkd);
+  const std::string kvparkd = kvpark::testing::find_kvparkd(o.kvparkd);
   if (kvparkd.empty() || access(kvparkd.c_str(), X_OK) != 0) {
     fprintf(stderr, "kvpark-bench: no kvparkd found%s%s; pass --kvparkd PATH\n",
             kvparkd.empty() ? "" : " at ", kvparkd.c_str());
@@ -262,10 +298,8 @@ int main(int argc, char** argv) {
 
   progress("1/4 lookup latency");
   {
-    BenchDaemon daemon;
-    if (!daemon.start({.kvparkd = kvparkd, .arena_bytes = 64ull << 20}, error)) {
-      return fail("lookup", error);
-    }
+    kvpark::testing::DaemonProcess daemon(section_daemon(kvparkd, 64ull << 20));
+    if (!start_daemon(daemon, error)) return fail("lookup", error);
     const LookupConfig config = {.socket_path = daemon.socket_path(),
                                  .block_tokens = {64, 256},
                                  .clients = {1, 4},
@@ -273,55 +307,50 @@ int main(int argc, char** argv) {
                                  .warmup = z.lookup_warmup};
     if (!run_lookup_bench(config, report.lookups, error)) return fail("lookup", error);
     report.socket_floor = run_socket_floor(z.lookup_iterations);
-    if (!daemon.stop()) unclean_stops++;
+    if (!stop_daemon(daemon)) unclean_stops++;
   }
   progress("2/4 restore and publish throughput");
   for (const char* huge_pages : {"off", "try"}) {
     // Room for exactly one entry: each publish evicts the last and reuses its extent.
     const uint64_t arena = z.copy_bytes + (2ull << 20);
-    BenchDaemon daemon;
-    if (!daemon.start({.kvparkd = kvparkd, .arena_bytes = arena, .reservation_bytes_max = arena,
-                       .huge_pages = huge_pages},
-                      error)) {
-      return fail("copy", error);
-    }
-    const CopyConfig config = {.socket_path = daemon.socket_path(),
-                               .bytes = z.copy_bytes,
-                               .repetitions = z.copy_repetitions};
+    kvpark::testing::DaemonConfig config = section_daemon(kvparkd, arena);
+    config.reservation_bytes_max = arena;
+    config.extra_args = {"--huge-pages", huge_pages};
+    kvpark::testing::DaemonProcess daemon(config);
+    if (!start_daemon(daemon, error)) return fail("copy", error);
+    const CopyConfig copy = {.socket_path = daemon.socket_path(),
+                             .bytes = z.copy_bytes,
+                             .repetitions = z.copy_repetitions};
     CopyResult result;
-    if (!run_copy_bench(config, result, error)) return fail("copy", error);
+    if (!run_copy_bench(copy, result, error)) return fail("copy", error);
     result.huge_pages = huge_pages;
     report.copies.push_back(result);
     report.copy = result;
-    if (!daemon.stop()) unclean_stops++;
+    if (!stop_daemon(daemon)) unclean_stops++;
   }
   progress("attach to a large arena");
   {
-    BenchDaemon daemon;
-    if (!daemon.start({.kvparkd = kvparkd, .arena_bytes = z.attach_arena_bytes}, error)) {
-      return fail("attach", error);
-    }
+    kvpark::testing::DaemonProcess daemon(section_daemon(kvparkd, z.attach_arena_bytes));
+    if (!start_daemon(daemon, error)) return fail("attach", error);
     if (!run_attach_bench(daemon.socket_path(), z.attach_arena_bytes, 5, report.attach, error)) {
       return fail("attach", error);
     }
-    if (!daemon.stop()) unclean_stops++;
+    if (!stop_daemon(daemon)) unclean_stops++;
   }
   progress("3/4 hashing");
   report.hashes = run_hash_bench(z.hash_repetitions);
   progress("4/4 daemon memory per block");
   {
-    BenchDaemon daemon;
     const uint64_t extent =
         kvpark::shm::extent_bytes_for(memory_block_tokens, memory_block_payload_bytes);
     const uint64_t arena = uint64_t(z.memory_blocks) * extent + (32ull << 20);
-    if (!daemon.start({.kvparkd = kvparkd, .arena_bytes = arena}, error)) {
-      return fail("memory", error);
-    }
+    kvpark::testing::DaemonProcess daemon(section_daemon(kvparkd, arena));
+    if (!start_daemon(daemon, error)) return fail("memory", error);
     const MemoryConfig config = {.socket_path = daemon.socket_path(),
                                  .daemon_pid = daemon.pid(),
                                  .blocks = z.memory_blocks};
     if (!run_memory_bench(config, report.memory, error)) return fail("memory", error);
-    if (!daemon.stop()) unclean_stops++;
+    if (!stop_daemon(daemon)) unclean_stops++;
   }
   if (o.json) {
     print_json(o, report, kvparkd);

@@ -6,16 +6,29 @@
 // slab, hash tables, allocator) divided by the blocks indexed. The arena is shared
 // memory (RssShmem) and is not counted. The baseline is read after the namespace's
 // first HELLO, so it holds the event loop's buffers but no entry.
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <string>
 
 #include "bench/bench.h"
-#include "bench/daemon_runner.h"
 #include "client/kvpark.h"
 
 namespace kvpark::bench {
 namespace {
 
 constexpr size_t publish_prompt_blocks = 1000;  // <= reserve_blocks_max
+
+// "RssAnon:" of /proc/<pid>/status in KiB (private anonymous memory; the arena is
+// shared memory and counts as RssShmem instead); 0 when unreadable.
+uint64_t read_rss_anon_kib(int pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("RssAnon:", 0) == 0) return std::strtoull(line.c_str() + 8, nullptr, 10);
+  }
+  return 0;
+}
 
 }  // namespace
 

@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 
@@ -29,24 +28,6 @@ std::string ellipsize(const std::string& text, size_t width) {
 }
 
 }  // namespace
-
-bool parse_size(const std::string& text, uint64_t& ret_bytes) {
-  if (text.empty() || text[0] < '0' || text[0] > '9') return false;
-  char* end = nullptr;
-  const double value = strtod(text.c_str(), &end);
-  const std::string suffix(end);
-  double scale = 1;
-  if (suffix == "" || suffix == "B") scale = 1;
-  else if (suffix == "K" || suffix == "KiB") scale = 1ull << 10;
-  else if (suffix == "M" || suffix == "MiB") scale = 1ull << 20;
-  else if (suffix == "G" || suffix == "GiB") scale = 1ull << 30;
-  else if (suffix == "T" || suffix == "TiB") scale = 1ull << 40;
-  else return false;
-  const double bytes = std::floor(value * scale);
-  if (!(bytes >= 0) || bytes >= 18446744073709551615.0) return false;
-  ret_bytes = static_cast<uint64_t>(bytes);
-  return true;
-}
 
 std::string format_bytes(uint64_t bytes) {
   static const char* units[] = {"K", "M", "G", "T", "P", "E"};

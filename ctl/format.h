@@ -10,8 +10,6 @@
 
 namespace kvpark::ctl {
 
-// "4G", "512M", "1GiB", "4096", "1.5G" -> bytes; false on anything else.
-bool parse_size(const std::string& text, uint64_t& ret_bytes);
 // 1536 -> "1.5K"; exact powers keep no decimals ("4.0G" stays "4.0G").
 std::string format_bytes(uint64_t bytes);
 // 3723000000 -> "1h 2min 3s"; below a second "412ms".

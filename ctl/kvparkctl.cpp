@@ -26,7 +26,9 @@
 #include "ctl/record.h"
 #include "ctl/source.h"
 #include "proto/dbus_api.h"
+#include "proto/names.h"
 #include "proto/paths.h"
+#include "proto/size.h"
 #include "proto/version.h"
 
 using namespace kvpark;
@@ -153,16 +155,11 @@ uint64_t parse_id(const std::string& text) {
   return id;
 }
 
-// An id of up to 32 hex digits (optionally 0x), as 32 digits; "" if it is not one.
+// A namespace id as the daemon reads and prints it (proto/names.h), as 32 digits;
+// "" if it is not one.
 std::string namespace_hex32(const std::string& text) {
-  const std::string digits = text.rfind("0x", 0) == 0 ? text.substr(2) : text;
-  if (digits.empty() || digits.size() > 32 ||
-      digits.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos) {
-    return "";
-  }
-  std::string out = std::string(32 - digits.size(), '0') + digits;
-  for (char& c : out) c = static_cast<char>(tolower(static_cast<unsigned char>(c)));
-  return out;
+  Hash128 id;
+  return parse_hex128(text, id) ? hex128(id) : std::string();
 }
 
 std::string progress_text(const Record& p) {
@@ -346,14 +343,14 @@ int main(int argc, char** argv) {
         break;
       case opt_tier:
         o.query.tier = optarg;
-        if (o.query.tier != "host" && o.query.tier != "disk") {
+        if (Tier tier; !parse_tier(o.query.tier, tier) || tier == Tier::Both) {
           fprintf(stderr, "kvparkctl: --tier: expected host or disk\n");
           return exit_usage;
         }
         break;
       case opt_class:
         o.query.entry_class = optarg;
-        if (o.query.entry_class != "shared" && o.query.entry_class != "private") {
+        if (EntryClass entry_class; !parse_entry_class(o.query.entry_class, entry_class)) {
           fprintf(stderr, "kvparkctl: --class: expected shared or private\n");
           return exit_usage;
         }

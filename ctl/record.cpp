@@ -1,13 +1,11 @@
 // kvparkctl's records and their JSON (see record.h).
 #include "ctl/record.h"
 
-#include <algorithm>
 #include <charconv>
-#include <cinttypes>
-#include <cstdio>
 
 #include "ctl/format.h"
 #include "proto/json_schema.h"
+#include "proto/names.h"
 
 namespace kvpark::ctl {
 namespace {
@@ -47,9 +45,7 @@ bool flag_of(const Record& r, const char* key) {
 Record status_from_dbus(Record r) {
   auto it = r.find(json_schema::incarnation);
   if (it != r.end() && it->second.kind == Value::Kind::Number) {
-    char hex[17];
-    snprintf(hex, sizeof hex, "%016" PRIx64, it->second.number);
-    it->second = Value::of_text(hex);
+    it->second = Value::of_text(hex64(it->second.number));
   }
   return r;
 }
@@ -60,9 +56,6 @@ Record entry_from_dbus(Record r) {
   if (auto it = r.find("key"); it != r.end()) {  // D-Bus Park1 names it "key"
     r[json_schema::key_hash] = it->second;
     r.erase("key");
-  }
-  if (auto it = r.find("evidence"); it != r.end() && it->second.kind == Value::Kind::Text) {
-    std::replace(it->second.text.begin(), it->second.text.end(), '-', '_');
   }
   return r;
 }

@@ -34,7 +34,7 @@ bool flag_of(const Record& r, const char* key);
 
 // Records as the daemon's D-Bus adapter sends them, brought to the JSON schema:
 // 64-bit ids become strings (incarnation 16 hex digits, entry ids, sessions and
-// flush jobs decimal), an entry's "key" is "key_hash", evidence is snake_case.
+// flush jobs decimal), an entry's "key" is "key_hash".
 Record status_from_dbus(Record r);
 Record entry_from_dbus(Record r);
 Record progress_from_dbus(Record r);

@@ -111,7 +111,7 @@ bool parse_bool(std::string_view text, bool& ret_value) {
 bool set_size(std::string_view value, uint64_t minimum, uint64_t& ret_bytes,
               std::string& ret_error) {
   uint64_t bytes = 0;
-  if (!parse_size(std::string(value), bytes) || bytes < minimum) {
+  if (!parse_size(value, bytes) || bytes < minimum) {
     ret_error = "'" + std::string(value) + "' is not a size" +
                 (minimum > 0 ? " of at least " + format_size(minimum) : std::string()) +
                 " (bytes, or with K, M, G, T)";
@@ -182,16 +182,6 @@ bool parse_listen_address(std::string_view text, std::string& ret_host, uint16_t
   ret_host = host;
   ret_port = static_cast<uint16_t>(port);
   return true;
-}
-
-std::string format_size(uint64_t bytes) {
-  if (bytes == 0) return "0";
-  const std::pair<uint64_t, const char*> units[] = {
-      {1ull << 40, "T"}, {1ull << 30, "G"}, {1ull << 20, "M"}, {1ull << 10, "K"}};
-  for (const auto& [scale, suffix] : units) {
-    if (bytes % scale == 0) return std::to_string(bytes / scale) + suffix;
-  }
-  return std::to_string(bytes);
 }
 
 DaemonOptions default_options() {

@@ -23,6 +23,7 @@
 
 #include "daemon/control.h"
 #include "daemon/options.h"
+#include "proto/size.h"  // parse_size, format_size: the grammar of every size key
 #include "proto/status.h"
 
 namespace kvpark::daemon {
@@ -86,7 +87,6 @@ Status reload_options(DaemonOptions& current, Park& park, std::string& ret_messa
 // "127.0.0.1:7797" or "[::1]:7797" (numeric addresses only; port 0: any free port).
 bool parse_listen_address(std::string_view text, std::string& ret_host, uint16_t& ret_port);
 
-// "64M" for 64 MiB; plain bytes when no binary suffix divides exactly.
-std::string format_size(uint64_t bytes);
+using kvpark::format_size;  // proto/size.h; daemon::format_size in the daemon's callers
 
 }  // namespace kvpark::daemon

@@ -18,8 +18,6 @@
 
 namespace kvpark::daemon {
 
-enum class Tier : uint8_t { Host = 1, Disk = 2, Both = 3 };
-
 // A latency distribution in Prometheus' cumulative-bucket shape.
 struct LatencyHistogram {
   static constexpr double bounds_seconds[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,

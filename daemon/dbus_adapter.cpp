@@ -9,13 +9,10 @@
 #include <poll.h>
 #include <pwd.h>
 #include <sys/eventfd.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <cinttypes>
-#include <cstdio>
 #include <cstring>
 #include <map>
 #include <sdbus-c++/sdbus-c++.h>
@@ -23,61 +20,15 @@
 #include <thread>
 #include <tuple>
 
-#include "proto/dbus_api.h"
+#include "daemon/clock.h"
 #include "daemon/log.h"
+#include "proto/dbus_api.h"
+#include "proto/names.h"
 
 namespace kvpark::daemon {
 namespace {
 
 using Dict = std::map<std::string, sdbus::Variant>;
-
-uint64_t now_usec() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return uint64_t(ts.tv_sec) * 1'000'000 + uint64_t(ts.tv_nsec) / 1000;
-}
-
-std::string hex128(const Hash128& h) {
-  char text[33];
-  snprintf(text, sizeof text, "%016" PRIx64 "%016" PRIx64, h.high, h.low);
-  return text;
-}
-
-// Up to 32 hex digits, high word first; fewer digits fill from the low end.
-bool parse_hex128(const std::string& text, Hash128& ret_hash) {
-  std::string digits = text.rfind("0x", 0) == 0 ? text.substr(2) : text;
-  if (digits.empty() || digits.size() > 32) return false;
-  Hash128 h;
-  for (char c : digits) {
-    int v = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
-          : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
-    if (v < 0) return false;
-    h.high = (h.high << 4) | (h.low >> 60);
-    h.low = (h.low << 4) | uint64_t(v);
-  }
-  ret_hash = h;
-  return true;
-}
-
-const char* tier_name(Tier t) {
-  switch (t) {
-    case Tier::Host: return "host";
-    case Tier::Disk: return "disk";
-    case Tier::Both: return "both";
-  }
-  return "unknown";
-}
-
-const char* evidence_name(Evidence e) {
-  switch (e) {
-    case Evidence::DefaultAutomatic: return "default-automatic";
-    case Evidence::RequestedAutomatic: return "requested-automatic";
-    case Evidence::ExplicitBreakpoint: return "explicit-breakpoint";
-    case Evidence::EngineStructural: return "engine-structural";
-    case Evidence::ObservedRecurrence: return "observed-recurrence";
-  }
-  return "unknown";
-}
 
 // The D-Bus error name for a Status (dbus_api.h lists them).
 const char* error_name(Status s) {
@@ -200,14 +151,13 @@ Dict namespace_dict(const NamespaceSummary& n) {
 Dict entry_dict(const EntrySummary& e) {
   return {{"id", sdbus::Variant(e.id)},
           {"namespace", sdbus::Variant(hex128(e.namespace_id))},
-          {"kind", sdbus::Variant(std::string(e.kind == EntryKind::Block ? "block" : "snapshot"))},
+          {"kind", sdbus::Variant(std::string(entry_kind_name(e.kind)))},
           {"tier", sdbus::Variant(std::string(tier_name(e.tier)))},
           {"key", sdbus::Variant(hex128(e.key_hash))},
           {"position", sdbus::Variant(e.position)},
           {"tail_tokens", sdbus::Variant(e.tail_tokens)},
           {"bytes", sdbus::Variant(e.bytes)},
-          {"class", sdbus::Variant(std::string(
-                        e.entry_class == EntryClass::Shared ? "shared" : "private"))},
+          {"class", sdbus::Variant(std::string(entry_class_name(e.entry_class)))},
           {"evidence", sdbus::Variant(std::string(evidence_name(e.evidence)))},
           {"hits", sdbus::Variant(e.hits)},
           {"idle_usec", sdbus::Variant(e.idle_usec)},
@@ -238,15 +188,17 @@ EntryFilter parse_filter(const Dict& in) {
       if (!parse_hex128(value.get<std::string>(), id)) bad("namespace: not a hex id");
       f.namespace_id = id;
     } else if (key == "tier" && value.containsValueOfType<std::string>()) {
-      const std::string t = value.get<std::string>();
-      if (t == "host") f.tier = Tier::Host;
-      else if (t == "disk") f.tier = Tier::Disk;
-      else bad("tier: expected host or disk");
+      Tier tier = Tier::Both;
+      if (!parse_tier(value.get<std::string>(), tier) || tier == Tier::Both) {
+        bad("tier: expected host or disk");
+      }
+      f.tier = tier;
     } else if (key == "class" && value.containsValueOfType<std::string>()) {
-      const std::string c = value.get<std::string>();
-      if (c == "shared") f.entry_class = EntryClass::Shared;
-      else if (c == "private") f.entry_class = EntryClass::Private;
-      else bad("class: expected shared or private");
+      EntryClass entry_class = EntryClass::Private;
+      if (!parse_entry_class(value.get<std::string>(), entry_class)) {
+        bad("class: expected shared or private");
+      }
+      f.entry_class = entry_class;
     } else if (key == "offset" && value.containsValueOfType<uint64_t>()) {
       f.offset = value.get<uint64_t>();
     } else if (key == "limit" && value.containsValueOfType<uint64_t>()) {
@@ -477,7 +429,7 @@ void DbusAdapterImpl::on_tick() {
                        p.entries_total, p.bytes_done, p.bytes_total);
     it = p.done ? flush_jobs_.erase(it) : std::next(it);
   }
-  const uint64_t now = now_usec();
+  const uint64_t now = monotonic_usec();
   if (now < next_pressure_usec_) return;
   next_pressure_usec_ = now + dbus_api::pressure_poll_usec;
   const StatusInfo s = control_.status();
@@ -491,12 +443,12 @@ void DbusAdapterImpl::on_tick() {
 }
 
 void DbusAdapterImpl::run() {
-  uint64_t next_tick = now_usec();
+  uint64_t next_tick = monotonic_usec();
   try {
     for (;;) {
       while (connection_->processPendingRequest()) {
       }
-      uint64_t now = now_usec();
+      uint64_t now = monotonic_usec();
       if (now >= next_tick) {
         on_tick();
         next_tick = now + dbus_api::flush_poll_usec;
@@ -504,7 +456,7 @@ void DbusAdapterImpl::run() {
       }
       const sdbus::IConnection::PollData poll_data = connection_->getEventLoopPollData();
       uint64_t wake = std::min(next_tick, poll_data.timeout_usec);
-      now = now_usec();
+      now = monotonic_usec();
       const int timeout_msec = wake <= now ? 0 : static_cast<int>((wake - now + 999) / 1000);
       pollfd fds[2] = {{poll_data.fd, poll_data.events, 0}, {stop_fd_, POLLIN, 0}};
       if (poll(fds, 2, timeout_msec) < 0 && errno != EINTR) {

@@ -7,13 +7,13 @@
 #include <unistd.h>
 
 #include <charconv>
-#include <cinttypes>
 #include <cstdio>
 
 #include "http/listener.h"
 #include "http/process_metrics.h"
 #include "proto/json_schema.h"
 #include "proto/limits.h"
+#include "proto/names.h"
 
 namespace kvpark::daemon {
 namespace {
@@ -22,56 +22,6 @@ using JsonWriter = rapidjson::Writer<rapidjson::StringBuffer>;
 
 constexpr const char* metrics_content_type = "text/plain; version=0.0.4; charset=utf-8";
 constexpr const char* json_content_type = "application/json";
-
-const char* kind_name(EntryKind kind) {
-  return kind == EntryKind::Block ? "block" : "snapshot";
-}
-
-const char* tier_name(Tier tier) {
-  switch (tier) {
-    case Tier::Host:
-      return "host";
-    case Tier::Disk:
-      return "disk";
-    case Tier::Both:
-      return "both";
-  }
-  return "host";
-}
-
-const char* class_name(EntryClass c) {
-  return c == EntryClass::Shared ? "shared" : "private";
-}
-
-const char* evidence_name(Evidence e) {
-  switch (e) {
-    case Evidence::DefaultAutomatic:
-      return "default_automatic";
-    case Evidence::RequestedAutomatic:
-      return "requested_automatic";
-    case Evidence::ExplicitBreakpoint:
-      return "explicit_breakpoint";
-    case Evidence::EngineStructural:
-      return "engine_structural";
-    case Evidence::ObservedRecurrence:
-      return "observed_recurrence";
-  }
-  return "default_automatic";
-}
-
-bool parse_hex128(const std::string& text, Hash128& ret_value) {
-  if (text.size() != 32) return false;
-  Hash128 value;
-  for (int half = 0; half < 2; ++half) {
-    const char* begin = text.data() + half * 16;
-    uint64_t word = 0;
-    auto [end, ec] = std::from_chars(begin, begin + 16, word, 16);
-    if (ec != std::errc() || end != begin + 16) return false;
-    (half == 0 ? value.high : value.low) = word;
-  }
-  ret_value = value;
-  return true;
-}
 
 bool parse_count(const std::string& text, uint64_t& ret_value) {
   uint64_t value = 0;
@@ -146,10 +96,8 @@ void write_status(JsonWriter& w, const StatusInfo& s) {
   w.StartObject();
   w.Key("version");
   w.String(s.version.c_str());
-  char incarnation[17];
-  snprintf(incarnation, sizeof incarnation, "%016" PRIx64, s.incarnation);
   w.Key(json_schema::incarnation);
-  w.String(incarnation);
+  w.String(hex64(s.incarnation).c_str());
   w.Key("uptime_usec");
   w.Uint64(s.uptime_usec);
   w.Key("socket_path");
@@ -261,7 +209,7 @@ void write_entry(JsonWriter& w, const EntrySummary& e) {
   w.Key("namespace");
   w.String(hex128(e.namespace_id).c_str());
   w.Key("kind");
-  w.String(kind_name(e.kind));
+  w.String(entry_kind_name(e.kind));
   w.Key("tier");
   w.String(tier_name(e.tier));
   w.Key(json_schema::key_hash);
@@ -273,7 +221,7 @@ void write_entry(JsonWriter& w, const EntrySummary& e) {
   w.Key("bytes");
   w.Uint64(e.bytes);
   w.Key("class");
-  w.String(class_name(e.entry_class));
+  w.String(entry_class_name(e.entry_class));
   w.Key("evidence");
   w.String(evidence_name(e.evidence));
   w.Key("hits");
@@ -302,28 +250,24 @@ bool parse_entry_filter(const httplib::Request& req, EntryFilter& ret_filter,
     if (key == "namespace") {
       Hash128 id;
       if (!parse_hex128(value, id)) {
-        ret_error = "namespace must be 32 hex digits";
+        ret_error = "namespace must be up to 32 hex digits";
         return false;
       }
       filter.namespace_id = id;
     } else if (key == "tier") {
-      if (value == "host")
-        filter.tier = Tier::Host;
-      else if (value == "disk")
-        filter.tier = Tier::Disk;
-      else {
+      Tier tier;
+      if (!parse_tier(value, tier) || tier == Tier::Both) {
         ret_error = "tier must be host or disk";
         return false;
       }
+      filter.tier = tier;
     } else if (key == "class") {
-      if (value == "shared")
-        filter.entry_class = EntryClass::Shared;
-      else if (value == "private")
-        filter.entry_class = EntryClass::Private;
-      else {
+      EntryClass entry_class;
+      if (!parse_entry_class(value, entry_class)) {
         ret_error = "class must be shared or private";
         return false;
       }
+      filter.entry_class = entry_class;
     } else if (key == "offset") {
       if (!parse_count(value, filter.offset)) {
         ret_error = "offset must be a non-negative integer";
@@ -346,12 +290,6 @@ bool parse_entry_filter(const httplib::Request& req, EntryFilter& ret_filter,
 
 }  // namespace
 
-std::string hex128(const Hash128& value) {
-  char text[33];
-  snprintf(text, sizeof text, "%016" PRIx64 "%016" PRIx64, value.high, value.low);
-  return text;
-}
-
 std::string render_metrics(const StatusInfo& s, const std::vector<NamespaceSummary>& spaces) {
   MetricsText m;
   m.family("kvpark_build_info", "gauge", "Version of the running kvparkd (always 1).");
@@ -362,11 +300,11 @@ std::string render_metrics(const StatusInfo& s, const std::vector<NamespaceSumma
   m.family("kvpark_arena_page_bytes", "gauge", "Page size backing the host arena, by kind (hugetlb, thp, 4k).");
   m.sample(s.arena_page_bytes, label("pages", s.arena_pages));
   m.family("kvpark_tier_used_bytes", "gauge", "Bytes held, per tier.");
-  m.sample(s.arena_used_bytes, label("tier", "host"));
-  m.sample(s.disk_bytes, label("tier", "disk"));
+  m.sample(s.arena_used_bytes, label("tier", tier_name(Tier::Host)));
+  m.sample(s.disk_bytes, label("tier", tier_name(Tier::Disk)));
   m.family("kvpark_tier_capacity_bytes", "gauge", "Bytes each tier may hold (0: tier off).");
-  m.sample(s.arena_data_bytes, label("tier", "host"));
-  m.sample(s.disk_capacity_bytes, label("tier", "disk"));
+  m.sample(s.arena_data_bytes, label("tier", tier_name(Tier::Host)));
+  m.sample(s.disk_capacity_bytes, label("tier", tier_name(Tier::Disk)));
   m.one("kvpark_arena_free_bytes", "gauge", "Free bytes in the host arena.", s.arena_free_bytes);
   m.one("kvpark_arena_largest_free_bytes", "gauge", "Largest free run in the host arena.",
         s.arena_largest_free_bytes);
@@ -380,8 +318,8 @@ std::string render_metrics(const StatusInfo& s, const std::vector<NamespaceSumma
         s.disk_written_today_bytes);
 
   m.family("kvpark_entries", "gauge", "Sealed entries, by kind.");
-  m.sample(s.blocks, label("kind", "block"));
-  m.sample(s.snapshots, label("kind", "snapshot"));
+  m.sample(s.blocks, label("kind", entry_kind_name(EntryKind::Block)));
+  m.sample(s.snapshots, label("kind", entry_kind_name(EntryKind::Snapshot)));
   m.one("kvpark_pinned_entries", "gauge", "Pinned entries.", s.pinned);
   m.one("kvpark_namespaces", "gauge", "Namespaces known.", s.namespaces);
   m.one("kvpark_connections", "gauge", "Engine connections open.", s.connections);
@@ -391,14 +329,14 @@ std::string render_metrics(const StatusInfo& s, const std::vector<NamespaceSumma
   m.family("kvpark_namespace_entries", "gauge", "Sealed entries per namespace, by kind.");
   for (const NamespaceSummary& n : spaces) {
     const std::string ns = label("namespace", hex128(n.id));
-    m.sample(n.blocks, ns + "," + label("kind", "block"));
-    m.sample(n.snapshots, ns + "," + label("kind", "snapshot"));
+    m.sample(n.blocks, ns + "," + label("kind", entry_kind_name(EntryKind::Block)));
+    m.sample(n.snapshots, ns + "," + label("kind", entry_kind_name(EntryKind::Snapshot)));
   }
   m.family("kvpark_namespace_bytes", "gauge", "Bytes per namespace, by tier.");
   for (const NamespaceSummary& n : spaces) {
     const std::string ns = label("namespace", hex128(n.id));
-    m.sample(n.host_bytes, ns + "," + label("tier", "host"));
-    m.sample(n.disk_bytes, ns + "," + label("tier", "disk"));
+    m.sample(n.host_bytes, ns + "," + label("tier", tier_name(Tier::Host)));
+    m.sample(n.disk_bytes, ns + "," + label("tier", tier_name(Tier::Disk)));
   }
   m.family("kvpark_namespace_restorable_tokens_total", "counter",
            "Tokens lookups found restorable, per namespace.");
@@ -411,9 +349,9 @@ std::string render_metrics(const StatusInfo& s, const std::vector<NamespaceSumma
 
   m.one("kvpark_lookups_total", "counter", "Lookups answered.", s.lookups);
   m.family("kvpark_lookup_reuse_total", "counter", "Lookups by reuse kind of their plan.");
-  m.sample(s.reuse_root, label("kind", "root"));
-  m.sample(s.reuse_shared_stable_prefix, label("kind", "shared_stable_prefix"));
-  m.sample(s.reuse_private_turn_closure, label("kind", "private_turn_closure"));
+  m.sample(s.reuse_root, label("kind", reuse_kind_name(ReuseKind::Root)));
+  m.sample(s.reuse_shared_stable_prefix, label("kind", reuse_kind_name(ReuseKind::SharedStablePrefix)));
+  m.sample(s.reuse_private_turn_closure, label("kind", reuse_kind_name(ReuseKind::PrivateTurnClosure)));
   m.one("kvpark_lookup_hit_tokens_total", "counter",
         "Tokens lookups found restorable (a client that looks up twice counts twice).",
         s.lookup_hit_tokens);

@@ -48,6 +48,5 @@ class HttpAdapter {
 
 // Pure renderers, shared by the routes and the tests.
 std::string render_metrics(const StatusInfo& status, const std::vector<NamespaceSummary>& spaces);
-std::string hex128(const Hash128& value);  // 32 hex digits, high word first
 
 }  // namespace kvpark::daemon

@@ -6,37 +6,14 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <limits>
 
 #include "daemon/config.h"
 #include "proto/limits.h"
 #include "proto/paths.h"
+#include "proto/size.h"
 #include "proto/version.h"
 
 namespace kvpark::daemon {
-
-bool parse_size(const std::string& text, uint64_t& ret_bytes) {
-  size_t used = 0;
-  unsigned long long value = 0;
-  // stoull skips whitespace and negates "-1" into 2^64-1: accept digits only.
-  if (text.empty() || text[0] < '0' || text[0] > '9') return false;
-  try {
-    value = std::stoull(text, &used);
-  } catch (...) {
-    return false;
-  }
-  std::string suffix = text.substr(used);
-  uint64_t scale = 1;
-  if (suffix == "" || suffix == "B") scale = 1;
-  else if (suffix == "K" || suffix == "KiB") scale = 1ull << 10;
-  else if (suffix == "M" || suffix == "MiB") scale = 1ull << 20;
-  else if (suffix == "G" || suffix == "GiB") scale = 1ull << 30;
-  else if (suffix == "T" || suffix == "TiB") scale = 1ull << 40;
-  else return false;
-  if (value > std::numeric_limits<uint64_t>::max() / scale) return false;
-  ret_bytes = value * scale;
-  return true;
-}
 
 namespace {
 

@@ -52,7 +52,4 @@ struct DaemonOptions {
 // flag or config file) through ret_exit with a message already printed.
 bool parse_options(int argc, char** argv, DaemonOptions& ret_options, int& ret_exit);
 
-// "64M", "1G", "1GiB", "1073741824" -> bytes; false on anything else.
-bool parse_size(const std::string& text, uint64_t& ret_bytes);
-
 }  // namespace kvpark::daemon

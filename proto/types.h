@@ -1,4 +1,5 @@
-// Value types every part agrees on: 128-bit hashes and namespace geometry.
+// Value types every part agrees on: 128-bit hashes, namespace geometry and the
+// enumerations every door names (proto/names.h spells them).
 #pragma once
 
 #include <compare>
@@ -30,6 +31,9 @@ struct Geometry {
 };
 
 enum class EntryKind : uint8_t { Block = 1, Snapshot = 2 };
+
+// Where an entry's payload is: the host arena, the disk tier, or both.
+enum class Tier : uint8_t { Host = 1, Disk = 2, Both = 3 };
 
 // Who says this state is worth keeping (DESIGN.md §2).
 enum class Evidence : uint8_t {

@@ -24,11 +24,11 @@ constexpr size_t copy_chunk_bytes = 256u << 10;
 // llama-server reads).
 bool write_checked_file(const uint8_t* payload, uint64_t payload_bytes, uint32_t position,
                         const std::string& path, std::string* ret_refused, bool* ret_corrupt) {
-  SlotFileHeader header;
+  SealedPayloadHeader header;
   *ret_corrupt = true;
-  const SlotFileCheck check = slot_file_check_header(payload, payload_bytes, position, &header);
-  if (check != SlotFileCheck::ok) {
-    *ret_refused = slot_file_check_string(check);
+  const SealedPayloadCheck check = sealed_payload_check_header(payload, payload_bytes, slot_file_magic, position, &header);
+  if (check != SealedPayloadCheck::ok) {
+    *ret_refused = sealed_payload_check_string(check);
     return false;
   }
   *ret_corrupt = false;
@@ -45,8 +45,8 @@ bool write_checked_file(const uint8_t* payload, uint64_t payload_bytes, uint32_t
   std::vector<uint8_t> staging(copy_chunk_bytes);
   const uint8_t* file = payload + sizeof header;
   bool ok = true;
-  for (uint64_t at = 0; ok && at < header.file_bytes;) {
-    const size_t n = size_t(std::min<uint64_t>(staging.size(), header.file_bytes - at));
+  for (uint64_t at = 0; ok && at < header.body_bytes;) {
+    const size_t n = size_t(std::min<uint64_t>(staging.size(), header.body_bytes - at));
     std::memcpy(staging.data(), file + at, n);
     XXH3_64bits_update(hash, staging.data(), n);
     for (size_t done = 0; ok && done < n;) {
@@ -61,18 +61,18 @@ bool write_checked_file(const uint8_t* payload, uint64_t payload_bytes, uint32_t
     }
     at += n;
   }
-  if (ok && ftruncate(fd, off_t(header.file_bytes)) != 0) {  // a longer last state
+  if (ok && ftruncate(fd, off_t(header.body_bytes)) != 0) {  // a longer last state
     *ret_refused = path + ": " + std::strerror(errno);
     ok = false;
   }
-  const bool checksum_ok = XXH3_64bits_digest(hash) == header.file_xxh3_64;
+  const bool checksum_ok = XXH3_64bits_digest(hash) == header.body_xxh3_64;
   XXH3_freeState(hash);
   if (close(fd) != 0 && ok) {
     *ret_refused = path + ": " + std::strerror(errno);
     ok = false;
   }
   if (ok && !checksum_ok) {
-    *ret_refused = slot_file_check_string(SlotFileCheck::bad_checksum);
+    *ret_refused = sealed_payload_check_string(SealedPayloadCheck::bad_checksum);
     *ret_corrupt = true;
     ok = false;
   }
@@ -139,7 +139,7 @@ Parked::Parked(kvpark_plan* plan) : plan_(plan) {
 }
 
 uint64_t Parked::file_bytes() const {
-  return payload_bytes_ > sizeof(SlotFileHeader) ? payload_bytes_ - sizeof(SlotFileHeader) : 0;
+  return payload_bytes_ > sizeof(SealedPayloadHeader) ? payload_bytes_ - sizeof(SealedPayloadHeader) : 0;
 }
 
 Parked::~Parked() {
@@ -193,7 +193,7 @@ kvpark_status Parking::reserve(const std::vector<int32_t>& tokens, uint32_t posi
   if (c == nullptr) return KVPARK_UNAVAILABLE;
   kvpark_reservation* reservation = nullptr;
   const kvpark_status s = kvpark_reserve_snapshot(
-      c, &options, tokens.data(), position, sizeof(SlotFileHeader) + file_bytes, &reservation);
+      c, &options, tokens.data(), position, sizeof(SealedPayloadHeader) + file_bytes, &reservation);
   if (s == KVPARK_OK) {
     ret_reserved->reservation_ = reservation;
     ret_reserved->position_ = position;
@@ -227,7 +227,7 @@ bool Reserved::fill_and_seal(const std::string& file_path, std::string* ret_erro
     return false;
   }
   auto* payload = static_cast<uint8_t*>(kvpark_reservation_snapshot(reservation_));
-  uint8_t* file = payload + sizeof(SlotFileHeader);
+  uint8_t* file = payload + sizeof(SealedPayloadHeader);
   bool ok = true;
   for (uint64_t at = 0; at < file_bytes_;) {
     const ssize_t n = read(fd, file + at, size_t(file_bytes_ - at));
@@ -241,7 +241,7 @@ bool Reserved::fill_and_seal(const std::string& file_path, std::string* ret_erro
   }
   close(fd);
   if (!ok) return false;  // the destructor aborts
-  slot_file_seal(payload, position_, file_bytes_);
+  sealed_payload_seal(payload, slot_file_magic, position_, file_bytes_);
   const kvpark_status sealed = kvpark_seal(reservation_);
   reservation_ = nullptr;  // sealed or not, it is gone
   if (sealed != KVPARK_OK) {

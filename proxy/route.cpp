@@ -4,10 +4,10 @@
 #include <xxhash.h>
 
 #include <cctype>
-#include <cinttypes>
 #include <cstdio>
 
 #include "integrations/llama/weights_digest.h"
+#include "proto/names.h"
 
 namespace kvpark::proxy {
 namespace {
@@ -45,9 +45,9 @@ kvpark_hash128 make_namespace(kvpark_hash128 weights, const std::string& build_i
 
 const char* reuse_kind_string(ReuseKind kind) {
   switch (kind) {
-    case ReuseKind::root: return "root";
-    case ReuseKind::shared_stable_prefix: return "shared_stable_prefix";
-    case ReuseKind::private_turn_closure: return "private_turn_closure";
+    case ReuseKind::root: return reuse_kind_name(kvpark::ReuseKind::Root);
+    case ReuseKind::shared_stable_prefix: return reuse_kind_name(kvpark::ReuseKind::SharedStablePrefix);
+    case ReuseKind::private_turn_closure: return reuse_kind_name(kvpark::ReuseKind::PrivateTurnClosure);
     case ReuseKind::slot: return "slot";
     case ReuseKind::uncached: return "uncached";
     case ReuseKind::count: break;
@@ -303,9 +303,7 @@ kvpark_hash128 Route::namespace_id() const {
 
 std::string Route::namespace_hex() const {
   const kvpark_hash128 id = namespace_id();
-  char text[33];
-  std::snprintf(text, sizeof text, "%016" PRIx64 "%016" PRIx64, id.high, id.low);
-  return text;
+  return hex128(Hash128{.low = id.low, .high = id.high});
 }
 
 std::string Route::slot_file_name(uint32_t slot_id, const char* purpose) const {

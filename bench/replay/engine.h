@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "bench/replay/trace.h"
+#include "proto/names.h"
 
 namespace kvpark::replay {
 
@@ -60,6 +61,9 @@ struct Result {
   uint32_t published_position[published_max] = {};  // snapshots now parked (by anyone)
   uint8_t published_shared[published_max] = {};
   char error[160] = {};
+
+  // "root", "shared_stable_prefix", "private_turn_closure" (proto/names.h).
+  const char* reuse_name() const { return reuse_kind_name(ReuseKind(reuse_kind)); }
 };
 
 // Runs an engine until its job pipe closes; exits the process.

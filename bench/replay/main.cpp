@@ -10,9 +10,9 @@
 #include <fstream>
 #include <sstream>
 
-#include "bench/daemon_runner.h"
 #include "bench/replay/scenarios.h"
 #include "proto/version.h"
+#include "tests/testing/daemon_process.h"
 
 using namespace kvpark::replay;
 
@@ -38,14 +38,6 @@ void usage(FILE* out) {
           "      --version         the version\n");
 }
 
-const char* kind_name(uint32_t kind) {
-  switch (kind) {
-    case 0: return "root";
-    case 1: return "shared_stable_prefix";
-    case 2: return "private_turn_closure";
-  }
-  return "?";
-}
 
 void print_requests(const std::string& name, const std::vector<Event>& events, const RunOutcome& o) {
   printf("-- %s: per-request log (times in modeled ms; restore/promote real)\n", name.c_str());
@@ -57,7 +49,7 @@ void print_requests(const std::string& name, const std::vector<Event>& events, c
     const char* role = x.led ? "lead" : x.followed ? "follow" : "-";
     printf("%-3zu %8.1f %2u %-12s %6u %6u %-21s %5s %6u %6u %5.0f %8.2f %7.1f %8.0f %8.0f %4s%s%s\n", r.event,
            events[r.event].t_ms, events[r.event].engine, events[r.event].conversation.c_str(), x.prompt_tokens,
-           x.cached_tokens, kind_name(x.reuse_kind), role, x.capture_hint, r.expected_cached, x.wait_ms,
+           x.cached_tokens, x.reuse_name(), role, x.capture_hint, r.expected_cached, x.wait_ms,
            x.restore_ms, x.promote_ms, x.prefill_ms, x.ttft_ms, x.byte_identical ? "yes" : "NO",
            x.failed ? " error: " : "", x.failed ? x.error : "");
   }
@@ -126,7 +118,7 @@ int main(int argc, char** argv) {
     usage(stderr);
     return 2;
   }
-  run.kvparkd = kvpark::bench::find_kvparkd(kvparkd_flag);
+  run.kvparkd = kvpark::testing::find_kvparkd(kvparkd_flag);
   if (run.kvparkd.empty()) {
     fprintf(stderr, "kvpark-replay: no kvparkd found (use --kvparkd)\n");
     return 2;

@@ -2,15 +2,9 @@
 // is safe; it holds a libkvpark connection only while reading stats.
 #include "bench/replay/runner.h"
 
-#include "bench/daemon_runner.h"
-
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/mman.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
-#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -23,12 +17,12 @@
 #include <unordered_set>
 
 #include "bench/replay/content.h"
+#include "tests/testing/daemon_process.h"
 
 namespace kvpark::replay {
 namespace {
 
-constexpr double daemon_start_timeout_ms = 30'000;
-constexpr double daemon_stop_timeout_ms = 10'000;
+constexpr int daemon_start_timeout_msec = 30'000;
 constexpr double spill_settle_timeout_ms = 20'000;
 constexpr double spill_stable_ms = 1'000;  // disk_entries unchanged this long: spills settled
 constexpr double drain_timeout_ms = 120'000;
@@ -45,55 +39,26 @@ uint64_t now_nsec() {
   return uint64_t(ts.tv_sec) * 1'000'000'000 + uint64_t(ts.tv_nsec);
 }
 
+// The replay's kvparkd (tests/testing/daemon_process.h), in the work directory so
+// that --keep keeps its log and disk tier; killed with the replayer.
 class Daemon {
  public:
-  Daemon(const RunOptions& o, const std::string& dir)
-      : options_(o), socket_(dir + "/kvparkd.sock"), log_(dir + "/kvparkd.log"),
-        disk_(dir + "/disk"),
-        arena_("/kvpark-replay-" + std::to_string(getpid()) + "-" + std::to_string(counter_++)) {}
+  Daemon(const RunOptions& o, const std::string& dir) : options_(o), process_(config(o, dir)) {}
   ~Daemon() {
-    if (pid_ > 0) stop();
-    shm_unlink(arena_.c_str());
+    if (process_.running()) process_.stop();
   }
 
-  const std::string& socket_path() const { return socket_; }
-  const std::string& log_path() const { return log_; }
+  const std::string& socket_path() const { return process_.socket_path(); }
+  std::string log_tail() const { return process_.log_tail(); }
 
+  // Starts it, or starts it again after kill_hard() on the same socket, arena name
+  // and disk directory.
   bool start(std::string& ret_error) {
-    std::vector<std::string> argv = {options_.kvparkd, "--socket", socket_, "--arena-name", arena_,
-                                     "--arena-size", std::to_string(options_.arena_bytes),
-                                     "--http-listen", "off", "--dbus", "off"};
-    if (options_.disk) {
-      std::filesystem::create_directories(disk_);
-      argv.insert(argv.end(), {"--disk-dir", disk_, "--spill-on-shutdown=false"});
-    } else {
-      argv.insert(argv.end(), {"--disk-dir", "off"});
-    }
-    return bench::spawn_daemon(argv, log_, /*append=*/true, socket_,
-                               static_cast<uint64_t>(daemon_start_timeout_ms * 1e6), pid_,
-                               ret_error);
+    if (process_.start()) return true;
+    ret_error = "kvparkd (" + options_.kvparkd + ") did not become ready";
+    return false;
   }
-
-  void kill_hard() {
-    if (pid_ <= 0) return;
-    kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-
-  void stop() {
-    if (pid_ <= 0) return;
-    kill(pid_, SIGTERM);
-    const double deadline = now_ms() + daemon_stop_timeout_ms;
-    while (now_ms() < deadline) {
-      if (waitpid(pid_, nullptr, WNOHANG) == pid_) {
-        pid_ = -1;
-        return;
-      }
-      usleep(2000);
-    }
-    kill_hard();
-  }
+  void kill_hard() { process_.kill_hard(); }
 
   bool stats(kvpark_stats& ret) const {
     kvpark_namespace ns{};
@@ -102,17 +67,30 @@ class Daemon {
     ns.block_payload_bytes = 4096;
     ns.client_name = "kvpark-replay-stats";
     kvpark_client* c = nullptr;
-    if (kvpark_connect(socket_.c_str(), &ns, &c) != KVPARK_OK) return false;
+    if (kvpark_connect(socket_path().c_str(), &ns, &c) != KVPARK_OK) return false;
     const bool ok = kvpark_get_stats(c, &ret) == KVPARK_OK;
     kvpark_disconnect(c);
     return ok;
   }
 
  private:
-  static inline int counter_ = 0;
+  static testing::DaemonConfig config(const RunOptions& o, const std::string& dir) {
+    std::vector<std::string> args;
+    if (o.disk) {
+      std::filesystem::create_directories(dir + "/disk");
+      args = {"--disk-dir", dir + "/disk", "--spill-on-shutdown=false"};
+    }
+    return {.arena_bytes = o.arena_bytes,
+            .extra_args = args,
+            .kvparkd = o.kvparkd,
+            .directory = dir,
+            .label = "replay",
+            .ready_timeout_msec = daemon_start_timeout_msec,
+            .die_with_parent = true};
+  }
+
   const RunOptions& options_;
-  std::string socket_, log_, disk_, arena_;
-  pid_t pid_ = -1;
+  testing::DaemonProcess process_;
 };
 
 struct EngineProc {
@@ -349,7 +327,7 @@ RunOutcome run_trace(const std::vector<Event>& events, const RunOptions& options
       Coordinator coordinator(events, options, daemon, out);
       out.ok = coordinator.run(out.error);
     }
-    if (!out.ok) out.error += "\nkvparkd log tail:\n" + bench::log_tail(daemon.log_path());
+    if (!out.ok) out.error += "\nkvparkd log tail:\n" + daemon.log_tail();
   }
   if (!options.keep_work_dir) {
     std::error_code ec;

@@ -145,14 +145,6 @@ std::string restart_daemon_line(double t_ms) {
   return line;
 }
 
-const char* kind_name(uint32_t kind) {
-  switch (kind) {
-    case KVPARK_REUSE_ROOT: return "root";
-    case KVPARK_REUSE_SHARED_STABLE_PREFIX: return "shared_stable_prefix";
-    case KVPARK_REUSE_PRIVATE_TURN_CLOSURE: return "private_turn_closure";
-  }
-  return "?";
-}
 
 std::string fmt(const char* format, auto... args) {
   char buffer[512];
@@ -294,30 +286,30 @@ Verdict judge(const Scenario& s, const RunOutcome& o, const RunOptions& options)
     const uint32_t head = b.reference.head_end;
     v.figures = fmt("head %u; A %s %u/%u TTFT %.0f ms; B %s %u (%.1f%% of head) TTFT %.0f ms%s; "
                     "C %s %u TTFT %.0f ms",
-                    head, kind_name(a.result.reuse_kind), a.result.cached_tokens, a.result.prompt_tokens,
-                    a.result.ttft_ms, kind_name(b.result.reuse_kind), b.result.cached_tokens,
+                    head, a.result.reuse_name(), a.result.cached_tokens, a.result.prompt_tokens,
+                    a.result.ttft_ms, b.result.reuse_name(), b.result.cached_tokens,
                     pct(b.result.cached_tokens, head), b.result.ttft_ms,
                     b.result.hint_captured ? fmt(", hint %u captured", b.result.capture_hint).c_str() : "",
-                    kind_name(c.result.reuse_kind), c.result.cached_tokens, c.result.ttft_ms);
+                    c.result.reuse_name(), c.result.cached_tokens, c.result.ttft_ms);
     if (s.automatic_system_candidate) {
       check(v, b.result.reuse_kind == KVPARK_REUSE_SHARED_STABLE_PREFIX && b.result.cached_tokens >= 0.99 * head,
             fmt("sibling B restores >= 99%% of the head as shared_stable_prefix (%s, %.1f%%)",
-                kind_name(b.result.reuse_kind), pct(b.result.cached_tokens, head)));
+                b.result.reuse_name(), pct(b.result.cached_tokens, head)));
     } else {
       check(v, b.result.reuse_kind == KVPARK_REUSE_ROOT,
-            fmt("with the automatic candidate off, sibling B is root (%s)", kind_name(b.result.reuse_kind)));
+            fmt("with the automatic candidate off, sibling B is root (%s)", b.result.reuse_name()));
     }
   } else if (s.name == "b") {
     const auto& turns = by_conversation["conv-b"];
     const RequestRecord& one = *turns[0];
     const RequestRecord& two = *turns[1];
     v.figures = fmt("turn 1 %u tokens cold TTFT %.0f ms; turn 2 %s %u/%u TTFT %.0f ms",
-                    one.result.prompt_tokens, one.result.ttft_ms, kind_name(two.result.reuse_kind),
+                    one.result.prompt_tokens, one.result.ttft_ms, two.result.reuse_name(),
                     two.result.cached_tokens, two.result.prompt_tokens, two.result.ttft_ms);
     check(v, two.result.reuse_kind == KVPARK_REUSE_PRIVATE_TURN_CLOSURE &&
                  two.result.cached_tokens >= 0.95 * one.result.prompt_tokens,
           fmt("the next turn restores >= 95%% of the previous turn as private_turn_closure (%s, %.1f%%)",
-              kind_name(two.result.reuse_kind), pct(two.result.cached_tokens, one.result.prompt_tokens)));
+              two.result.reuse_name(), pct(two.result.cached_tokens, one.result.prompt_tokens)));
   } else if (s.name == "c") {
     std::vector<const RequestRecord*> streams;
     for (const RequestRecord& r : rq) streams.push_back(&r);
@@ -374,7 +366,7 @@ Verdict judge(const Scenario& s, const RunOutcome& o, const RunOptions& options)
     const uint64_t promotions = back.has_stats ? back.stats_after.promotions - back.stats_before.promotions : 0;
     v.figures = fmt("return %s %u/%u (%.1f%% of conv 1) TTFT %.0f ms (promote wait %.0f ms); promotions %llu; "
                     "daemon: spills %llu, disk entries %llu, evictions %llu",
-                    kind_name(back.result.reuse_kind), back.result.cached_tokens, back.result.prompt_tokens,
+                    back.result.reuse_name(), back.result.cached_tokens, back.result.prompt_tokens,
                     pct(back.result.cached_tokens, first.result.prompt_tokens), back.result.ttft_ms,
                     back.result.promote_ms, (unsigned long long)promotions,
                     (unsigned long long)o.final_stats.spills, (unsigned long long)o.final_stats.disk_entries,

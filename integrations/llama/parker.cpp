@@ -96,20 +96,21 @@ Status Parker::park(llama_context* ctx, llama_seq_id seq_id, const llama_token* 
   if (state_bytes == 0) return Status::engine_error;
   kvpark_reservation* reservation = nullptr;
   const kvpark_status s = kvpark_reserve_snapshot(
-      client_, &options, tokens, n_tokens, sizeof(SnapshotHeader) + state_bytes, &reservation);
+      client_, &options, tokens, n_tokens, sizeof(SealedPayloadHeader) + state_bytes, &reservation);
   if (s != KVPARK_OK) return from_kvpark(s);  // ALREADY_PRESENT / IN_FLIGHT: nothing to write
   auto* payload = static_cast<uint8_t*>(kvpark_reservation_snapshot(reservation));
   assert(payload != nullptr);
-  const size_t written = llama_state_seq_get_data_ext(ctx, payload + sizeof(SnapshotHeader),
+  const size_t written = llama_state_seq_get_data_ext(ctx, payload + sizeof(SealedPayloadHeader),
                                                       state_bytes, seq_id, state_flags);
   if (written != state_bytes) {
     kvpark_abort(reservation);
     return Status::engine_error;
   }
-  snapshot_seal_header(payload, uint32_t(n_tokens), state_bytes);
+  sealed_payload_seal(payload, snapshot_magic, uint32_t(n_tokens), state_bytes);
   // Pair assertion (STYLE.md §4): what is sealed passes the check restore() runs.
-  assert(snapshot_check(payload, sizeof(SnapshotHeader) + state_bytes, uint32_t(n_tokens)) ==
-         SnapshotCheck::ok);
+  assert(sealed_payload_check(payload, sizeof(SealedPayloadHeader) + state_bytes, snapshot_magic,
+                              uint32_t(n_tokens)) ==
+         SealedPayloadCheck::ok);
   return from_kvpark(kvpark_seal(reservation));
 }
 
@@ -131,11 +132,11 @@ Status Parker::restore(llama_context* ctx, llama_seq_id seq_id, const llama_toke
     // get exactly the bytes that passed the checksum.
     state_.resize(payload_bytes);
     std::memcpy(state_.data(), payload, payload_bytes);
-    if (snapshot_check(state_.data(), payload_bytes, position) != SnapshotCheck::ok) {
+    if (sealed_payload_check(state_.data(), payload_bytes, snapshot_magic, position) != SealedPayloadCheck::ok) {
       result.refused = Status::corrupt;
     } else {
-      const uint8_t* state = state_.data() + sizeof(SnapshotHeader);
-      const size_t state_bytes = payload_bytes - sizeof(SnapshotHeader);
+      const uint8_t* state = state_.data() + sizeof(SealedPayloadHeader);
+      const size_t state_bytes = payload_bytes - sizeof(SealedPayloadHeader);
       if (llama_state_seq_set_data_ext(ctx, state, state_bytes, seq_id, state_flags) !=
               state_bytes ||
           !sequence_holds(ctx, seq_id, position)) {

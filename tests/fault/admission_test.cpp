@@ -4,7 +4,6 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/socket.h>
-#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -39,19 +38,6 @@ kvpark_namespace make_ns(uint64_t id, uint32_t block_tokens, uint64_t block_byte
           .snapshot_required = 0,
           .prefill_tokens_per_second = 0,
           .client_name = "admission"};
-}
-
-// A SOCK_SEQPACKET socket bound at `path` (not listening); -1 on failure.
-int socket_fd_bound_at(const std::string& path) {
-  const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::strncpy(addr.sun_path, path.c_str(), sizeof addr.sun_path - 1);
-  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    if (fd >= 0) close(fd);
-    return -1;
-  }
-  return fd;
 }
 
 kvpark_status try_connect(const std::string& socket, const kvpark_namespace& ns) {
@@ -164,7 +150,7 @@ TEST_F(Admission, StaleSocketFileIsTakenOver) {
   // A crashed daemon's socket file: bound once, nobody listening, no lock held.
   DaemonProcess probe;
   const std::string socket = probe.socket_path();
-  const int fd = socket_fd_bound_at(socket);
+  const int fd = bind_unix_socket(socket, SOCK_SEQPACKET);
   ASSERT_GE(fd, 0);
   close(fd);
   ASSERT_TRUE(std::filesystem::exists(socket));

@@ -1,5 +1,5 @@
-// Namespace fingerprint, weights digest cache and snapshot header checks: no
-// daemon, no model.
+// Namespace fingerprint and weights digest cache: no daemon, no model (the
+// snapshot header: tests/unit/sealed_payload_test.cpp).
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "integrations/llama/kvpark_llama.h"
-#include "integrations/llama/snapshot_format.h"
 
 namespace kvpark::llama {
 namespace {
@@ -92,34 +91,6 @@ TEST_F(WeightsDigest, MissingModelIsNotFound) {
   kvpark_hash128 digest{.low = 9, .high = 9};
   EXPECT_EQ(digest_weights(dir_ + "/absent.gguf", dir_, &digest), Status::not_found);
   EXPECT_EQ(digest.low, 9u);  // untouched on failure
-}
-
-std::vector<uint8_t> sealed_snapshot(uint32_t position, size_t state_bytes) {
-  std::vector<uint8_t> payload(sizeof(SnapshotHeader) + state_bytes);
-  for (size_t i = 0; i < state_bytes; ++i) payload[sizeof(SnapshotHeader) + i] = uint8_t(i * 7);
-  snapshot_seal_header(payload.data(), position, state_bytes);
-  return payload;
-}
-
-TEST(SnapshotFormat, SealedSnapshotPassesItsCheck) {
-  const auto p = sealed_snapshot(100, 1001);
-  EXPECT_EQ(snapshot_check(p.data(), p.size(), 100), SnapshotCheck::ok);
-}
-
-TEST(SnapshotFormat, RefusesEveryDamage) {
-  auto p = sealed_snapshot(100, 1001);
-  EXPECT_EQ(snapshot_check(p.data(), p.size(), 99), SnapshotCheck::wrong_position);
-  EXPECT_EQ(snapshot_check(p.data(), p.size() - 1, 100), SnapshotCheck::wrong_size);
-  EXPECT_EQ(snapshot_check(p.data(), sizeof(SnapshotHeader) - 1, 100),
-            SnapshotCheck::short_payload);
-  p[sizeof(SnapshotHeader) + 500] ^= 1;
-  EXPECT_EQ(snapshot_check(p.data(), p.size(), 100), SnapshotCheck::bad_checksum);
-  p = sealed_snapshot(100, 1001);
-  p[0] ^= 1;
-  EXPECT_EQ(snapshot_check(p.data(), p.size(), 100), SnapshotCheck::bad_magic);
-  p = sealed_snapshot(100, 1001);
-  p[offsetof(SnapshotHeader, version)] ^= 1;
-  EXPECT_EQ(snapshot_check(p.data(), p.size(), 100), SnapshotCheck::bad_version);
 }
 
 }  // namespace

@@ -108,16 +108,16 @@ class LlamaRestore : public ::testing::Test {
         mmap(nullptr, size_t(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
     close(fd);
     ASSERT_NE(base, MAP_FAILED);
-    const uint64_t magic = llama::SnapshotHeader::magic_value;
+    const uint64_t magic = llama::snapshot_magic;
     int found = 0;
-    for (size_t at = 0; at + sizeof(llama::SnapshotHeader) <= size_t(st.st_size); at += 8) {
+    for (size_t at = 0; at + sizeof(SealedPayloadHeader) <= size_t(st.st_size); at += 8) {
       if (std::memcmp(base + at, &magic, sizeof magic) != 0) continue;
-      auto* header = reinterpret_cast<llama::SnapshotHeader*>(base + at);
+      auto* header = reinterpret_cast<SealedPayloadHeader*>(base + at);
       if (header->position_tokens != head_tokens) continue;  // the last-content one
       if (truncate)
-        header->state_bytes -= 4096;
+        header->body_bytes -= 4096;
       else
-        base[at + sizeof *header + header->state_bytes / 2] ^= 0x10;
+        base[at + sizeof *header + header->body_bytes / 2] ^= 0x10;
       ++found;
     }
     munmap(base, size_t(st.st_size));

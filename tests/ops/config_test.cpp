@@ -236,21 +236,6 @@ TEST(PrintConfig, DefaultsRoundTrip) {
   EXPECT_EQ(format_config(back), format_config(o));
 }
 
-TEST(FormatSize, UsesTheLargestExactSuffix) {
-  EXPECT_EQ(format_size(0), "0");
-  EXPECT_EQ(format_size(4096), "4K");
-  EXPECT_EQ(format_size(1ull << 30), "1G");
-  EXPECT_EQ(format_size(3ull << 40), "3T");
-  EXPECT_EQ(format_size(1536ull << 20), "1536M");
-  EXPECT_EQ(format_size(4097), "4097");
-  for (uint64_t bytes :
-       {uint64_t{1}, uint64_t{4097}, uint64_t{1536} << 20, limits::arena_bytes_default}) {
-    uint64_t back = 0;
-    ASSERT_TRUE(parse_size(format_size(bytes), back));
-    EXPECT_EQ(back, bytes);
-  }
-}
-
 TEST(ListenAddress, AcceptsNumericAddressesOnly) {
   std::string host;
   uint16_t port = 1;

@@ -338,6 +338,9 @@ TEST_F(CtlSurface, SetLimitRefusalsNameTheCauseAndTheRange) {
   const RunResult size = ctl({"--user", "set-limit", "arena-low-water", "lots"});
   EXPECT_EQ(size.code, 2);
   EXPECT_TRUE(contains(size.err, "not a size: lots")) << size.err;
+  // kvparkd.conf's grammar (proto/size.h): no fractions, IEC spellings too.
+  EXPECT_TRUE(contains(ctl({"--user", "set-limit", "arena-low-water", "1.5M"}).err, "not a size"));
+  EXPECT_EQ(ctl({"--user", "set-limit", "arena-low-water", "3MiB"}).code, 0);
 }
 
 TEST_F(CtlSurface, DiskCapacityLargerThanItsFileSystemIsRefusedWithTheFigure) {

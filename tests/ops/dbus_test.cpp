@@ -11,6 +11,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include <atomic>
 #include <cstdlib>
@@ -385,6 +386,39 @@ TEST_F(DbusControl, PropertiesShowLiveFigures) {
   publish(7, 5);  // a new head seed: five more blocks
   EXPECT_EQ(get("Entries"), 8u);
   EXPECT_LT(get("ArenaFreeBytes"), free_before);
+}
+
+// The adapter's own records, not kvparkctl's mapping of them: the names and the id
+// grammar are the HTTP API's (proto/names.h).
+TEST_F(DbusControl, EntriesUseTheHttpNamesAndReadIdsInOneGrammar) {
+  publish(7, 2);
+  publish(8, 1, /*shared=*/true);
+  auto bus = sdbus::createSessionBusConnection();
+  auto proxy = sdbus::createProxy(*bus, kvpark::dbus_api::bus_name, kvpark::dbus_api::object_path);
+  using Dict = std::map<std::string, sdbus::Variant>;
+  auto list = [&](const std::string& namespace_text) {
+    std::vector<Dict> entries;
+    uint64_t total = 0;
+    proxy->callMethod("ListEntries")
+        .onInterface(kvpark::dbus_api::interface_name)
+        .withArguments(Dict{{"namespace", sdbus::Variant(namespace_text)}})
+        .storeResultsTo(entries, total);
+    return entries;
+  };
+  const std::vector<Dict> full = list("00000000000000000000000000000007");
+  ASSERT_EQ(full.size(), 2u);
+  EXPECT_EQ(full[0].at("namespace").get<std::string>(), "00000000000000000000000000000007");
+  EXPECT_EQ(full[0].at("evidence").get<std::string>(), "default_automatic");
+  EXPECT_EQ(full[0].at("class").get<std::string>(), "private");
+  EXPECT_EQ(full[0].at("tier").get<std::string>(), "host");
+  EXPECT_EQ(full[0].at("kind").get<std::string>(), "block");
+  EXPECT_EQ(list("7").size(), 2u) << "leading zeros may be left out";
+  EXPECT_EQ(list("0x7").size(), 2u);
+  EXPECT_EQ(list("0x00000000000000000000000000000008").size(), 1u);
+  EXPECT_EQ(list("00000000000000000000000000000008")[0].at("class").get<std::string>(), "shared");
+  for (const char* bad : {"", "0x", "g", "000000000000000000000000000000007"}) {
+    EXPECT_THROW(list(bad), sdbus::Error) << "'" << bad << "' is not an id";
+  }
 }
 
 TEST_F(DbusControl, MemoryPressureSignalledWhenEvictionCannotReachLowWater) {

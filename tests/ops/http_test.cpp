@@ -11,6 +11,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "proto/names.h"
 #include "tests/integration/in_process.h"
 #include "tests/ops/prometheus_parser.h"
 #include "tests/testing/daemon_process.h"
@@ -138,8 +139,7 @@ TEST_F(HttpTest, MetricsParseStrictlyAndAgreeWithStatus) {
   EXPECT_EQ(metric("kvpark_checksum_failures_total"), field("checksum_failures"));
   EXPECT_EQ(metric("kvpark_spill_bytes_total"), field("spill_bytes"));
   EXPECT_EQ(metric("kvpark_restore_bytes_total"), field("restore_bytes"));
-  char ns_hex[33];
-  snprintf(ns_hex, sizeof ns_hex, "%016llx%016llx", 0ull, static_cast<unsigned long long>(ns_low));
+  const std::string ns_hex = hex128({.low = ns_low});
   EXPECT_EQ(metric("kvpark_namespace_entries", {{"namespace", ns_hex}, {"kind", "block"}}), 6);
   EXPECT_GT(metric("kvpark_namespace_bytes", {{"namespace", ns_hex}, {"tier", "host"}}), 0);
 }
@@ -204,8 +204,7 @@ TEST_F(HttpTest, TokensRestoredAreWhatClientsRestoredNotWhatLookupsFound) {
   EXPECT_EQ(v, double(want_restored));
   ASSERT_TRUE(doc.value("kvpark_lookup_hit_tokens_total", {}, v));
   EXPECT_EQ(v, double(want_restorable));
-  char ns_hex[33];
-  snprintf(ns_hex, sizeof ns_hex, "%016llx%016llx", 0ull, static_cast<unsigned long long>(ns_low));
+  const std::string ns_hex = hex128({.low = ns_low});
   ASSERT_TRUE(doc.value("kvpark_namespace_restored_tokens_total", {{"namespace", ns_hex}}, v));
   EXPECT_EQ(v, double(want_restored));
   ASSERT_TRUE(doc.value("kvpark_namespace_restorable_tokens_total", {{"namespace", ns_hex}}, v));
@@ -252,13 +251,22 @@ TEST_F(HttpTest, NamespacesAndFilteredEntries) {
   EXPECT_EQ(json(fetch(port_, "GET", "/v1/entries?namespace=" + std::string(32, 'f')).body)["total"]
                 .GetUint64(),
             0u);
+  // The id grammar D-Bus and kvparkctl read too: leading zeros may go, 0x may come first.
+  std::string short_id = id.substr(id.find_first_not_of('0'));
+  for (const std::string& form : {short_id, "0x" + short_id, "0x" + id}) {
+    EXPECT_EQ(json(fetch(port_, "GET", "/v1/entries?namespace=" + form).body)["total"].GetUint64(),
+              5u)
+        << form;
+  }
 }
 
 TEST_F(HttpTest, BadQueriesAreRefusedWith400AndAJsonError) {
   for (const char* query : {"limit=0", "limit=1001", "limit=abc", "offset=-1", "tier=ssd",
-                            "class=public", "namespace=xyz",
+                            "class=public", "namespace=xyz", "namespace=", "namespace=0x",
                             "namespace="
                             "0123456789abcdef0123456789abcdeg",
+                            "namespace="
+                            "0123456789abcdef0123456789abcdef0",
                             "colour=blue", "limit=1&limit=2"}) {
     const Fetched f = fetch(port_, "GET", std::string("/v1/entries?") + query);
     EXPECT_EQ(f.status, 400) << query;

@@ -48,11 +48,8 @@ class NotifyTest : public ::testing::Test {
     notify_path_ = directory_ + "/notify";
     socket_path_ = directory_ + "/kvparkd.sock";
     arena_name_ = "/kvpark-notify-" + std::to_string(getpid());
-    notify_fd_ = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    std::strncpy(addr.sun_path, notify_path_.c_str(), sizeof addr.sun_path - 1);
-    ASSERT_EQ(bind(notify_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    notify_fd_ = bind_unix_socket(notify_path_, SOCK_DGRAM);
+    ASSERT_GE(notify_fd_, 0);
   }
 
   void TearDown() override {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "daemon/http_adapter.h"
+#include "proto/names.h"
 #include "tests/ops/prometheus_parser.h"
 
 namespace kvpark::testing {
@@ -104,12 +105,12 @@ TEST(MetricsRenderer, OutputPassesTheStrictParserWithEveryFigure) {
   EXPECT_EQ(value("kvpark_evictions_total"), 13);
   EXPECT_EQ(value("kvpark_checksum_failures_total"), 17);
   EXPECT_EQ(value("kvpark_spill_bytes_total"), 19);
-  const std::string a_id = daemon::hex128(a.id);
+  const std::string a_id = hex128(a.id);
   EXPECT_EQ(a_id, "00000000000000020000000000000001");
   EXPECT_EQ(value("kvpark_namespace_entries", {{"namespace", a_id}, {"kind", "block"}}), 7);
   EXPECT_EQ(value("kvpark_namespace_bytes", {{"namespace", a_id}, {"tier", "host"}}), 500);
   EXPECT_EQ(
-      value("kvpark_namespace_bytes", {{"namespace", daemon::hex128(b.id)}, {"tier", "disk"}}),
+      value("kvpark_namespace_bytes", {{"namespace", hex128(b.id)}, {"tier", "disk"}}),
       100);
   for (const auto& [name, family] : doc.families) {
     EXPECT_EQ(name.rfind("kvpark_", 0), 0u) << name;

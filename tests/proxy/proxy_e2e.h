@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "client/kvpark.h"
+#include "proto/names.h"
 #include "proxy/slot_file.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/llama_server_process.h"
@@ -107,18 +108,24 @@ inline std::string prompt_of(const std::string& apply_template_body) {
              : "";
 }
 
+// The proxy's snapshot-only namespace `space_hex` (as /kvpark/status prints it), for
+// a test client that reads or writes what the proxy parks there.
+inline kvpark_namespace proxy_namespace(const std::string& space_hex, const char* client_name) {
+  Hash128 id;
+  EXPECT_TRUE(parse_hex128(space_hex, id)) << space_hex;
+  return {.id = {.low = id.low, .high = id.high},
+          .block_tokens = 0,
+          .block_payload_bytes = 0,
+          .snapshot_required = 1,
+          .prefill_tokens_per_second = 0,
+          .client_name = client_name};
+}
+
 // Parks, in the namespace `space_hex`, a snapshot after tokens[0, position) whose
 // header is well formed but whose checksum does not match its bytes.
 inline bool park_corrupt_snapshot(const std::string& socket, const std::string& space_hex,
                            const std::vector<int32_t>& tokens, size_t position) {
-  const kvpark_namespace ns{
-      .id = {.low = std::stoull(space_hex.substr(16), nullptr, 16),
-             .high = std::stoull(space_hex.substr(0, 16), nullptr, 16)},
-      .block_tokens = 0,
-      .block_payload_bytes = 0,
-      .snapshot_required = 1,
-      .prefill_tokens_per_second = 0,
-      .client_name = "corrupting-test"};
+  const kvpark_namespace ns = proxy_namespace(space_hex, "corrupting-test");
   kvpark_client* client = nullptr;
   if (kvpark_connect(socket.c_str(), &ns, &client) != KVPARK_OK) return false;
   constexpr size_t file_bytes = 64 << 10;
@@ -127,13 +134,13 @@ inline bool park_corrupt_snapshot(const std::string& socket, const std::string& 
                                        .evidence = KVPARK_EVIDENCE_ENGINE_STRUCTURAL};
   kvpark_reservation* reservation = nullptr;
   bool ok = kvpark_reserve_snapshot(client, &options, tokens.data(), position,
-                                    sizeof(proxy::SlotFileHeader) + file_bytes,
+                                    sizeof(SealedPayloadHeader) + file_bytes,
                                     &reservation) == KVPARK_OK;
   if (ok) {
     auto* payload = static_cast<uint8_t*>(kvpark_reservation_snapshot(reservation));
-    std::memset(payload + sizeof(proxy::SlotFileHeader), 0x5a, file_bytes);
-    proxy::slot_file_seal(payload, uint32_t(position), file_bytes);
-    payload[sizeof(proxy::SlotFileHeader) + 100] ^= 0x01;  // after sealing: a bit flip
+    std::memset(payload + sizeof(SealedPayloadHeader), 0x5a, file_bytes);
+    sealed_payload_seal(payload, proxy::slot_file_magic, uint32_t(position), file_bytes);
+    payload[sizeof(SealedPayloadHeader) + 100] ^= 0x01;  // after sealing: a bit flip
     ok = kvpark_seal(reservation) == KVPARK_OK;
   }
   kvpark_disconnect(client);

@@ -319,14 +319,7 @@ std::string read_whole(const std::string& path) {
 // namespace `space_hex` (the payload after its header); "" if none.
 std::string parked_slot_file(const std::string& socket, const std::string& space_hex,
                              const std::vector<int32_t>& tokens, uint32_t* ret_position) {
-  const kvpark_namespace ns{
-      .id = {.low = std::stoull(space_hex.substr(16), nullptr, 16),
-             .high = std::stoull(space_hex.substr(0, 16), nullptr, 16)},
-      .block_tokens = 0,
-      .block_payload_bytes = 0,
-      .snapshot_required = 1,
-      .prefill_tokens_per_second = 0,
-      .client_name = "reading-test"};
+  const kvpark_namespace ns = proxy_namespace(space_hex, "reading-test");
   kvpark_client* client = nullptr;
   if (kvpark_connect(socket.c_str(), &ns, &client) != KVPARK_OK) return "";
   std::string bytes;
@@ -334,9 +327,9 @@ std::string parked_slot_file(const std::string& socket, const std::string& space
   if (kvpark_lookup(client, 7, tokens.data(), tokens.size(), &plan) == KVPARK_OK) {
     uint64_t payload_bytes = 0;
     const void* payload = kvpark_plan_snapshot(plan, &payload_bytes, ret_position);
-    if (payload != nullptr && payload_bytes > sizeof(proxy::SlotFileHeader))
-      bytes.assign(static_cast<const char*>(payload) + sizeof(proxy::SlotFileHeader),
-                   payload_bytes - sizeof(proxy::SlotFileHeader));
+    if (payload != nullptr && payload_bytes > sizeof(SealedPayloadHeader))
+      bytes.assign(static_cast<const char*>(payload) + sizeof(SealedPayloadHeader),
+                   payload_bytes - sizeof(SealedPayloadHeader));
     kvpark_plan_release(plan);
   }
   kvpark_disconnect(client);

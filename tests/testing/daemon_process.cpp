@@ -1,4 +1,4 @@
-// Child-process plumbing for integration tests (see daemon_process.h).
+// Child-process plumbing for integration tests and benchmarks (see daemon_process.h).
 #include "tests/testing/daemon_process.h"
 
 #include <fcntl.h>
@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
@@ -20,6 +21,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string_view>
 
 #include "tests/testing/wait.h"
@@ -29,10 +32,8 @@ extern char** environ;
 namespace kvpark::testing {
 namespace {
 
-// A kvparkd has this long to be ready: a large arena takes a while to commit on
-// one core shared with a CPU hog.
-constexpr int daemon_ready_msec_max = 60'000;
 constexpr int daemon_stop_msec_max = 30'000;
+constexpr size_t log_tail_bytes = 2000;
 
 std::atomic<int> instance_counter{0};
 
@@ -46,9 +47,15 @@ int open_pidfd(pid_t pid) {
 #endif
 }
 
-// A datagram socket bound at `path` for the notify protocol; -1 on failure.
-int bind_notify_socket(const std::string& path) {
-  const int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+bool is_executable(const std::filesystem::path& p) {
+  std::error_code ec;
+  return std::filesystem::is_regular_file(p, ec) && access(p.c_str(), X_OK) == 0;
+}
+
+}  // namespace
+
+int bind_unix_socket(const std::string& path, int type) {
+  const int fd = socket(AF_UNIX, type | SOCK_CLOEXEC, 0);
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   std::strncpy(addr.sun_path, path.c_str(), sizeof addr.sun_path - 1);
@@ -58,6 +65,8 @@ int bind_notify_socket(const std::string& path) {
   }
   return fd;
 }
+
+namespace {
 
 // This process's environment with `overrides` ("NAME=value") replacing or adding.
 std::vector<std::string> environment_with(const std::vector<std::string>& overrides) {
@@ -111,7 +120,7 @@ uint64_t now_msec() {
 }
 
 pid_t spawn(const std::vector<std::string>& argv, int stdout_fd, int stderr_fd,
-            const std::vector<std::string>& env_overrides) {
+            const std::vector<std::string>& env_overrides, bool die_with_parent) {
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
@@ -119,6 +128,20 @@ pid_t spawn(const std::vector<std::string>& argv, int stdout_fd, int stderr_fd,
   std::vector<char*> env;
   for (std::string& e : environment) env.push_back(e.data());
   env.push_back(nullptr);
+  if (die_with_parent) {  // posix_spawn cannot set a death signal: fork and exec
+    const pid_t parent = getpid();
+    const pid_t pid = fork();
+    if (pid == 0) {
+      // Only async-signal-safe calls between fork and exec.
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(127);  // the parent died before the prctl
+      if (stdout_fd >= 0) dup2(stdout_fd, STDOUT_FILENO);
+      if (stderr_fd >= 0) dup2(stderr_fd, STDERR_FILENO);
+      execve(args[0], args.data(), env.data());
+      _exit(127);
+    }
+    return pid;
+  }
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   if (stdout_fd >= 0) posix_spawn_file_actions_adddup2(&actions, stdout_fd, STDOUT_FILENO);
@@ -156,12 +179,41 @@ std::string built_binary(const char* env_name) {
   return value != nullptr ? value : "";
 }
 
+std::string find_kvparkd(const std::string& flag_value) {
+  if (!flag_value.empty()) return flag_value;
+  if (std::string env = built_binary("KVPARKD"); !env.empty()) return env;
+  std::error_code ec;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  std::vector<std::filesystem::path> candidates;
+  if (!ec) {
+    const std::filesystem::path dir = self.parent_path();
+    candidates = {dir / "kvparkd", dir / ".." / "daemon" / "kvparkd", dir / ".." / "sbin" / "kvparkd"};
+  }
+#ifdef KVPARK_TESTING_SBINDIR
+  candidates.emplace_back(std::filesystem::path(KVPARK_TESTING_SBINDIR) / "kvparkd");
+#endif
+#ifdef KVPARK_TESTING_KVPARKD
+  candidates.emplace_back(KVPARK_TESTING_KVPARKD);
+#endif
+  for (const auto& c : candidates) {
+    if (is_executable(c)) return std::filesystem::weakly_canonical(c, ec).string();
+  }
+  return "";
+}
+
 DaemonProcess::DaemonProcess(DaemonConfig config) : config_(std::move(config)) {
   const int n = instance_counter++;
-  char templ[] = "/tmp/kvpark-test-XXXXXX";
-  directory_ = mkdtemp(templ);
+  if (config_.directory.empty()) {
+    std::string templ = "/tmp/kvpark-" + config_.label + "-XXXXXX";
+    if (mkdtemp(templ.data()) != nullptr) directory_ = templ;  // else start() refuses
+    owns_directory_ = true;
+  } else {
+    directory_ = config_.directory;
+    std::error_code ec;
+    std::filesystem::create_directories(directory_, ec);
+  }
   socket_path_ = directory_ + "/kvparkd.sock";
-  arena_name_ = "/kvpark-test-" + std::to_string(getpid()) + "-" + std::to_string(n);
+  arena_name_ = "/kvpark-" + config_.label + "-" + std::to_string(getpid()) + "-" + std::to_string(n);
   log_path_ = directory_ + "/kvparkd.log";
   notify_path_ = directory_ + "/notify";
 }
@@ -170,14 +222,31 @@ DaemonProcess::~DaemonProcess() {
   if (pid_ > 0) kill_hard();
   if (notify_fd_ >= 0) close(notify_fd_);
   std::error_code ec;
-  std::filesystem::remove_all(directory_, ec);
+  if (directory_.empty()) {
+    // mkdtemp failed: nothing was made
+  } else if (owns_directory_) {
+    std::filesystem::remove_all(directory_, ec);
+  } else {
+    std::filesystem::remove(notify_path_, ec);  // the log stays with its directory
+    std::filesystem::remove(socket_path_, ec);
+  }
   shm_unlink(arena_name_.c_str());
 }
 
+std::string DaemonProcess::log_tail() const {
+  std::ifstream in(log_path_);
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string s = text.str();
+  return s.size() > log_tail_bytes ? s.substr(s.size() - log_tail_bytes) : s;
+}
+
 bool DaemonProcess::start() {
+  if (directory_.empty()) return false;  // no directory of its own could be made
   // Tests run many daemons side by side: no shared HTTP port, bus name or state
   // directory unless a test asks for one (extra_args come later and win).
-  std::vector<std::string> argv = {built_binary("KVPARKD"), "--socket", socket_path_,
+  const std::string kvparkd = config_.kvparkd.empty() ? built_binary("KVPARKD") : config_.kvparkd;
+  std::vector<std::string> argv = {kvparkd, "--socket", socket_path_,
                                    "--arena-name", arena_name_, "--arena-size",
                                    std::to_string(config_.arena_bytes), "--http-listen", "off",
                                    "--dbus", "off", "--disk-dir", "off",
@@ -187,7 +256,7 @@ bool DaemonProcess::start() {
     argv.push_back(std::to_string(config_.reservation_bytes_max));
   }
   argv.insert(argv.end(), config_.extra_args.begin(), config_.extra_args.end());
-  if (notify_fd_ < 0) notify_fd_ = bind_notify_socket(notify_path_);
+  if (notify_fd_ < 0) notify_fd_ = bind_unix_socket(notify_path_, SOCK_DGRAM | SOCK_NONBLOCK);  // sd_notify
   if (notify_fd_ < 0) return false;
   drain_notify();  // what an earlier run sent: its stored fds are kept
   http_port_ = -1;
@@ -198,11 +267,13 @@ bool DaemonProcess::start() {
     for (const char* name : {"LISTEN_FDS", "LISTEN_FDNAMES", "LISTEN_PID"}) unsetenv(name);
     pid_ = spawn_with_fds(argv, environment_with(env), log_fd, fd_store_);
   } else {
-    pid_ = spawn(argv, -1, log_fd, env);
+    // stdout too: a benchmark's own stdout (--json) stays its own.
+    pid_ = spawn(argv, log_fd, log_fd, env, config_.die_with_parent);
   }
   close(log_fd);
   if (pid_ <= 0) return false;
-  return wait_ready(daemon_ready_msec_max);
+  return wait_ready(config_.ready_timeout_msec > 0 ? config_.ready_timeout_msec
+                                                   : daemon_ready_msec_max);
 }
 
 bool DaemonProcess::wait_ready(int timeout_msec) {

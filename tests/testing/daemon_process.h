@@ -1,5 +1,7 @@
-// A real kvparkd for tests: its own socket directory and arena name, started as
-// a child process and stopped (or killed) by the test.
+// A real kvparkd for tests and benchmarks: its own socket directory and arena
+// name, started as a child process and stopped (or killed) by its owner. The one
+// launcher of the tree: the test suites, kvpark-bench, kvpark-replay and
+// kvpark-proxy-bench all start their daemons here (tests/testing/meson.build).
 //
 // The daemon says when it is ready the way it tells systemd: each DaemonProcess
 // owns a NOTIFY_SOCKET and start() returns at READY=1, whose STATUS= also names
@@ -22,10 +24,24 @@ struct DaemonConfig {
   uint64_t reservation_bytes_max = 0;  // 0: the daemon's default
   std::vector<std::string> extra_args;
   std::vector<std::string> env;  // "NAME=value" for the daemon's environment
+  std::string kvparkd;           // the executable; empty: $KVPARKD (built_binary)
+  // Where the socket, log and notify socket go (read at construction); empty: a
+  // fresh /tmp/kvpark-<label>-XXXXXX, removed with the DaemonProcess. A directory
+  // given here is kept, and so is the log in it.
+  std::string directory;
+  std::string label = "test";  // in the directory and arena names (/kvpark-<label>-PID-N)
+  int ready_timeout_msec = 0;  // how long start() waits for READY=1; 0: daemon_ready_msec_max
+  // The daemon gets SIGKILL when the thread that started it exits (PR_SET_PDEATHSIG):
+  // a benchmark that crashes leaves no daemon holding a large arena.
+  bool die_with_parent = false;
   // Play systemd's fd store (fd_store.h): keep what the daemon stores and pass it
   // back at the next start. Off: stored fds are closed, as with FileDescriptorStoreMax=0.
   bool fd_store = false;
 };
+
+// How long start() waits for READY=1 unless told otherwise: a large arena takes a
+// while to commit on one core shared with a CPU hog.
+inline constexpr int daemon_ready_msec_max = 60'000;
 
 class DaemonProcess {
  public:
@@ -50,6 +66,7 @@ class DaemonProcess {
   const std::string& socket_path() const { return socket_path_; }
   const std::string& arena_name() const { return arena_name_; }
   const std::string& log_path() const { return log_path_; }
+  std::string log_tail() const;  // the log's last 2000 bytes, for a failure message
   pid_t pid() const { return pid_; }
   // The HTTP port the running daemon reported at READY=1; -1 when it serves no HTTP.
   int http_port() const { return http_port_; }
@@ -68,6 +85,7 @@ class DaemonProcess {
 
   DaemonConfig config_;
   std::string directory_;
+  bool owns_directory_ = false;  // made here: removed with this
   std::string notify_path_;
   int notify_fd_ = -1;
   ManagerFdStore fd_store_;
@@ -82,6 +100,12 @@ class DaemonProcess {
 // (KVPARKD, KVPARK_TEST_ENGINE).
 std::string built_binary(const char* env_name);
 
+// The kvparkd a tool run by hand starts (kvpark-bench, kvpark-replay): flag_value
+// (its --kvparkd), else $KVPARKD, else beside the running executable (build tree
+// or install layout), else the installed sbindir, else the one this tree built.
+// Empty when none exists.
+std::string find_kvparkd(const std::string& flag_value);
+
 // A TCP port on 127.0.0.1 that was free a moment ago (bound, then released).
 int free_tcp_port();
 
@@ -91,8 +115,14 @@ uint64_t now_msec();
 // posix_spawn of argv[0] (a path) with stdout/stderr on the given descriptors
 // (-1: inherited) and this environment plus `env_overrides` ("NAME=value", which
 // replace variables of the same name); -1 when it cannot be started.
+// With die_with_parent the child gets SIGKILL when the calling thread exits
+// (PR_SET_PDEATHSIG).
 pid_t spawn(const std::vector<std::string>& argv, int stdout_fd, int stderr_fd,
-            const std::vector<std::string>& env_overrides = {});
+            const std::vector<std::string>& env_overrides = {}, bool die_with_parent = false);
+
+// A close-on-exec AF_UNIX socket of `type` (SOCK_DGRAM, SOCK_SEQPACKET; flags such
+// as SOCK_NONBLOCK may be or'ed in) bound at `path`, not listening; -1 on failure.
+int bind_unix_socket(const std::string& path, int type);
 
 // The "http on HOST:PORT" port of a kvparkd READY=1 notify message; -1 if absent.
 int http_port_in_ready_message(const std::string& message);

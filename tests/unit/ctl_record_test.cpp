@@ -20,7 +20,7 @@ TEST(CtlRecord, EntryIdsAndSessionsAreStringsAndNamesMatchHttp) {
   const Record r = entry_from_dbus({{"id", Value::of_number(18446744073709551615ull)},
                                     {"creator_session", Value::of_number(9007199254740993ull)},
                                     {"key", Value::of_text("00ff")},
-                                    {"evidence", Value::of_text("explicit-breakpoint")},
+                                    {"evidence", Value::of_text("explicit_breakpoint")},
                                     {"pinned", Value::of_flag(true)}});
   EXPECT_EQ(json_of(r), R"({"creator_session":"9007199254740993","evidence":"explicit_breakpoint",)"
                         R"("id":"18446744073709551615","key_hash":"00ff","pinned":true})");

@@ -1,4 +1,4 @@
-// kvparkd's command line: sizes with suffixes, defaults, and flag errors.
+// kvparkd's command line: defaults and flag errors (sizes: size_test.cpp).
 #include "daemon/options.h"
 
 #include <gtest/gtest.h>
@@ -10,36 +10,6 @@
 
 namespace kvpark::daemon {
 namespace {
-
-TEST(ParseSize, AcceptsPlainBytesAndBinarySuffixes) {
-  const std::pair<const char*, uint64_t> cases[] = {
-      {"0", 0},           {"4096", 4096},          {"7B", 7},
-      {"3K", 3ull << 10}, {"3KiB", 3ull << 10},    {"64M", 64ull << 20},
-      {"64MiB", 64ull << 20}, {"1G", 1ull << 30},  {"1GiB", 1ull << 30},
-      {"2T", 2ull << 40}, {"2TiB", 2ull << 40},    {"1073741824", 1ull << 30},
-  };
-  for (const auto& [text, bytes] : cases) {
-    uint64_t got = 1;
-    EXPECT_TRUE(parse_size(text, got)) << text;
-    EXPECT_EQ(got, bytes) << text;
-  }
-}
-
-TEST(ParseSize, RejectsGarbageAndLeavesResultUntouched) {
-  for (const char* text : {"", "M", "1X", "1 G", "1g", "1GB", "1Gi", "-", "abc", "1.5G",
-                           "99999999999999999999", "16777216T", "18446744073709551616", "-1", "-0", " 5",
-                           "+5"}) {
-    uint64_t got = 42;
-    EXPECT_FALSE(parse_size(text, got)) << text;
-    EXPECT_EQ(got, 42u) << text;
-  }
-}
-
-TEST(ParseSize, RejectsOverflowAtTheBoundary) {
-  uint64_t got = 0;
-  EXPECT_TRUE(parse_size("16777215T", got));  // 2^24 - 1 TiB fits in 64 bits
-  EXPECT_FALSE(parse_size("16777216T", got)); // 2^64 does not
-}
 
 // Runs parse_options over a vector of arguments (argv[0] added).
 bool parse(std::vector<std::string> args, DaemonOptions& ret, int& ret_exit) {

@@ -1,5 +1,6 @@
-// kvpark-proxy's pieces that need no upstream: options, the parked slot-file
-// format, the slot pool, the head single flight and the event splitter.
+// kvpark-proxy's pieces that need no upstream: options, the slot pool, the head
+// single flight and the event splitter (the parked slot-file format:
+// tests/unit/sealed_payload_test.cpp).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -13,7 +14,6 @@
 #include "proxy/prompt_prefixes.h"
 #include "proxy/relay.h"
 #include "proxy/route.h"
-#include "proxy/slot_file.h"
 #include "proxy/slot_pool.h"
 #include "tests/testing/eventually.h"
 #include "tests/testing/thread_state.h"
@@ -122,35 +122,6 @@ TEST(ProxyOptions, ConfigFileIsReadFirstAndFlagsOverrideIt) {
   ProxyOptions missing = default_options();
   EXPECT_FALSE(parse({"--config", path}, missing, error));
   EXPECT_EQ(error, std::string("--config: cannot read ") + path);
-}
-
-std::vector<uint8_t> sealed_payload(uint32_t position, size_t file_bytes) {
-  std::vector<uint8_t> payload(sizeof(SlotFileHeader) + file_bytes);
-  for (size_t i = 0; i < file_bytes; ++i) payload[sizeof(SlotFileHeader) + i] = uint8_t(i * 7);
-  slot_file_seal(payload.data(), position, file_bytes);
-  return payload;
-}
-
-TEST(SlotFile, SealedPayloadPassesItsCheck) {
-  const auto payload = sealed_payload(1234, 4096);
-  EXPECT_EQ(slot_file_check(payload.data(), payload.size(), 1234), SlotFileCheck::ok);
-}
-
-TEST(SlotFile, EveryDamageIsRefused) {
-  const auto good = sealed_payload(1234, 4096);
-  auto flipped = good;
-  flipped.back() ^= 0x10;
-  EXPECT_EQ(slot_file_check(flipped.data(), flipped.size(), 1234), SlotFileCheck::bad_checksum);
-  EXPECT_EQ(slot_file_check(good.data(), good.size() - 1, 1234), SlotFileCheck::wrong_size);
-  EXPECT_EQ(slot_file_check(good.data(), good.size(), 1233), SlotFileCheck::wrong_position);
-  EXPECT_EQ(slot_file_check(good.data(), sizeof(SlotFileHeader) - 1, 1234),
-            SlotFileCheck::short_payload);
-  auto magic = good;
-  magic[0] ^= 1;
-  EXPECT_EQ(slot_file_check(magic.data(), magic.size(), 1234), SlotFileCheck::bad_magic);
-  auto version = good;
-  version[offsetof(SlotFileHeader, version)] += 1;
-  EXPECT_EQ(slot_file_check(version.data(), version.size(), 1234), SlotFileCheck::bad_version);
 }
 
 TEST(SlotPool, TakesTheIdleSlotWithTheLongestCommonPrefix) {
