@@ -150,6 +150,12 @@ void EntryTable::seal(EntrySlot slot, uint64_t payload_checksum, uint64_t now_us
   e.sealed = true;
   e.payload_checksum = payload_checksum;
   e.last_use_usec = now_usec;
+  count_sealed(e);
+  record_host_copy(slot);
+  sync_lists(slot, true);
+}
+
+void EntryTable::count_sealed(const Entry& e) {
   NamespaceInfo& info = namespaces_[e.ns];
   info.bytes += e.extent_bytes;
   if (e.kind == EntryKind::Block) {
@@ -159,8 +165,6 @@ void EntryTable::seal(EntrySlot slot, uint64_t payload_checksum, uint64_t now_us
     ++info.snapshots;
     ++sealed_snapshots_;
   }
-  record_host_copy(slot);
-  sync_lists(slot, true);
 }
 
 void EntryTable::record_host_copy(EntrySlot slot) {
@@ -192,15 +196,7 @@ Status EntryTable::insert_adopted(const NewEntry& n, uint64_t extent_offset, uin
   e.last_use_usec = last_use_usec;
   e.adoption_hold = true;
   held_bytes_ += e.extent_bytes;
-  NamespaceInfo& info = namespaces_[e.ns];
-  info.bytes += e.extent_bytes;
-  if (e.kind == EntryKind::Block) {
-    ++info.blocks;
-    ++sealed_blocks_;
-  } else {
-    ++info.snapshots;
-    ++sealed_snapshots_;
-  }
+  count_sealed(e);
   index(slot);
   if (pinned) {
     e.pinned = true;

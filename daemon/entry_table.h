@@ -268,6 +268,8 @@ class EntryTable {
   // A dead entry's slot goes with its last lease and I/O pin; true if it is dead.
   bool free_if_dead_and_unused(EntrySlot slot);
 
+  // A newly sealed entry in its namespace's and the table's counts.
+  void count_sealed(const Entry& e);
   // The state record of an entry now readable on the host / about to leave it.
   void record_host_copy(EntrySlot slot);
   void forget_record(EntrySlot slot);

@@ -97,6 +97,13 @@ struct Figures {
   uint64_t hits = 0;             // lookups that restored something
   uint64_t blocks_verified = 0;  // byte for byte
   uint64_t wrong_blocks = 0;
+
+  void add(const Figures& f) {
+    lookups += f.lookups;
+    hits += f.hits;
+    blocks_verified += f.blocks_verified;
+    wrong_blocks += f.wrong_blocks;
+  }
 };
 
 // Looks every prompt up (waiting for promotions) and checks every restored block.
@@ -296,10 +303,7 @@ TEST_F(Torture, DaemonKilledInALoopWhilePublishersPublishAndSpillsRun) {
     records_max = std::max<uint64_t>(records_max, s.disk_entries);
     // Every known prompt, byte for byte.
     const Figures f = verify_all(daemon.socket_path(), distinct(prompts));
-    total.lookups += f.lookups;
-    total.hits += f.hits;
-    total.blocks_verified += f.blocks_verified;
-    total.wrong_blocks += f.wrong_blocks;
+    total.add(f);
     EXPECT_EQ(f.wrong_blocks, 0u) << "cycle " << cycles;
     // Publishers mid-publish, spills in flight, then kill -9.
     EngineSwarm swarm(rng_, prompts);
@@ -328,10 +332,7 @@ TEST_F(Torture, DaemonKilledInALoopWhilePublishersPublishAndSpillsRun) {
     }
     EXPECT_EQ(record_files(disk), s.disk_entries);
     const Figures f = verify_all(daemon.socket_path(), distinct(prompts));
-    total.lookups += f.lookups;
-    total.hits += f.hits;
-    total.blocks_verified += f.blocks_verified;
-    total.wrong_blocks += f.wrong_blocks;
+    total.add(f);
     records_max = std::max<uint64_t>(records_max, s.disk_entries);
     EXPECT_EQ(daemon.stop(), 0);
   }
@@ -380,10 +381,7 @@ TEST_F(Torture, DaemonKilledInALoopAdoptsEveryEntrySealedBeforeTheKill) {
     EXPECT_EQ(s.reservations, 0u);
     adopted_total += s.blocks + s.snapshots;
     const Figures f = verify_all(daemon.socket_path(), distinct(prompts));
-    total.lookups += f.lookups;
-    total.hits += f.hits;
-    total.blocks_verified += f.blocks_verified;
-    total.wrong_blocks += f.wrong_blocks;
+    total.add(f);
     EXPECT_EQ(f.wrong_blocks, 0u) << "cycle " << cycles;
     // Publishers and restorers mid-flight; the daemon stopped where it is, counted, killed.
     EngineSwarm swarm(rng_, prompts);
@@ -409,10 +407,7 @@ TEST_F(Torture, DaemonKilledInALoopAdoptsEveryEntrySealedBeforeTheKill) {
     EXPECT_EQ(s.blocks + s.snapshots, sealed_at_kill);
   }
   const Figures f = verify_all(daemon.socket_path(), distinct(prompts));
-  total.lookups += f.lookups;
-  total.hits += f.hits;
-  total.blocks_verified += f.blocks_verified;
-  total.wrong_blocks += f.wrong_blocks;
+  total.add(f);
   printf("adoption torture, seed %llu: %llu cycles, %llu entries adopted in all, %llu engine kills; "
          "%llu lookups, %llu hits, %llu blocks verified, %llu wrong\n",
          static_cast<unsigned long long>(seed_), static_cast<unsigned long long>(cycles),
