@@ -194,31 +194,22 @@ TEST_F(HttpAdmission, RequestArrivingAmidAWaveOfSlowClientsIsAnsweredNotDisplace
   std::vector<int> slow;
   for (size_t round = 0; round < rounds; ++round) {
     // The peer's slots full of slow senders, then the request, then as many again.
+    int probe = -1;
     for (size_t i = 0; i < 2 * limits::http_connections_per_peer_max + 1; ++i) {
+      const int fd = connect_tcp(port_);
       if (i == limits::http_connections_per_peer_max) {
-        const int fd = connect_tcp(port_);
         ASSERT_GE(fd, 0);
         ASSERT_EQ(send(fd, request.data(), request.size(), MSG_NOSIGNAL), ssize_t(request.size()));
-        slow.push_back(-fd - 2);  // the request's socket, marked
-        continue;
-      }
-      const int fd = connect_tcp(port_);
-      if (fd >= 0) {
+        probe = fd;
+      } else if (fd >= 0) {
         (void)send(fd, "G", 1, MSG_NOSIGNAL);
         slow.push_back(fd);
       }
     }
-    for (int& fd : slow) {
-      if (fd >= -1) continue;
-      const int probe = -fd - 2;
-      const std::string reply = read_until_eof(probe, 10'000);
-      answered += reply.rfind("HTTP/1.1 200", 0) == 0 ? 1 : 0;
-      close(probe);
-      fd = -1;
-    }
-    for (int fd : slow) {
-      if (fd >= 0) close(fd);
-    }
+    const std::string reply = read_until_eof(probe, 10'000);
+    answered += reply.rfind("HTTP/1.1 200", 0) == 0 ? 1 : 0;
+    close(probe);
+    for (int fd : slow) close(fd);
     slow.clear();
   }
   EXPECT_EQ(answered, rounds);

@@ -13,6 +13,7 @@
 
 #include "proto/names.h"
 #include "tests/integration/in_process.h"
+#include "tests/ops/json_body.h"
 #include "tests/ops/prometheus_parser.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/wait.h"
@@ -54,13 +55,6 @@ Fetched fetch(int port, const std::string& method, const std::string& path) {
   f.content_type = r->get_header_value("Content-Type");
   f.allow = r->get_header_value("Allow");
   return f;
-}
-
-rapidjson::Document json(const std::string& body) {
-  rapidjson::Document d;
-  d.Parse(body.c_str());
-  EXPECT_FALSE(d.HasParseError()) << body;
-  return d;
 }
 
 class HttpTest : public ::testing::Test {

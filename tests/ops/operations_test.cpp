@@ -25,6 +25,7 @@
 #include <sstream>
 
 #include "proto/version.h"
+#include "tests/ops/json_body.h"
 #include "tests/ops/prometheus_parser.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/engine_runner.h"
@@ -85,13 +86,6 @@ Fetched get(int port, const std::string& path) {
     f.body = r->body;
   }
   return f;
-}
-
-rapidjson::Document json(const std::string& body) {
-  rapidjson::Document d;
-  d.Parse(body.c_str());
-  EXPECT_FALSE(d.HasParseError()) << body;
-  return d;
 }
 
 uint64_t status_number(int port, const char* key) {
