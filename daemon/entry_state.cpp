@@ -85,18 +85,22 @@ void EntryState::write_namespace(uint32_t index, const NamespaceInfo& ns) {
 }
 
 void EntryState::finish_adoption(uint32_t namespaces) {
+  for (uint32_t record : dropped_) segment_.clear_record(record);  // never read again
+  dropped_ = {};
   std::sort(claimed_.begin(), claimed_.end());
+  // Ascending indexes already form a valid min-heap.
+  std::vector<uint32_t> free_records;
+  free_records.reserve(next_fresh_ - claimed_.size());
   size_t next = 0;
   for (uint32_t i = 0; i < next_fresh_; ++i) {
     if (next < claimed_.size() && claimed_[next] == i) {
       ++next;
-      continue;
+    } else {
+      free_records.push_back(i);
     }
-    segment_.clear_record(i);  // damaged or dropped: never read again
-    free_.push(i);
   }
-  claimed_.clear();
-  claimed_.shrink_to_fit();
+  free_ = decltype(free_)(std::greater<>(), std::move(free_records));
+  claimed_ = {};
   for (uint32_t i = namespaces; i < limits::namespaces_max; ++i) segment_.clear_namespace(i);
 }
 

@@ -34,9 +34,12 @@ class EntryState {
   void use(uint32_t record, const Entry& e);      // hits and last use changed
   void write_namespace(uint32_t index, const NamespaceInfo& ns);
 
-  // Adoption: `record` is an adopted entry's; every other index below the
-  // high-water mark is free once finish_adoption() runs.
+  // Adoption: `record` is an adopted entry's (claim) or a written record adoption
+  // refused (drop: cleared at finish_adoption). Every index below the high-water
+  // mark not claimed is free once finish_adoption() runs; indexes neither claimed
+  // nor dropped are already empty and are not touched.
   void claim(uint32_t record) { claimed_.push_back(record); }
+  void drop(uint32_t record) { dropped_.push_back(record); }
   void finish_adoption(uint32_t namespaces);
 
   // Connected engines (a connection slot is the daemon's own numbering).
@@ -58,6 +61,7 @@ class EntryState {
   std::priority_queue<uint32_t, std::vector<uint32_t>, std::greater<>> free_;
   uint64_t next_fresh_ = 0;
   std::vector<uint32_t> claimed_;
+  std::vector<uint32_t> dropped_;
   std::vector<bool> connection_used_;
   std::vector<uint32_t> previous_slots_;
   bool connections_frozen_ = false;

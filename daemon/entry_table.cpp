@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cassert>
+#include <tuple>
 
 #include "proto/limits.h"
 #include "shm/arena_format.h"
@@ -180,13 +181,32 @@ void EntryTable::forget_record(EntrySlot slot) {
   e.state_record = no_record;
 }
 
+void EntryTable::begin_adoption(size_t entries) {
+  assert(slots_in_use_ == 0 && !adoption_claims_);
+  slots_.reserve(entries);
+  generations_.reserve(entries);
+  blocks_.reserve(entries);
+  adoption_claims_ =
+      std::make_unique<shm::ExtentClaims>(allocator_.capacity_bytes(), allocator_.granularity_bytes());
+}
+
 Status EntryTable::insert_adopted(const NewEntry& n, uint64_t extent_offset, uint32_t record,
                                   uint64_t hits, uint64_t last_use_usec, bool pinned,
                                   EntrySlot& ret_slot) {
-  const bool indexed = n.kind == EntryKind::Block
-                           ? find_block(n.ns, n.key_hash) != no_slot
-                           : find_snapshot(n.ns, n.key_hash, n.tail_tokens) != no_slot;
-  if (indexed || !allocator_.claim(extent_offset, n.extent_bytes)) return Status::Corrupt;
+  assert(adoption_claims_);
+  // A block's key is indexed by the same lookup that finds a duplicate.
+  auto block = blocks_.end();
+  if (n.kind == EntryKind::Block) {
+    bool inserted = false;
+    std::tie(block, inserted) = blocks_.try_emplace(BlockKey{n.ns, n.key_hash}, no_slot);
+    if (!inserted) return Status::Corrupt;
+  } else if (find_snapshot(n.ns, n.key_hash, n.tail_tokens) != no_slot) {
+    return Status::Corrupt;
+  }
+  if (!adoption_claims_->claim(extent_offset, n.extent_bytes)) {
+    if (block != blocks_.end()) blocks_.erase(block);
+    return Status::Corrupt;
+  }
   const EntrySlot slot = new_slot(n);
   Entry& e = slots_[slot];
   e.extent_offset = extent_offset;
@@ -197,13 +217,23 @@ Status EntryTable::insert_adopted(const NewEntry& n, uint64_t extent_offset, uin
   e.adoption_hold = true;
   held_bytes_ += e.extent_bytes;
   count_sealed(e);
-  index(slot);
+  if (block != blocks_.end()) {
+    block->second = slot;
+  } else {
+    index(slot);
+  }
   if (pinned) {
     e.pinned = true;
     ++pinned_;
   }
   ret_slot = slot;
   return Status::Ok;
+}
+
+void EntryTable::finish_adoption() {
+  assert(adoption_claims_);
+  allocator_.adopt(*adoption_claims_);
+  adoption_claims_.reset();
 }
 
 void EntryTable::release_adoption_hold() {

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <ctime>
 #include <functional>
+#include <memory>
 #include <span>
 #include <unordered_map>
 #include <vector>
@@ -145,17 +146,16 @@ class EntryTable {
   Status insert_reserved(const NewEntry& entry, EntrySlot& ret_slot);
   // Keeps each host entry's record in `state` from now on (null: none kept).
   void set_state(EntryState* state) { state_ = state; }
-  // Indexes a sealed host entry adopted from an earlier daemon at exactly
-  // [extent_offset, +extent_bytes), whose record is `record`. Corrupt (nothing
-  // changed) when that range is not free or the key is already indexed.
+  // Adoption, into an empty table: begin_adoption() makes room for up to `entries`;
+  // insert_adopted() indexes a sealed host entry adopted from an earlier daemon at
+  // exactly [extent_offset, +extent_bytes), whose record is `record`, or returns
+  // Corrupt (nothing changed) when that range overlaps an entry adopted before it,
+  // leaves the arena, or the key is already indexed; finish_adoption() makes every
+  // extent no adopted entry holds free.
+  void begin_adoption(size_t entries);
   Status insert_adopted(const NewEntry& entry, uint64_t extent_offset, uint32_t record,
                         uint64_t hits, uint64_t last_use_usec, bool pinned, EntrySlot& ret_slot);
-  // Room for this many entries without regrowing (adoption knows how many come).
-  void reserve(size_t entries) {
-    slots_.reserve(entries);
-    generations_.reserve(entries);
-    blocks_.reserve(entries);
-  }
+  void finish_adoption();
   // Adopted entries become evictable like any other.
   void release_adoption_hold();
   uint64_t held_bytes() const { return held_bytes_; }
@@ -278,6 +278,7 @@ class EntryTable {
   EntryState* state_ = nullptr;
   uint64_t held_bytes_ = 0;
   shm::ExtentAllocator allocator_;
+  std::unique_ptr<shm::ExtentClaims> adoption_claims_;  // between begin and finish_adoption
   std::vector<NamespaceInfo> namespaces_;
   std::unordered_map<NamespaceId, NamespaceIndex, Hash128Hasher> namespace_by_id_;
   std::vector<Entry> slots_;

@@ -453,7 +453,9 @@ bool Park::evict_entry_unpinned(EntrySlot slot) {
   return evict_entry(slot) == Status::Ok;
 }
 
-void Park::tick() {
+void Park::tick() { tick_at(monotonic_usec()); }
+
+void Park::tick_at(uint64_t now_usec) {
   if (holding_) {
     // An engine that exited holds no lease.
     std::erase_if(previous_pids_, [](const auto& p) {
@@ -461,7 +463,7 @@ void Park::tick() {
     });
     if (previous_pids_.empty()) {
       end_adoption_hold("every engine of the previous instance came back or exited");
-    } else if (monotonic_usec() >= hold_deadline_usec_) {
+    } else if (now_usec >= hold_deadline_usec_) {
       end_adoption_hold("the grace for leases of the previous instance passed");
     }
   }

@@ -138,6 +138,8 @@ class Park {
   // Periodic work: WAIT deadlines, low-water demotion, flush progress, the end of
   // the adoption hold.
   void tick();
+  // The same at a given CLOCK_MONOTONIC instant (tests drive the adoption grace with it).
+  void tick_at(uint64_t now_usec);
 
   // After adoption: adopted entries are not evicted (their extents not reused) while
   // a lease of the previous instance may still be read, i.e. until every engine in

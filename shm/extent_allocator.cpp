@@ -1,6 +1,7 @@
 // Best-fit extent allocator with coalescing (see extent_allocator.h).
 #include "shm/extent_allocator.h"
 
+#include <algorithm>
 #include <cassert>
 #include <iterator>
 
@@ -36,23 +37,19 @@ bool ExtentAllocator::allocate(uint64_t bytes, uint64_t& ret_offset) {
   return true;
 }
 
-bool ExtentAllocator::claim(uint64_t offset, uint64_t bytes) {
-  if (bytes == 0 || bytes % granularity_bytes_ != 0 || offset % granularity_bytes_ != 0 ||
-      offset > capacity_bytes_ || bytes > capacity_bytes_ - offset) {
-    return false;
+void ExtentAllocator::adopt(const ExtentClaims& claims) {
+  assert(claims.capacity_bytes_ == capacity_bytes_ &&
+         claims.granularity_bytes_ == granularity_bytes_);
+  by_offset_.clear();
+  by_size_.clear();
+  bytes_free_ = capacity_bytes_ - claims.claimed_bytes();
+  for (uint64_t g = claims.next_with(false, 0); g < claims.granules_;) {
+    const uint64_t end = claims.next_with(true, g);
+    // Runs come in offset order: each goes at the end of by_offset_.
+    by_offset_.emplace_hint(by_offset_.end(), g * granularity_bytes_, (end - g) * granularity_bytes_);
+    by_size_.emplace((end - g) * granularity_bytes_, g * granularity_bytes_);
+    g = claims.next_with(false, end);
   }
-  auto run = by_offset_.upper_bound(offset);
-  if (run == by_offset_.begin()) return false;
-  --run;
-  const auto [run_offset, run_bytes] = *run;
-  if (offset + bytes > run_offset + run_bytes) return false;  // not wholly free
-  erase_run(run);
-  if (offset > run_offset) insert_run(run_offset, offset - run_offset);
-  if (offset + bytes < run_offset + run_bytes) {
-    insert_run(offset + bytes, run_offset + run_bytes - offset - bytes);
-  }
-  bytes_free_ -= bytes;
-  return true;
 }
 
 void ExtentAllocator::free(uint64_t offset, uint64_t bytes) {
@@ -78,6 +75,60 @@ void ExtentAllocator::free(uint64_t offset, uint64_t bytes) {
   insert_run(start, end - start);
   bytes_free_ += bytes;
   assert(bytes_free_ <= capacity_bytes_);
+}
+
+ExtentClaims::ExtentClaims(uint64_t capacity_bytes, uint64_t granularity_bytes)
+    : capacity_bytes_(capacity_bytes),
+      granularity_bytes_(granularity_bytes),
+      granules_(capacity_bytes / granularity_bytes),
+      words_((granules_ + 63) / 64, 0) {
+  assert(granularity_bytes > 0 && capacity_bytes % granularity_bytes == 0);
+}
+
+namespace {
+// Bits [from, to) of one word, 0 <= from < to <= 64.
+uint64_t bit_range(uint64_t from, uint64_t to) {
+  const uint64_t high = to == 64 ? ~uint64_t{0} : (uint64_t{1} << to) - 1;
+  return high & ~((uint64_t{1} << from) - 1);
+}
+}  // namespace
+
+bool ExtentClaims::any_set(uint64_t first, uint64_t end) const {
+  for (uint64_t g = first; g < end;) {
+    const uint64_t word = g / 64, to = std::min<uint64_t>(end - word * 64, 64);
+    if ((words_[word] & bit_range(g % 64, to)) != 0) return true;
+    g = word * 64 + to;
+  }
+  return false;
+}
+
+void ExtentClaims::set(uint64_t first, uint64_t end) {
+  for (uint64_t g = first; g < end;) {
+    const uint64_t word = g / 64, to = std::min<uint64_t>(end - word * 64, 64);
+    words_[word] |= bit_range(g % 64, to);
+    g = word * 64 + to;
+  }
+  claimed_granules_ += end - first;
+}
+
+uint64_t ExtentClaims::next_with(bool used, uint64_t from) const {
+  for (uint64_t word = from / 64; word < words_.size(); ++word) {
+    uint64_t bits = used ? words_[word] : ~words_[word];
+    if (word == from / 64) bits &= bit_range(from % 64, 64);
+    if (bits != 0) return std::min(word * 64 + static_cast<uint64_t>(__builtin_ctzll(bits)), granules_);
+  }
+  return granules_;
+}
+
+bool ExtentClaims::claim(uint64_t offset, uint64_t bytes) {
+  if (bytes == 0 || bytes % granularity_bytes_ != 0 || offset % granularity_bytes_ != 0 ||
+      offset > capacity_bytes_ || bytes > capacity_bytes_ - offset) {
+    return false;
+  }
+  const uint64_t first = offset / granularity_bytes_, end = first + bytes / granularity_bytes_;
+  if (any_set(first, end)) return false;
+  set(first, end);
+  return true;
 }
 
 uint64_t ExtentAllocator::largest_free_bytes() const {

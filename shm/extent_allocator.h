@@ -8,6 +8,9 @@
 // a workload of equal-sized blocks never fragments; mixed sizes can leave holes
 // smaller than a large request, which eviction then frees (largest_free_bytes()
 // reports the biggest contiguous run). All operations are O(log runs).
+// An adopted arena's allocation is rebuilt in one pass: ExtentClaims takes the kept
+// extents in any order (one bit per granule, refusing overlaps), then adopt() makes
+// every granule no claim covers free, O(granules / 64 + runs).
 // Not thread-safe: the daemon's event loop owns it.
 #pragma once
 
@@ -16,8 +19,31 @@
 #include <map>
 #include <set>
 #include <utility>
+#include <vector>
 
 namespace kvpark::shm {
+
+// The extents an adoption keeps, one bit per granule of the data region.
+class ExtentClaims {
+ public:
+  ExtentClaims(uint64_t capacity_bytes, uint64_t granularity_bytes);
+  // Takes [offset, offset+bytes) when it lies inside the region, on granules, and
+  // overlaps nothing claimed before; false, nothing changed, otherwise.
+  bool claim(uint64_t offset, uint64_t bytes);
+  uint64_t claimed_bytes() const { return claimed_granules_ * granularity_bytes_; }
+
+ private:
+  friend class ExtentAllocator;
+  bool any_set(uint64_t first, uint64_t end) const;  // granules [first, end)
+  void set(uint64_t first, uint64_t end);
+  uint64_t next_with(bool used, uint64_t from) const;  // the first such granule at or past `from`
+
+  uint64_t capacity_bytes_;
+  uint64_t granularity_bytes_;
+  uint64_t granules_;
+  uint64_t claimed_granules_ = 0;
+  std::vector<uint64_t> words_;
+};
 
 class ExtentAllocator {
  public:
@@ -26,9 +52,8 @@ class ExtentAllocator {
 
   // Returns false (ret_offset untouched) when no free run holds `bytes`.
   bool allocate(uint64_t bytes, uint64_t& ret_offset);
-  // Takes exactly [offset, offset+bytes) when all of it is free (rebuilding the
-  // allocation of an adopted arena); false, nothing changed, when any of it is not.
-  bool claim(uint64_t offset, uint64_t bytes);
+  // Replaces the whole state: what `claims` covers is allocated, the rest free.
+  void adopt(const ExtentClaims& claims);
   // Returns an extent obtained from allocate(); freeing anything else is a bug.
   void free(uint64_t offset, uint64_t bytes);
 

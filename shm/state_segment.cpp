@@ -196,19 +196,39 @@ void StateSegment::write_use(uint64_t index, uint64_t hits, uint64_t last_use_us
   r.last_use_usec = last_use_usec;
 }
 
+StateSegment::RecordCheck StateSegment::check(const StateRecord& record) {
+  if (record.valid == 0) return RecordCheck::Empty;
+  if (record.valid != state_record_valid ||
+      record.checksum != XXH3_64bits(&record.body, sizeof record.body)) {
+    return RecordCheck::Damaged;
+  }
+  return RecordCheck::Valid;
+}
+
 StateSegment::RecordCheck StateSegment::check_record(uint64_t index,
                                                      StateRecord& ret_record) const {
   assert(index < record_capacity());
-  const StateRecord& r = records()[index];
-  const uint64_t valid = load_word(r.valid);
-  if (valid == 0) return RecordCheck::Empty;
+  const uint64_t valid = load_word(records()[index].valid);  // ordered before the rest
   StateRecord copy;
-  std::memcpy(&copy, &r, sizeof copy);
-  if (valid != state_record_valid || copy.checksum != XXH3_64bits(&copy.body, sizeof copy.body)) {
-    return RecordCheck::Damaged;
+  std::memcpy(&copy, &records()[index], sizeof copy);
+  copy.valid = valid;
+  const RecordCheck result = check(copy);
+  if (result == RecordCheck::Valid) ret_record = copy;
+  return result;
+}
+
+bool StateSegment::read_records(uint64_t first, uint64_t count, StateRecord* ret_records) const {
+  assert(first + count <= record_capacity());
+  const size_t bytes = count * sizeof(StateRecord);
+  const off_t at = static_cast<off_t>(records_offset_ + first * sizeof(StateRecord));
+  for (size_t done = 0; done < bytes;) {
+    const ssize_t n = pread(fd_, reinterpret_cast<uint8_t*>(ret_records) + done, bytes - done,
+                            at + static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    done += static_cast<size_t>(n);
   }
-  ret_record = copy;
-  return RecordCheck::Valid;
+  return true;
 }
 
 bool StateSegment::upgraded(const StateRecord& record, uint8_t& ret_class, uint8_t& ret_evidence,

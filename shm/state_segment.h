@@ -51,6 +51,12 @@ class StateSegment {
   // Empty: never written or cleared; Damaged: its valid word is set (or garbage) but
   // its checksum fails. ret_record is filled when Valid.
   RecordCheck check_record(uint64_t index, StateRecord& ret_record) const;
+  // The same check of a record copied out with read_records().
+  static RecordCheck check(const StateRecord& record);
+  // Copies records [first, first+count) out with pread, not through the mapping:
+  // adoption reads every record once, and faulting a large segment's pages into a
+  // new process costs several times more than copying them. False on a short read.
+  bool read_records(uint64_t first, uint64_t count, StateRecord* ret_records) const;
   // The class, evidence and pin of a valid record: the upgrade word when its check
   // holds, else what the body says. Returns whether the upgrade word held.
   static bool upgraded(const StateRecord& record, uint8_t& ret_class, uint8_t& ret_evidence,

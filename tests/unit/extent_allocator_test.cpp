@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <random>
+#include <utility>
 #include <vector>
 
 namespace kvpark::shm {
@@ -27,19 +28,59 @@ TEST(ExtentAllocator, StartsAsOneFreeRun) {
   EXPECT_EQ(a.free_runs(), 1u);
 }
 
-TEST(ExtentAllocator, ClaimTakesExactlyAFreeRangeAndRefusesAnOverlap) {
+TEST(ExtentAllocator, ClaimsTakeExactlyTheirRangeAndRefuseAnOverlap) {
+  ExtentClaims claims(16 * granule, granule);
+  EXPECT_TRUE(claims.claim(4 * granule, 2 * granule));
+  EXPECT_FALSE(claims.claim(5 * granule, 2 * granule));   // overlaps the claimed range
+  EXPECT_FALSE(claims.claim(3 * granule, 2 * granule));   // overlaps it from below
+  EXPECT_FALSE(claims.claim(15 * granule, 2 * granule));  // runs past the end
+  EXPECT_FALSE(claims.claim(16 * granule, granule));      // starts at the end
+  EXPECT_FALSE(claims.claim(granule + 1, granule));       // not on a granule
+  EXPECT_FALSE(claims.claim(0, 0));
+  EXPECT_EQ(claims.claimed_bytes(), 2 * granule);
+  EXPECT_TRUE(claims.claim(0, 4 * granule));  // the whole range before it
   ExtentAllocator a(16 * granule, granule);
-  EXPECT_TRUE(a.claim(4 * granule, 2 * granule));
-  EXPECT_EQ(a.bytes_free(), 14 * granule);
-  EXPECT_EQ(a.free_runs(), 2u);
-  EXPECT_FALSE(a.claim(5 * granule, 2 * granule));   // overlaps the claimed range
-  EXPECT_FALSE(a.claim(15 * granule, 2 * granule));  // runs past the end
-  EXPECT_FALSE(a.claim(granule + 1, granule));       // not on a granule
-  EXPECT_EQ(a.bytes_free(), 14 * granule);
-  EXPECT_TRUE(a.claim(0, 4 * granule));              // the whole run before it
+  a.adopt(claims);
+  EXPECT_EQ(a.bytes_free(), 10 * granule);
   EXPECT_EQ(a.free_runs(), 1u);
+  EXPECT_EQ(a.largest_free_bytes(), 10 * granule);
   a.free(4 * granule, 2 * granule);
-  EXPECT_EQ(a.largest_free_bytes(), 12 * granule);   // coalesced with what follows
+  EXPECT_EQ(a.largest_free_bytes(), 12 * granule);  // coalesced with what follows
+  EXPECT_EQ(a.free_runs(), 1u);
+}
+
+TEST(ExtentAllocator, AdoptingClaimsInAnyOrderLeavesExactlyTheGapsFree) {
+  // 200 granules (over three bitmap words); claims straddle the word boundaries.
+  constexpr uint64_t granules = 200;
+  std::vector<std::pair<uint64_t, uint64_t>> claimed = {
+      {150, 50}, {0, 3}, {62, 4}, {127, 2}, {10, 1}, {66, 1}, {100, 27}};
+  ExtentClaims claims(granules * granule, granule);
+  for (auto [first, count] : claimed) EXPECT_TRUE(claims.claim(first * granule, count * granule));
+  ExtentAllocator a(granules * granule, granule);
+  a.adopt(claims);
+  // Free: [3,10) [11,62) [67,100) [129,150).
+  EXPECT_EQ(a.free_runs(), 4u);
+  EXPECT_EQ(a.bytes_free(), (7 + 51 + 33 + 21) * granule);
+  EXPECT_EQ(a.largest_free_bytes(), 51 * granule);
+  uint64_t offset = 0;
+  ASSERT_TRUE(a.allocate(7 * granule, offset));  // best fit: exactly the first gap
+  EXPECT_EQ(offset, 3 * granule);
+  ASSERT_TRUE(a.allocate(21 * granule, offset));
+  EXPECT_EQ(offset, 129 * granule);
+  EXPECT_FALSE(a.allocate(52 * granule, offset));
+}
+
+TEST(ExtentAllocator, AdoptingNothingLeavesEverythingFreeAndAFullClaimNothing) {
+  ExtentAllocator empty(130 * granule, granule);
+  empty.adopt(ExtentClaims(130 * granule, granule));
+  EXPECT_EQ(empty.bytes_free(), 130 * granule);
+  EXPECT_EQ(empty.free_runs(), 1u);
+  ExtentClaims all(130 * granule, granule);
+  ASSERT_TRUE(all.claim(0, 130 * granule));
+  ExtentAllocator full(130 * granule, granule);
+  full.adopt(all);
+  EXPECT_EQ(full.bytes_free(), 0u);
+  EXPECT_EQ(full.free_runs(), 0u);
 }
 
 TEST(ExtentAllocator, CarvesFromTheLowEnd) {

@@ -2,12 +2,16 @@
 // leases, restorable-position rules, per-connection limits and close() cleanup.
 #include "daemon/park.h"
 
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <memory>
 #include <vector>
 
+#include "daemon/adoption.h"
+#include "daemon/entry_state.h"
 #include "proto/limits.h"
 #include "shm/arena_format.h"
 
@@ -59,6 +63,44 @@ class ParkTest : public ::testing::Test {
         *table_);
   }
   void SetUp() override { make(16); }
+  // The same with a state segment, as kvparkd keeps one in the service manager's fd store.
+  void make_with_state(uint64_t data_blocks) {
+    arena_.assign(data_blocks * block_extent, 0);
+    int err = 0;
+    ASSERT_EQ(shm::StateSegment::create({.arena_identity = 0x1234,
+                                         .arena_data_bytes = arena_.size(),
+                                         .configured_arena_bytes = arena_.size()},
+                                        segment_, err),
+              Status::Ok);
+    start_park();
+  }
+  // A restart that adopts: a new Park over the same arena and the kept state segment,
+  // holding what it adopted for the previous instance's engines `pids` until deadline_usec.
+  AdoptionReport restart_adopting(const std::vector<uint32_t>& pids, uint64_t deadline_usec) {
+    park_.reset();
+    table_.reset();
+    state_.reset();
+    std::unique_ptr<shm::StateSegment> kept;
+    int err = 0;
+    EXPECT_EQ(shm::StateSegment::adopt(dup(segment_->fd()), kept, err), Status::Ok);
+    segment_ = std::move(kept);
+    start_park();
+    const AdoptionReport report = adopt_entries(*state_, arena_.data(), arena_.size(), *table_);
+    park_->hold_adopted(pids, deadline_usec);
+    return report;
+  }
+  void start_park() {
+    state_ = std::make_unique<EntryState>(*segment_);
+    table_ = std::make_unique<EntryTable>(arena_.size(), granule);
+    table_->set_state(state_.get());
+    park_ = std::make_unique<Park>(ParkOptions{.arena_data = arena_.data(),
+                                               .arena_data_bytes = arena_.size(),
+                                               .incarnation = 0x1234,
+                                               .reservation_bytes_max = arena_.size(),
+                                               .connections_max = 8,
+                                               .state = state_.get()},
+                                   *table_);
+  }
 
   ConnectionId connect(const NamespaceId& ns = attention_ns, uint32_t bt = block_tokens,
                        bool snapshot_required = false) {
@@ -133,6 +175,8 @@ class ParkTest : public ::testing::Test {
   }
 
   std::vector<uint8_t> arena_;
+  std::unique_ptr<shm::StateSegment> segment_;  // make_with_state
+  std::unique_ptr<EntryState> state_;
   std::unique_ptr<EntryTable> table_;
   std::unique_ptr<Park> park_;
   ConnectionId next_id_ = 1;
@@ -253,6 +297,46 @@ TEST_F(ParkTest, LeasesBlockEviction) {
 
 // Regression: a multi-block RESERVE that could never fit used to evict every
 // evictable entry, one block at a time, before failing with ArenaFull.
+TEST_F(ParkTest, AdoptedEntriesAreHeldUntilTheGraceDeadlineAndNotOneMicrosecondLonger) {
+  make_with_state(8);
+  const ConnectionId a = connect();
+  const auto parked = chain(1, 8);  // fills the arena
+  publish(a, parked);
+  constexpr uint64_t deadline_usec = 5'000'000'000;  // the test drives the clock
+  // The previous instance's engine (this process) has not come back.
+  const AdoptionReport report =
+      restart_adopting({static_cast<uint32_t>(getpid())}, deadline_usec);
+  ASSERT_EQ(report.entries, 8u);
+  ASSERT_TRUE(park_->adoption_held());
+  const ConnectionId b = connect();  // a new engine
+  wire::ReserveBlocksReply r;
+  EXPECT_EQ(reserve(b, chain(2, 1), 0, r), Status::ArenaFull);  // nothing adopted is evictable
+  park_->tick_at(deadline_usec - 1);
+  EXPECT_TRUE(park_->adoption_held());
+  EXPECT_EQ(reserve(b, chain(2, 1), 0, r), Status::ArenaFull);
+  for (const Hash128& h : parked) EXPECT_TRUE(present(attention_ns, h));
+  park_->tick_at(deadline_usec);
+  EXPECT_FALSE(park_->adoption_held());
+  EXPECT_EQ(reserve(b, chain(2, 1), 0, r), Status::Ok);  // evicts one adopted block
+  EXPECT_EQ(table_->evictions(), 1u);
+}
+
+TEST_F(ParkTest, AdoptionHoldEndsWhenTheLastPreviousEngineSaysHelloAgain) {
+  make_with_state(8);
+  publish(connect(), chain(1, 8));
+  restart_adopting({static_cast<uint32_t>(getpid())}, UINT64_MAX);
+  ASSERT_TRUE(park_->adoption_held());
+  const ConnectionId back = next_id_++;
+  ASSERT_EQ(park_->open(back, static_cast<uint32_t>(getpid())), Status::Ok);
+  wire::HelloRequest hello;
+  hello.protocol_version = limits::protocol_version;
+  hello.namespace_id = attention_ns;
+  hello.geometry = {.block_tokens = block_tokens, .block_payload_bytes = block_payload_bytes};
+  wire::HelloReply reply;
+  ASSERT_EQ(park_->hello(back, hello, reply), Status::Ok);
+  EXPECT_FALSE(park_->adoption_held());
+}
+
 TEST_F(ParkTest, ReserveThatCanNeverFitKeepsParkedEntries) {
   make(8, /*reservation_bytes_max=*/64 * block_extent);
   const ConnectionId a = connect();

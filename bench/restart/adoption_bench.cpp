@@ -1,0 +1,185 @@
+// kvpark-adoption-bench: what rebuilding the index from a kept state segment costs,
+// by entry count, in one run on one machine.
+//
+// For each row the bench writes a state segment as a daemon would have left it (one
+// namespace, N sealed block records with random chain hashes, their extents filling
+// an arena of the given size in an order unrelated to the records', as after long
+// churn), unmaps it, maps it again the way a restarted
+// kvparkd does (StateSegment::adopt on the kept fd), and times adopt_entries() into a
+// fresh entry table. Next to it, as the floor measured in the same run: copying the
+// records out and checking them, and first-touching fresh memory the size of the
+// index it builds. Adoption reads no arena page of a block, so the arena itself is
+// only a size here.
+//
+//   kvpark-adoption-bench [--quick] [--entries N ...]
+#include <fcntl.h>
+#include <getopt.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "daemon/adoption.h"
+#include "daemon/entry_state.h"
+#include "daemon/entry_table.h"
+#include "proto/limits.h"
+#include "shm/state_segment.h"
+
+namespace {
+
+using namespace kvpark;
+
+constexpr uint64_t extent_bytes = 2 * limits::extent_align_bytes;  // the smallest entry
+constexpr NamespaceId bench_ns{0x7e57a7, 0x7e57a7};
+constexpr uint32_t block_tokens = 16;
+// A block's hash-index node and bucket (key, slot, next pointer, cached hash, bucket).
+constexpr size_t index_node_bytes = 56;
+
+double now_msec() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) * 1e-6;
+}
+
+[[noreturn]] void fail(const char* what) {
+  std::fprintf(stderr, "kvpark-adoption-bench: %s\n", what);
+  std::exit(1);
+}
+
+// A kept segment holding `entries` sealed blocks; returns its fd (the segment unmapped).
+int write_kept_segment(uint64_t entries, uint64_t arena_bytes) {
+  std::unique_ptr<shm::StateSegment> segment;
+  int err = 0;
+  if (shm::StateSegment::create({.arena_identity = 1,
+                                 .arena_data_bytes = arena_bytes,
+                                 .configured_arena_bytes = arena_bytes,
+                                 .huge_pages = 0},
+                                segment, err) != Status::Ok) {
+    fail("cannot create a state segment");
+  }
+  shm::NamespaceRecord ns{};
+  ns.id = bench_ns;
+  ns.block_tokens = block_tokens;
+  ns.block_payload_bytes = extent_bytes - limits::entry_header_bytes;
+  segment->write_namespace(0, ns);
+  std::mt19937_64 random(entries);
+  std::vector<uint64_t> extents(entries);
+  for (uint64_t i = 0; i < entries; ++i) extents[i] = i * extent_bytes;
+  std::shuffle(extents.begin(), extents.end(), random);
+  Hash128 parent{};
+  for (uint64_t i = 0; i < entries; ++i) {
+    shm::StateRecordBody body{};
+    body.namespace_id = bench_ns;
+    body.key_hash = {random(), random()};
+    body.parent_hash = parent;
+    body.extent_offset = extents[i];
+    body.extent_bytes = extent_bytes;
+    body.payload_checksum = random();
+    body.position = static_cast<uint32_t>(i % 1024);
+    body.kind = static_cast<uint8_t>(EntryKind::Block);
+    segment->write_record(i, body, 1, 0);
+    parent = body.key_hash;
+  }
+  const int fd = dup(segment->fd());
+  if (fd < 0) fail("dup");
+  return fd;  // the segment's own mapping and fd go with it
+}
+
+// The floor any adoption pays, measured in the same run: copying the records out
+// and checking each, plus first-touching fresh memory of the size of the index
+// (an Entry and a hash node per entry); page faults dominate on many machines.
+double floor_msec(int fd, uint64_t entries) {
+  std::unique_ptr<shm::StateSegment> segment;
+  int err = 0;
+  const int copy = dup(fd);
+  if (copy < 0 || shm::StateSegment::adopt(copy, segment, err) != Status::Ok) fail("adopt (floor)");
+  const double start = now_msec();
+  constexpr uint64_t batch_records = 4096;
+  std::vector<shm::StateRecord> batch(batch_records);
+  uint64_t valid = 0;
+  for (uint64_t i = 0; i < entries; i += batch_records) {
+    const uint64_t count = std::min(batch_records, entries - i);
+    if (!segment->read_records(i, count, batch.data())) fail("read_records");
+    for (uint64_t r = 0; r < count; ++r) {
+      valid += shm::StateSegment::check(batch[r]) == shm::StateSegment::RecordCheck::Valid;
+    }
+  }
+  if (valid != entries) fail("floor: records not valid");
+  const size_t index_bytes = entries * (sizeof(daemon::Entry) + index_node_bytes);
+  void* fresh = mmap(nullptr, index_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (fresh == MAP_FAILED) fail("mmap");
+  for (size_t at = 0; at < index_bytes; at += 4096) static_cast<volatile uint8_t*>(fresh)[at] = 1;
+  const double elapsed = now_msec() - start;
+  munmap(fresh, index_bytes);
+  return elapsed;
+}
+
+struct Row {
+  uint64_t entries = 0, arena_bytes = 0, adopted = 0, dropped = 0;
+  double adopt_msec = 0, floor_msec = 0;
+};
+
+Row measure(uint64_t entries) {
+  Row row{.entries = entries, .arena_bytes = entries * extent_bytes};
+  const int fd = write_kept_segment(entries, row.arena_bytes);
+  row.floor_msec = floor_msec(fd, entries);
+  std::unique_ptr<shm::StateSegment> segment;
+  int err = 0;
+  const double map_start = now_msec();
+  if (shm::StateSegment::adopt(fd, segment, err) != Status::Ok) fail("adopt");
+  daemon::EntryState state(*segment);
+  daemon::EntryTable table(row.arena_bytes, limits::extent_align_bytes);
+  table.set_state(&state);
+  const daemon::AdoptionReport report =
+      daemon::adopt_entries(state, nullptr, row.arena_bytes, table);
+  row.adopt_msec = now_msec() - map_start;
+  row.adopted = report.entries;
+  row.dropped = report.dropped_total();
+  if (row.adopted != entries || row.dropped != 0) fail("adoption lost entries");
+  return row;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<uint64_t> counts;
+  bool quick = false;
+  const option long_options[] = {{"quick", no_argument, nullptr, 'q'},
+                                 {"entries", required_argument, nullptr, 'n'},
+                                 {nullptr, 0, nullptr, 0}};
+  for (int c; (c = getopt_long(argc, argv, "", long_options, nullptr)) != -1;) {
+    if (c == 'q') {
+      quick = true;
+    } else if (c == 'n') {
+      counts.push_back(std::strtoull(optarg, nullptr, 0));
+    } else {
+      std::fprintf(stderr, "Usage: kvpark-adoption-bench [--quick] [--entries N ...]\n");
+      return 2;
+    }
+  }
+  if (counts.empty()) {
+    counts = quick ? std::vector<uint64_t>{10'000} : std::vector<uint64_t>{10'000, 100'000, 1'000'000};
+  }
+  std::printf("kvpark-adoption-bench: sealed blocks of %llu KiB extents, arena sized to hold them\n",
+              static_cast<unsigned long long>(extent_bytes >> 10));
+  std::printf("%10s %9s %11s %12s %10s %7s\n", "entries", "arena GiB", "adopt ms", "ns/entry",
+              "floor ms", "ratio");
+  for (uint64_t n : counts) {
+    if (n == 0) continue;
+    const Row r = measure(n);
+    std::printf("%10llu %9.2f %11.1f %12.0f %10.1f %6.1fx\n",
+                static_cast<unsigned long long>(r.entries),
+                static_cast<double>(r.arena_bytes) / (1ull << 30), r.adopt_msec,
+                r.adopt_msec * 1e6 / static_cast<double>(r.entries), r.floor_msec,
+                r.adopt_msec / r.floor_msec);
+  }
+  return 0;
+}

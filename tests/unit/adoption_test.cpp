@@ -1,0 +1,163 @@
+// adopt_entries, in process over a real state segment: what it keeps, what it drops
+// and why, the free space it rebuilds, and the records it leaves behind.
+#include "daemon/adoption.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <memory>
+#include <vector>
+
+#include "daemon/entry_state.h"
+#include "daemon/entry_table.h"
+#include "proto/limits.h"
+#include "shm/state_segment.h"
+
+namespace kvpark::daemon {
+namespace {
+
+constexpr uint64_t granule = limits::extent_align_bytes;
+constexpr uint64_t arena_bytes = 64 * granule;
+constexpr uint64_t block_extent = 2 * granule;
+constexpr uint32_t block_tokens = 16;
+constexpr NamespaceId kept_ns{0xad0b7, 1};
+constexpr NamespaceId unknown_ns{0xdead, 2};
+
+class AdoptionTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    int err = 0;
+    ASSERT_EQ(shm::StateSegment::create({.arena_identity = 7,
+                                         .arena_data_bytes = arena_bytes,
+                                         .configured_arena_bytes = arena_bytes},
+                                        segment_, err),
+              Status::Ok);
+    shm::NamespaceRecord ns{};
+    ns.id = kept_ns;
+    ns.block_tokens = block_tokens;
+    ns.block_payload_bytes = 1024;
+    segment_->write_namespace(0, ns);
+  }
+
+  void write_block(uint64_t index, uint64_t key, uint64_t extent_offset,
+                   const NamespaceId& ns = kept_ns, uint64_t extent_bytes = block_extent) {
+    shm::StateRecordBody body{};
+    body.namespace_id = ns;
+    body.key_hash = {key, key};
+    body.extent_offset = extent_offset;
+    body.extent_bytes = extent_bytes;
+    body.kind = static_cast<uint8_t>(EntryKind::Block);
+    segment_->write_record(index, body, 1, 0);
+  }
+
+  // Restarts: a new segment object over the kept fd, a fresh table, adoption.
+  AdoptionReport adopt() {
+    table_.reset();
+    state_.reset();
+    std::unique_ptr<shm::StateSegment> kept;
+    int err = 0;
+    const int fd = dup(segment_->fd());
+    EXPECT_EQ(shm::StateSegment::adopt(fd, kept, err), Status::Ok);
+    segment_ = std::move(kept);
+    state_ = std::make_unique<EntryState>(*segment_);
+    table_ = std::make_unique<EntryTable>(arena_bytes, granule);
+    table_->set_state(state_.get());
+    return adopt_entries(*state_, nullptr, arena_bytes, *table_);
+  }
+
+  shm::StateSegment::RecordCheck check(uint64_t index) {
+    shm::StateRecord r{};
+    return segment_->check_record(index, r);
+  }
+
+  NamespaceIndex ns_index() {
+    for (NamespaceIndex i = 0; i < table_->namespace_count(); ++i) {
+      if (table_->namespace_info(i).id == kept_ns) return i;
+    }
+    ADD_FAILURE() << "namespace not adopted";
+    return 0;
+  }
+
+  std::unique_ptr<shm::StateSegment> segment_;
+  std::unique_ptr<EntryState> state_;
+  std::unique_ptr<EntryTable> table_;
+};
+
+TEST_F(AdoptionTest, KeepsEveryValidRecordAndFreesExactlyWhatNoRecordCovers) {
+  // Extents in an order unrelated to the records', with gaps, over several bitmap words.
+  write_block(0, 1, 40 * granule);
+  write_block(2, 2, 0);  // record 1 was never written
+  write_block(3, 3, 62 * granule);
+  write_block(4, 4, 10 * granule, kept_ns, 20 * granule);
+  const AdoptionReport report = adopt();
+  EXPECT_EQ(report.entries, 4u);
+  EXPECT_EQ(report.dropped_total(), 0u);
+  EXPECT_EQ(report.bytes, 3 * block_extent + 20 * granule);
+  EXPECT_EQ(table_->bytes_free(), arena_bytes - report.bytes);
+  // Free runs: [2,10) [30,40) [42,62): the largest is 20 granules.
+  EXPECT_EQ(table_->largest_free_bytes(), 20 * granule);
+  for (uint64_t key : {1, 2, 3, 4}) {
+    EXPECT_NE(table_->find_block(ns_index(), {key, key}), no_slot) << key;
+  }
+  EXPECT_EQ(check(1), shm::StateSegment::RecordCheck::Empty);
+  EXPECT_EQ(check(4), shm::StateSegment::RecordCheck::Valid);
+}
+
+TEST_F(AdoptionTest, DropsOverlapsDuplicatesStrayExtentsForeignNamespacesAndTornRecords) {
+  write_block(0, 1, 0);                                     // kept
+  write_block(1, 2, granule);                               // overlaps record 0's extent
+  write_block(2, 1, 8 * granule);                           // the same key again
+  write_block(3, 3, arena_bytes - granule);                 // runs past the arena
+  write_block(4, 4, 16 * granule, unknown_ns);              // no such namespace
+  write_block(5, 5, 20 * granule);                          // torn below
+  write_block(6, 6, 30 * granule);                          // kept
+  write_block(7, 7, 41 * granule, kept_ns, granule + 512);  // not on granules
+  segment_->base()[segment_->records_offset() + 5 * sizeof(shm::StateRecord) + 40] ^= 1;
+  const AdoptionReport report = adopt();
+  EXPECT_EQ(report.entries, 2u);
+  EXPECT_EQ(report.dropped[static_cast<size_t>(DropReason::Extent)], 4u);
+  EXPECT_EQ(report.dropped[static_cast<size_t>(DropReason::Namespace)], 1u);
+  EXPECT_EQ(report.dropped[static_cast<size_t>(DropReason::Damaged)], 1u);
+  // Only the two kept extents are allocated: a dropped record's range is free again.
+  EXPECT_EQ(table_->bytes_free(), arena_bytes - 2 * block_extent);
+  EXPECT_NE(table_->find_block(ns_index(), {1, 1}), no_slot);
+  EXPECT_EQ(table_->find_block(ns_index(), {2, 2}), no_slot);
+  // Dropped records are cleared, so a second crash cannot bring them back; kept ones stay.
+  for (uint64_t i : {1, 2, 3, 4, 5, 7}) {
+    EXPECT_EQ(check(i), shm::StateSegment::RecordCheck::Empty) << i;
+  }
+  EXPECT_EQ(check(0), shm::StateSegment::RecordCheck::Valid);
+  EXPECT_EQ(check(6), shm::StateSegment::RecordCheck::Valid);
+  EXPECT_EQ(adopt().entries, 2u);  // and a second adoption finds the same two
+}
+
+TEST_F(AdoptionTest, ReadsRecordsInBatchesAcrossTheirBoundaries) {
+  // More records than one read batch holds, every one kept.
+  constexpr uint64_t count = 5000;
+  int err = 0;
+  constexpr uint64_t big_arena = count * block_extent;
+  ASSERT_EQ(shm::StateSegment::create({.arena_identity = 8,
+                                       .arena_data_bytes = big_arena,
+                                       .configured_arena_bytes = big_arena},
+                                      segment_, err),
+            Status::Ok);
+  shm::NamespaceRecord ns{};
+  ns.id = kept_ns;
+  ns.block_tokens = block_tokens;
+  ns.block_payload_bytes = 1024;
+  segment_->write_namespace(0, ns);
+  for (uint64_t i = 0; i < count; ++i) write_block(i, i + 1, (count - 1 - i) * block_extent);
+  std::unique_ptr<shm::StateSegment> kept;
+  ASSERT_EQ(shm::StateSegment::adopt(dup(segment_->fd()), kept, err), Status::Ok);
+  segment_ = std::move(kept);
+  state_ = std::make_unique<EntryState>(*segment_);
+  table_ = std::make_unique<EntryTable>(big_arena, granule);
+  table_->set_state(state_.get());
+  const AdoptionReport report = adopt_entries(*state_, nullptr, big_arena, *table_);
+  EXPECT_EQ(report.entries, count);
+  EXPECT_EQ(table_->bytes_free(), 0u);
+  EXPECT_NE(table_->find_block(ns_index(), {count, count}), no_slot);
+}
+
+}  // namespace
+}  // namespace kvpark::daemon
