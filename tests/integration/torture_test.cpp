@@ -4,7 +4,9 @@
 // spills are in flight, on a mixed workload (shared heads, private turns behind
 // them). After every restart every known prompt is looked up and every restored byte
 // checked; the tests fail if nothing restores at all. Under a service manager that keeps
-// the arena (the harness's fd store), every entry sealed before each kill is adopted.
+// the arena (the harness's fd store), with the disk tier on a small arena so that kills
+// also land mid-seal, mid-eviction and mid-spill, every entry sealed on the host before
+// each kill is adopted.
 //
 // The seed is printed; KVPARK_TORTURE_SEED=N reruns a failure, KVPARK_TORTURE_SECONDS
 // sets how long each test runs (default 20).
@@ -365,31 +367,50 @@ uint64_t sealed_records(int state_fd) {
   return valid;
 }
 
+// How many entries the daemon's last start adopted, from its log (0: none).
+uint64_t last_adopted(const std::string& log) {
+  const std::string needle = "kvparkd: adopted ";
+  const size_t at = log.rfind(needle);
+  if (at == std::string::npos) return 0;
+  return std::strtoull(log.c_str() + at + needle.size(), nullptr, 10);
+}
+
+// With the disk tier on a small arena, so that kills land mid-seal, mid-eviction and
+// mid-spill as well as mid-publish and mid-restore.
 TEST_F(Torture, DaemonKilledInALoopAdoptsEveryEntrySealedBeforeTheKill) {
-  DaemonProcess daemon(DaemonConfig{.arena_bytes = 64ull << 20, .fd_store = true});
+  char templ[] = "/var/tmp/kvpark-torture-XXXXXX";
+  const std::string disk = mkdtemp(templ);
+  DaemonProcess daemon(DaemonConfig{
+      .arena_bytes = 16ull << 20, .extra_args = {"--disk-dir", disk}, .fd_store = true});
   std::vector<Prompt> prompts;
   Figures total;
-  uint64_t cycles = 0, adopted_total = 0, engine_kills = 0;
+  uint64_t cycles = 0, adopted_total = 0, engine_kills = 0, spills = 0, evictions = 0;
   uint64_t sealed_at_kill = 0;
+  bool disk_tier = true;
   const uint64_t deadline = now_msec() + torture_msec();
   while (now_msec() < deadline || cycles < 3) {
     ASSERT_TRUE(daemon.start()) << read_file(daemon.log_path());
-    StatsClient stats(daemon.socket_path());
-    const kvpark_stats s = stats.get();
-    // Exactly what was sealed at the kill: nothing dropped, nothing invented.
-    EXPECT_EQ(s.blocks + s.snapshots, sealed_at_kill) << "cycle " << cycles << "\n" << read_file(daemon.log_path());
-    EXPECT_EQ(s.reservations, 0u);
-    adopted_total += s.blocks + s.snapshots;
+    const std::string log = read_file(daemon.log_path());
+    disk_tier = disk_tier && log.find("disk tier off") == std::string::npos;
+    // Exactly what was sealed on the host at the kill: nothing dropped, nothing invented.
+    const uint64_t adopted = cycles == 0 ? 0 : last_adopted(log);
+    EXPECT_EQ(adopted, sealed_at_kill) << "cycle " << cycles << "\n" << daemon.log_tail();
+    EXPECT_EQ(StatsClient(daemon.socket_path()).get().reservations, 0u);
+    adopted_total += adopted;
     const Figures f = verify_all(daemon.socket_path(), distinct(prompts));
     total.add(f);
     EXPECT_EQ(f.wrong_blocks, 0u) << "cycle " << cycles;
     // Publishers and restorers mid-flight; the daemon stopped where it is, counted, killed.
     EngineSwarm swarm(rng_, prompts);
     const uint64_t kill_at = now_msec() + 300 + rng_() % 900;
+    StatsClient stats(daemon.socket_path());
     while (now_msec() < kill_at) {
       swarm.step(daemon.socket_path(), 10);
       usleep(1000);
     }
+    const kvpark_stats s = stats.get();
+    spills += s.spills;
+    evictions += s.evictions;
     ::kill(daemon.pid(), SIGSTOP);
     int status = 0;
     ASSERT_EQ(waitpid(daemon.pid(), &status, WUNTRACED), daemon.pid());
@@ -401,24 +422,28 @@ TEST_F(Torture, DaemonKilledInALoopAdoptsEveryEntrySealedBeforeTheKill) {
     ++cycles;
   }
   ASSERT_TRUE(daemon.start());
-  {
-    StatsClient stats(daemon.socket_path());
-    const kvpark_stats s = stats.get();
-    EXPECT_EQ(s.blocks + s.snapshots, sealed_at_kill);
-  }
+  EXPECT_EQ(last_adopted(read_file(daemon.log_path())), sealed_at_kill);
   const Figures f = verify_all(daemon.socket_path(), distinct(prompts));
   total.add(f);
-  printf("adoption torture, seed %llu: %llu cycles, %llu entries adopted in all, %llu engine kills; "
-         "%llu lookups, %llu hits, %llu blocks verified, %llu wrong\n",
+  printf("adoption torture, seed %llu: %llu cycles, %llu entries adopted in all, %llu engine kills, "
+         "%llu spills and %llu evictions before the kills; %llu lookups, %llu hits, %llu blocks "
+         "verified, %llu wrong\n",
          static_cast<unsigned long long>(seed_), static_cast<unsigned long long>(cycles),
          static_cast<unsigned long long>(adopted_total), static_cast<unsigned long long>(engine_kills),
+         static_cast<unsigned long long>(spills), static_cast<unsigned long long>(evictions),
          static_cast<unsigned long long>(total.lookups), static_cast<unsigned long long>(total.hits),
          static_cast<unsigned long long>(total.blocks_verified),
          static_cast<unsigned long long>(total.wrong_blocks));
   EXPECT_GT(adopted_total, 0u) << "a run that adopts nothing proves nothing";
+  EXPECT_GT(evictions, 0u) << "the arena never filled: no kill landed near an eviction";
+  if (disk_tier) {
+    EXPECT_GT(spills, 0u) << "nothing spilled: no kill landed near a spill";
+  }
   EXPECT_GT(total.hits, 0u);
   EXPECT_EQ(total.wrong_blocks, 0u);
   EXPECT_EQ(daemon.stop(), 0);
+  std::error_code ec;
+  fs::remove_all(disk, ec);
 }
 
 }  // namespace
