@@ -25,12 +25,14 @@ constexpr NamespaceId unknown_ns{0xdead, 2};
 
 class AdoptionTest : public ::testing::Test {
  protected:
-  void SetUp() override {
+  void SetUp() override { create(arena_bytes); }
+  // A fresh segment with one namespace, for an arena of `bytes`.
+  void create(uint64_t bytes) {
+    arena_bytes_ = bytes;
     int err = 0;
-    ASSERT_EQ(shm::StateSegment::create({.arena_identity = 7,
-                                         .arena_data_bytes = arena_bytes,
-                                         .configured_arena_bytes = arena_bytes},
-                                        segment_, err),
+    ASSERT_EQ(shm::StateSegment::create(
+                  {.arena_identity = 7, .arena_data_bytes = bytes, .configured_arena_bytes = bytes},
+                  segment_, err),
               Status::Ok);
     shm::NamespaceRecord ns{};
     ns.id = kept_ns;
@@ -60,9 +62,9 @@ class AdoptionTest : public ::testing::Test {
     EXPECT_EQ(shm::StateSegment::adopt(fd, kept, err), Status::Ok);
     segment_ = std::move(kept);
     state_ = std::make_unique<EntryState>(*segment_);
-    table_ = std::make_unique<EntryTable>(arena_bytes, granule);
+    table_ = std::make_unique<EntryTable>(arena_bytes_, granule);
     table_->set_state(state_.get());
-    return adopt_entries(*state_, nullptr, arena_bytes, *table_);
+    return adopt_entries(*state_, nullptr, arena_bytes_, *table_);
   }
 
   shm::StateSegment::RecordCheck check(uint64_t index) {
@@ -78,6 +80,7 @@ class AdoptionTest : public ::testing::Test {
     return 0;
   }
 
+  uint64_t arena_bytes_ = 0;
   std::unique_ptr<shm::StateSegment> segment_;
   std::unique_ptr<EntryState> state_;
   std::unique_ptr<EntryTable> table_;
@@ -134,26 +137,9 @@ TEST_F(AdoptionTest, DropsOverlapsDuplicatesStrayExtentsForeignNamespacesAndTorn
 TEST_F(AdoptionTest, ReadsRecordsInBatchesAcrossTheirBoundaries) {
   // More records than one read batch holds, every one kept.
   constexpr uint64_t count = 5000;
-  int err = 0;
-  constexpr uint64_t big_arena = count * block_extent;
-  ASSERT_EQ(shm::StateSegment::create({.arena_identity = 8,
-                                       .arena_data_bytes = big_arena,
-                                       .configured_arena_bytes = big_arena},
-                                      segment_, err),
-            Status::Ok);
-  shm::NamespaceRecord ns{};
-  ns.id = kept_ns;
-  ns.block_tokens = block_tokens;
-  ns.block_payload_bytes = 1024;
-  segment_->write_namespace(0, ns);
+  create(count * block_extent);
   for (uint64_t i = 0; i < count; ++i) write_block(i, i + 1, (count - 1 - i) * block_extent);
-  std::unique_ptr<shm::StateSegment> kept;
-  ASSERT_EQ(shm::StateSegment::adopt(dup(segment_->fd()), kept, err), Status::Ok);
-  segment_ = std::move(kept);
-  state_ = std::make_unique<EntryState>(*segment_);
-  table_ = std::make_unique<EntryTable>(big_arena, granule);
-  table_->set_state(state_.get());
-  const AdoptionReport report = adopt_entries(*state_, nullptr, big_arena, *table_);
+  const AdoptionReport report = adopt();
   EXPECT_EQ(report.entries, count);
   EXPECT_EQ(table_->bytes_free(), 0u);
   EXPECT_NE(table_->find_block(ns_index(), {count, count}), no_slot);
