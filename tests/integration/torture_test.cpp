@@ -326,12 +326,8 @@ TEST_F(Torture, DaemonKilledInALoopWhilePublishersPublishAndSpillsRun) {
     DaemonProcess daemon(DaemonConfig{.arena_bytes = 16ull << 20, .extra_args = {"--disk-dir", disk}});
     ASSERT_TRUE(daemon.start()) << read_file(daemon.log_path());
     StatsClient stats(daemon.socket_path());
-    kvpark_stats s = stats.get();
-    const uint64_t settle = now_msec() + 10'000;
-    while (record_files(disk) != s.disk_entries && now_msec() < settle) {
-      usleep(10'000);
-      s = stats.get();
-    }
+    kvpark_stats s{};
+    (void)wait_until([&] { return s = stats.get(), record_files(disk) == s.disk_entries; });
     EXPECT_EQ(record_files(disk), s.disk_entries);
     const Figures f = verify_all(daemon.socket_path(), distinct(prompts));
     total.add(f);

@@ -33,6 +33,7 @@
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/llama_server_process.h"
 #include "tests/testing/openai_http.h"
+#include "tests/testing/wait.h"
 
 namespace kvpark::testing {
 
@@ -234,11 +235,9 @@ class ProxyE2E : public ::testing::Test {
   // a response may still be in flight when the client has it.
   static ProxyStatus wait_for_publishes(const ProxyProcess& proxy, int64_t count) {
     ProxyStatus status;
-    for (int waited = 0; waited < publish_wait_msec_max; waited += 50) {
-      status = get_proxy_status(proxy.url());
-      if (status.publishes >= count) break;
-      usleep(50'000);
-    }
+    (void)wait_until(
+        [&] { return status = get_proxy_status(proxy.url()), status.publishes >= count; },
+        publish_wait_msec_max);
     return status;
   }
 

@@ -188,15 +188,16 @@ TEST_F(ProxyE2E, RequestsSucceedUncachedWhenKvparkdIsDown) {
   // kvparkd back on the same socket: the proxy reconnects and parks again.
   ASSERT_TRUE(daemon_.start());
   const int64_t publishes_down = status.publishes;
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::milliseconds(reconnect_wait_msec_max);
-  for (uint64_t n = 60; std::chrono::steady_clock::now() < deadline; ++n) {
-    const ChatResult r = post_chat(proxy.url(), chat(conversation(system, user_text(n))));
-    ASSERT_EQ(r.http.status, 200) << describe(r);
-    status = get_proxy_status(proxy.url());
-    if (status.kvparkd_connected && status.publishes > publishes_down) break;
-    usleep(200'000);
-  }
+  // Each try is a new turn: the proxy reconnects and publishes it once kvparkd is back.
+  uint64_t turn = 60;
+  (void)wait_until(
+      [&] {
+        const ChatResult r = post_chat(proxy.url(), chat(conversation(system, user_text(turn++))));
+        EXPECT_EQ(r.http.status, 200) << describe(r);
+        status = get_proxy_status(proxy.url());
+        return r.http.status != 200 || (status.kvparkd_connected && status.publishes > publishes_down);
+      },
+      reconnect_wait_msec_max);
   EXPECT_TRUE(status.kvparkd_connected) << status.body;
   EXPECT_GT(status.publishes, publishes_down) << status.body;
 }
@@ -415,11 +416,12 @@ TEST_F(ProxyE2E, ClientsThatHangUpMidStreamGiveTheirSlotsBack) {
   EXPECT_EQ(after.content, direct.content);
   // The last request gives its slot back once its turn is parked, after its response.
   HttpResult status;
-  for (int waited = 0; waited < publish_wait_msec_max; waited += 50) {
-    status = http_get(proxy.url(), "/kvpark/status");
-    if (status.body.find("\"busy_slots\":0") != std::string::npos) break;
-    usleep(50'000);
-  }
+  (void)wait_until(
+      [&] {
+        status = http_get(proxy.url(), "/kvpark/status");
+        return status.body.find("\"busy_slots\":0") != std::string::npos;
+      },
+      publish_wait_msec_max);
   EXPECT_NE(status.body.find("\"busy_slots\":0"), std::string::npos) << status.body;
 }
 

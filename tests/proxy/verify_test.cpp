@@ -56,24 +56,16 @@ UpstreamView upstream_view(const std::string& proxy_url, size_t index = 0) {
 // Polls until upstream 0 is in `state`; the last view seen.
 UpstreamView wait_for_state(const std::string& proxy_url, const std::string& state) {
   UpstreamView view;
-  const uint64_t deadline = now_msec() + state_wait_msec_max;
-  while (now_msec() < deadline) {
-    view = upstream_view(proxy_url);
-    if (view.state == state) break;
-    usleep(50'000);
-  }
+  (void)wait_until([&] { return view = upstream_view(proxy_url), view.state == state; },
+                   state_wait_msec_max);
   return view;
 }
 
 // Polls GET /health until it answers `status`; the last answer.
 HttpResult wait_for_health(const std::string& proxy_url, int status) {
   HttpResult health;
-  const uint64_t deadline = now_msec() + state_wait_msec_max;
-  while (now_msec() < deadline) {
-    health = http_get(proxy_url, "/health");
-    if (health.status == status) break;
-    usleep(50'000);
-  }
+  (void)wait_until([&] { return health = http_get(proxy_url, "/health"), health.status == status; },
+                   state_wait_msec_max);
   return health;
 }
 

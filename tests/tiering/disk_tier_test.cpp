@@ -20,6 +20,7 @@
 #include "tests/testing/engine_runner.h"
 #include "tests/integration/in_process.h"
 #include "tests/testing/eventually.h"
+#include "tests/testing/wait.h"
 
 namespace kvpark::testing {
 namespace {
@@ -455,8 +456,7 @@ TEST_F(DiskTierTest, RecordsBehindAMissingBlockAreRemovedAtRecovery) {
   StatsClient stats(daemon_->socket_path());
   // Blocks 0..7 are reachable; 9..15 are not, and their records go.
   EXPECT_EQ(stats.get().disk_entries, missing);
-  const uint64_t deadline = now_msec() + 10'000;
-  while (disk_.records().size() != missing && now_msec() < deadline) usleep(10'000);
+  (void)wait_until([&] { return disk_.records().size() == missing; });
   EXPECT_EQ(disk_.records().size(), missing) << "every record left is reachable";
   EXPECT_NE(read_file(daemon_->log_path()).find("of which 7 unreachable and removed"),
             std::string::npos)
