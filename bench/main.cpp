@@ -258,6 +258,11 @@ kvpark::testing::DaemonConfig section_daemon(const std::string& kvparkd, uint64_
           .die_with_parent = true};
 }
 
+// A section's failure with what the daemon said last (it may have died).
+std::string with_log(const std::string& error, const kvpark::testing::DaemonProcess& daemon) {
+  return error + "\nkvparkd's log ends:\n" + daemon.log_tail();
+}
+
 // Starts it; on failure ret_error holds the tail of its log.
 bool start_daemon(kvpark::testing::DaemonProcess& daemon, std::string& ret_error) {
   if (daemon.start()) return true;
@@ -305,7 +310,7 @@ int main(int argc, char** argv) {
                                  .clients = {1, 4},
                                  .iterations = z.lookup_iterations,
                                  .warmup = z.lookup_warmup};
-    if (!run_lookup_bench(config, report.lookups, error)) return fail("lookup", error);
+    if (!run_lookup_bench(config, report.lookups, error)) return fail("lookup", with_log(error, daemon));
     report.socket_floor = run_socket_floor(z.lookup_iterations);
     if (!stop_daemon(daemon)) unclean_stops++;
   }
@@ -322,7 +327,7 @@ int main(int argc, char** argv) {
                              .bytes = z.copy_bytes,
                              .repetitions = z.copy_repetitions};
     CopyResult result;
-    if (!run_copy_bench(copy, result, error)) return fail("copy", error);
+    if (!run_copy_bench(copy, result, error)) return fail("copy", with_log(error, daemon));
     result.huge_pages = huge_pages;
     report.copies.push_back(result);
     report.copy = result;
@@ -333,7 +338,7 @@ int main(int argc, char** argv) {
     kvpark::testing::DaemonProcess daemon(section_daemon(kvparkd, z.attach_arena_bytes));
     if (!start_daemon(daemon, error)) return fail("attach", error);
     if (!run_attach_bench(daemon.socket_path(), z.attach_arena_bytes, 5, report.attach, error)) {
-      return fail("attach", error);
+      return fail("attach", with_log(error, daemon));
     }
     if (!stop_daemon(daemon)) unclean_stops++;
   }
@@ -349,7 +354,7 @@ int main(int argc, char** argv) {
     const MemoryConfig config = {.socket_path = daemon.socket_path(),
                                  .daemon_pid = daemon.pid(),
                                  .blocks = z.memory_blocks};
-    if (!run_memory_bench(config, report.memory, error)) return fail("memory", error);
+    if (!run_memory_bench(config, report.memory, error)) return fail("memory", with_log(error, daemon));
     if (!stop_daemon(daemon)) unclean_stops++;
   }
   if (o.json) {

@@ -14,11 +14,15 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "tests/testing/daemon_process.h"
+#include "tests/testing/engine_runner.h"
+#include "tests/testing/wait.h"
 
 namespace kvpark::testing {
 namespace {
@@ -182,6 +186,27 @@ TEST_F(NotifyTest, WatchdogPingsAtAboutHalfTheInterval) {
   ASSERT_EQ(kill(daemon_->pid, SIGTERM), 0);
   EXPECT_TRUE(receive_until("STOPPING=1", 10'000, nullptr));
   EXPECT_EQ(daemon_->wait_exit(10'000), 0);
+}
+
+// The harness reads its notify socket only while it waits for READY=1: afterwards it
+// is a service manager that stopped reading. With a ping every millisecond the queue
+// is full at once; the daemon must keep serving, and stop cleanly.
+TEST(NotifyManager, ASocketNobodyReadsNeverStallsTheLoop) {
+  DaemonProcess daemon(DaemonConfig{.env = {"WATCHDOG_USEC=2000"}});
+  ASSERT_TRUE(daemon.start()) << daemon.log_tail();
+  ASSERT_TRUE(wait_until([&] {
+    std::ifstream in(daemon.log_path());
+    const std::string log{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+    return log.find("the service manager is not reading notifications") != std::string::npos;
+  })) << daemon.log_tail();
+  // Round trips through the loop (HELLO, STATS), each after more pings found the queue full.
+  for (int i = 0; i < 20; ++i) {
+    StatsClient stats(daemon.socket_path());
+    ASSERT_TRUE(stats.ok()) << i;
+    EXPECT_GT(stats.get().connections, 0u);
+    EXPECT_EQ(stats.last_status(), KVPARK_OK) << i;
+  }
+  EXPECT_EQ(daemon.stop(), 0) << daemon.log_tail();
 }
 
 }  // namespace
