@@ -186,7 +186,10 @@ bool create_shmem(const ArenaOptions& o, uint64_t data_bytes, bool transparent, 
       errno = err;
       return fail();
     }
-    void* m = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    // Not populated: the pages exist now, and the daemon touches only entry headers.
+    // Page tables for every 4 KiB page would cost seconds per 8 GiB here, and as much
+    // again when the process exits, in the way of every restart.
+    void* m = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (m == MAP_FAILED) return fail();
     base = static_cast<uint8_t*>(m);
   }
