@@ -1,5 +1,5 @@
-// Verb handlers of the daemon core (see park.h). Disk policy lives in park_disk.cpp.
-#include "daemon/clock.h"
+// Verb handlers and leases of the daemon core (see park.h); LOOKUP and WAIT are in
+// park_lookup.cpp, the disk plumbing in park_disk.cpp.
 #include "daemon/park.h"
 
 #include <signal.h>
@@ -10,7 +10,9 @@
 #include <cstring>
 #include <ctime>
 
+#include "daemon/clock.h"
 #include "daemon/disk_tier.h"
+#include "daemon/eviction_policy.h"
 #include "daemon/log.h"
 #include "proto/limits.h"
 #include "shm/arena_format.h"
@@ -19,7 +21,7 @@
 namespace kvpark::daemon {
 Park::Park(const ParkOptions& options, EntryTable& table) : options_(options), table_(table) {
   assert(options.arena_data != nullptr && options.reservation_bytes_max > 0);
-  table_.set_value_function([this](const Entry& e, uint64_t now) { return value_density(e, now); });
+  table_.set_host_victim_policy(&least_valuable_of_coldest);
 }
 
 Status Park::open(ConnectionId id, uint32_t peer_pid) {
@@ -58,7 +60,7 @@ void Park::close(ConnectionId id) {
   for (auto& [lease_id, lease] : c.leases) drop_lease(lease);
   reservations_open_ -= c.reservations.size();
   leases_open_ -= c.leases.size();
-  std::erase_if(waiters_, [id](const Waiter& w) { return w.connection == id; });
+  single_flight_.forget(id);
   if (options_.state != nullptr) options_.state->remove_connection(c.state_slot);
   connections_.erase(it);
   answer_waiters(false);  // its reservations are gone: followers go ahead alone
@@ -108,12 +110,6 @@ Status Park::hello(ConnectionId id, const wire::HelloRequest& req, wire::HelloRe
   ret.block_payload_offset =
       info.geometry.block_tokens == 0 ? 0 : shm::payload_offset_for(info.geometry.block_tokens);
   return Status::Ok;
-}
-
-ReuseKind Park::reuse_kind_of(const Entry& e, uint64_t session_id) const {
-  return e.entry_class == EntryClass::Shared || e.creator_session != session_id
-             ? ReuseKind::SharedStablePrefix
-             : ReuseKind::PrivateTurnClosure;
 }
 
 void Park::drop_lease(Lease& lease) {
@@ -215,7 +211,8 @@ Status Park::reserve_blocks(ConnectionId id, const wire::ReserveBlocksRequest& r
   const auto request_evidence = static_cast<Evidence>(req.options.evidence);
   for (EntrySlot slot : present) {
     table_.touch(slot);
-    if (table_.upgrade(slot, request_class, request_evidence) && write_through(table_.entry(slot))) {
+    if (table_.upgrade(slot, request_class, request_evidence) &&
+        TieringPolicy::write_through(table_.entry(slot))) {
       (void)spill_chain(slot, 0);
     }
     table_.acquire_lease(slot);
@@ -296,7 +293,7 @@ Status Park::reserve_snapshot(ConnectionId id, const wire::ReserveSnapshotReques
       ++counters_.dedup_hits;
       if (table_.upgrade(slot, static_cast<EntryClass>(req.options.entry_class),
                          static_cast<Evidence>(req.options.evidence)) &&
-          write_through(table_.entry(slot))) {
+          TieringPolicy::write_through(table_.entry(slot))) {
         (void)spill_chain(slot, 0);
       }
     }
@@ -374,7 +371,7 @@ Status Park::seal(ConnectionId id, const wire::ReservationRequest& req) {
     // Shared heads and explicit breakpoints are written through to disk, chain order
     // (a block's predecessors first; see spill_chain).
     for (EntrySlot slot : r.slots) {
-      if (write_through(table_.entry(slot))) (void)spill_chain(slot, 0);
+      if (TieringPolicy::write_through(table_.entry(slot))) (void)spill_chain(slot, 0);
     }
     keep_low_water();  // demote now rather than at the next tick: bursts outrun ticks
   } else {

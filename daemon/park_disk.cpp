@@ -1,10 +1,10 @@
-// Park's disk policy: write-through, low-water demotion, promotion on lookup,
-// capacity eviction, flushes and recovery (see park.h for the policy).
+// Park's disk plumbing: spill and promotion jobs through the DiskTier, their
+// completions, the chain order of spills (the durability invariant), low-water
+// demotion, capacity eviction and flushes. What to spill, demote or promote is the
+// tiering policy's (tiering_policy.h); recovery is park_recovery.cpp.
 #include <algorithm>
 #include <cassert>
-#include <cmath>
 #include <cstring>
-#include <ctime>
 
 #include "daemon/clock.h"
 #include "daemon/disk_tier.h"
@@ -14,63 +14,6 @@
 #include "shm/arena_guard.h"
 
 namespace kvpark::daemon {
-
-namespace {
-
-// What an entry with a disk copy is worth keeping on the host, relative to one without.
-constexpr double disk_copy_value_share = 0.1;
-
-// Below this many bytes a busy period says more about latency than bandwidth.
-constexpr uint64_t bandwidth_sample_bytes_min = 1ull << 20;
-
-// How much more a kind of evidence says "this will be asked for again".
-double evidence_weight(Evidence evidence) {
-  switch (evidence) {
-    case Evidence::ExplicitBreakpoint: return 4.0;
-    case Evidence::ObservedRecurrence: return 3.0;  // counts as shared, seen twice
-    case Evidence::RequestedAutomatic: return 2.0;
-    case Evidence::EngineStructural: return 2.0;
-    case Evidence::DefaultAutomatic: return 1.0;
-  }
-  return 1.0;
-}
-
-}  // namespace
-
-bool Park::worth_keeping(const Entry& e) const {
-  // Spill what was reused, is shared, was asked for, or is a conversation's fresh
-  // turn (its session is likely to return); not every old one-off.
-  const uint64_t age = coarse_monotonic_usec() - std::min(e.last_use_usec, coarse_monotonic_usec());
-  return e.entry_class == EntryClass::Shared || e.hits > 0 ||
-         e.evidence != Evidence::DefaultAutomatic || age < private_keep_usec;
-}
-
-double Park::value_density(const Entry& e, uint64_t now) const {
-  const NamespaceInfo& ns = table_.namespace_info(e.ns);
-  const double rate = ns.prefill_tokens_per_second != 0 ? ns.prefill_tokens_per_second
-                                                        : prefill_tokens_per_second_default;
-  // A block saves its own tokens; a snapshot makes everything up to its position
-  // restorable (for snapshot-required engines nothing restores without one).
-  const double tokens = e.kind == EntryKind::Block ? ns.geometry.block_tokens : e.position;
-  const bool shared = e.entry_class == EntryClass::Shared ||
-                      e.evidence == Evidence::ObservedRecurrence;
-  const double age = static_cast<double>(now - std::min(e.last_use_usec, now));
-  const double half_life = shared ? shared_half_life_usec : private_half_life_usec;
-  const double likelihood = (1.0 + static_cast<double>(e.hits)) * std::exp2(-age / half_life);
-  const double weight = evidence_weight(e.evidence) * (shared ? 2.0 : 1.0);
-  // Dropping the host copy of an entry that is safe on disk loses only a promotion.
-  const double tier = e.on_disk ? disk_copy_value_share : 1.0;
-  return tokens / rate * weight * likelihood * tier / static_cast<double>(e.extent_bytes);
-}
-
-bool Park::load_beats_recompute(const Entry& e) const {
-  if (disk_read_bytes_per_second_ <= 0) return true;  // not measured yet: try the disk
-  const NamespaceInfo& ns = table_.namespace_info(e.ns);
-  const double rate = ns.prefill_tokens_per_second != 0 ? ns.prefill_tokens_per_second
-                                                        : prefill_tokens_per_second_default;
-  const double tokens = e.kind == EntryKind::Block ? ns.geometry.block_tokens : e.position;
-  return static_cast<double>(e.extent_bytes) / disk_read_bytes_per_second_ < tokens / rate;
-}
 
 EntrySlot Park::chain_parent(const Entry& e, bool* ret_gone) const {
   if (ret_gone != nullptr) *ret_gone = false;
@@ -161,10 +104,7 @@ bool Park::start_promotion(EntrySlot slot) {
                                      options_.arena_data + e.extent_offset);
   jobs_[job] = DiskJob{.spill = false, .start_usec = monotonic_usec(), .slot = slot,
                        .entry_id = table_.entry_id(slot)};
-  if (promotions_in_flight_++ == 0) {
-    promotion_busy_since_usec_ = monotonic_usec();
-    promotion_busy_bytes_ = 0;
-  }
+  tiering_.promotion_started();
   return true;
 }
 
@@ -211,67 +151,63 @@ void Park::on_disk_completions() {
       finish_spill(job, d.status, d.bytes, d.err);
       continue;
     }
-    table_.unpin_io(job.slot);
+    finish_promotion(job, d);
     promotions_finished = true;
-    if (--promotions_in_flight_ == 0 && promotion_busy_bytes_ + table_.entry(job.slot).extent_bytes >=
-                                            bandwidth_sample_bytes_min) {
-      // A busy period ended: its bytes over its duration is what the device delivered.
-      const uint64_t bytes = promotion_busy_bytes_ + table_.entry(job.slot).extent_bytes;
-      const uint64_t took = std::max<uint64_t>(monotonic_usec() - promotion_busy_since_usec_, 1);
-      const double sample = static_cast<double>(bytes) * 1e6 / static_cast<double>(took);
-      disk_read_bytes_per_second_ = disk_read_bytes_per_second_ <= 0
-                                        ? sample
-                                        : 0.7 * disk_read_bytes_per_second_ + 0.3 * sample;
-    }
-    const Entry& e = table_.entry(job.slot);
-    bool good = d.status == Status::Ok;
-    if (good) {
-      // The image carries the header of the incarnation that wrote it: check it names
-      // this entry, then stamp it with ours.
-      shm::EntryHeader h{};
-      if (!shm::guarded_copy(&h, options_.arena_data + e.extent_offset, sizeof h)) {
-        log_arena_fault(e.extent_offset);
-        h = shm::EntryHeader{};  // fails the check below
-      }
-      const uint32_t tokens = e.kind == EntryKind::Block
-                                  ? table_.namespace_info(e.ns).geometry.block_tokens
-                                  : static_cast<uint32_t>(e.tail_tokens.size());
-      good = h.magic == shm::entry_magic && h.format_version == shm::entry_format_version &&
-             h.kind == static_cast<uint8_t>(e.kind) &&
-             h.namespace_id == table_.namespace_info(e.ns).id && h.key_hash == e.key_hash &&
-             h.token_count == tokens && h.position == e.position &&
-             shm::extent_bytes_for(tokens, h.payload_bytes) == e.extent_bytes;
-      if (good) {
-        const shm::EntryHeader fresh = make_entry_header(e, tokens, h.payload_bytes);
-        good = shm::guarded_copy(options_.arena_data + e.extent_offset, &fresh, sizeof fresh);
-        if (!good) log_arena_fault(e.extent_offset);
-      }
-    }
-    table_.finish_promotion(job.slot, good);
-    if (good) {
-      counters_.promotion_seconds.observe(static_cast<double>(monotonic_usec() - job.start_usec) /
-                                          1e6);
-      ++counters_.promotions;
-      counters_.promotion_bytes += e.extent_bytes;
-      promotion_busy_bytes_ += e.extent_bytes;
-    } else if (d.status == Status::Corrupt || d.status == Status::Ok) {
-      // Never served: the record goes, and the entry with it.
-      ++counters_.checksum_failures;
-      log_warning_limited("kvparkd: disk record of entry %llx failed verification; dropped",
-                          static_cast<unsigned long long>(job.entry_id));
-      disk->remove(e, table_.namespace_info(e.ns));
-      table_.kill(job.slot);
-    } else {
-      ++counters_.promotion_failures;
-      log_warning_limited("kvparkd: restoring entry %llx from disk failed: %s (%s)",
-                          static_cast<unsigned long long>(job.entry_id),
-                          std::string(status_name(d.status)).c_str(), strerror(d.err));
-    }
   }
   settle_waiting_spills();
   enforce_disk_capacity();
   if (promotions_finished) answer_waiters(false);
   advance_flush();
+}
+
+void Park::finish_promotion(const DiskJob& job, const disk::DiskCompletion& d) {
+  table_.unpin_io(job.slot);
+  tiering_.promotion_completed(table_.entry(job.slot).extent_bytes);
+  const Entry& e = table_.entry(job.slot);
+  const bool good = d.status == Status::Ok && stamp_promoted_image(e);
+  table_.finish_promotion(job.slot, good);
+  if (good) {
+    counters_.promotion_seconds.observe(static_cast<double>(monotonic_usec() - job.start_usec) /
+                                        1e6);
+    ++counters_.promotions;
+    counters_.promotion_bytes += e.extent_bytes;
+    tiering_.promotion_delivered(e.extent_bytes);
+  } else if (d.status == Status::Corrupt || d.status == Status::Ok) {
+    // Never served: the record goes, and the entry with it.
+    ++counters_.checksum_failures;
+    log_warning_limited("kvparkd: disk record of entry %llx failed verification; dropped",
+                        static_cast<unsigned long long>(job.entry_id));
+    options_.disk->remove(e, table_.namespace_info(e.ns));
+    table_.kill(job.slot);
+  } else {
+    ++counters_.promotion_failures;
+    log_warning_limited("kvparkd: restoring entry %llx from disk failed: %s (%s)",
+                        static_cast<unsigned long long>(job.entry_id),
+                        std::string(status_name(d.status)).c_str(), strerror(d.err));
+  }
+}
+
+bool Park::stamp_promoted_image(const Entry& e) {
+  // The image carries the header of the incarnation that wrote it: check it names
+  // this entry, then stamp it with ours.
+  shm::EntryHeader h{};
+  if (!shm::guarded_copy(&h, options_.arena_data + e.extent_offset, sizeof h)) {
+    log_arena_fault(e.extent_offset);
+    h = shm::EntryHeader{};  // fails the check below
+  }
+  const NamespaceInfo& info = table_.namespace_info(e.ns);
+  const uint32_t tokens = e.kind == EntryKind::Block ? info.geometry.block_tokens
+                                                     : static_cast<uint32_t>(e.tail_tokens.size());
+  const bool names_entry =
+      h.magic == shm::entry_magic && h.format_version == shm::entry_format_version &&
+      h.kind == static_cast<uint8_t>(e.kind) && h.namespace_id == info.id &&
+      h.key_hash == e.key_hash && h.token_count == tokens && h.position == e.position &&
+      shm::extent_bytes_for(tokens, h.payload_bytes) == e.extent_bytes;
+  if (!names_entry) return false;
+  const shm::EntryHeader fresh = make_entry_header(e, tokens, h.payload_bytes);
+  if (shm::guarded_copy(options_.arena_data + e.extent_offset, &fresh, sizeof fresh)) return true;
+  log_arena_fault(e.extent_offset);
+  return false;
 }
 
 void Park::finish_spill(const DiskJob& job, Status status, uint64_t bytes, int err) {
@@ -305,7 +241,7 @@ void Park::finish_spill(const DiskJob& job, Status status, uint64_t bytes, int e
   }
   // Demotion under pressure: once the copy is safe, the host copy can go.
   const Entry& e = table_.entry(job.slot);
-  if (status == Status::Ok && table_.bytes_free() < low_water_bytes_ && e.on_lru) {
+  if (status == Status::Ok && tiering_.below_low_water(table_.bytes_free()) && e.on_lru) {
     table_.evict_host(job.slot);
   }
 }
@@ -331,13 +267,15 @@ void Park::settle_waiting_spills() {
 }
 
 void Park::keep_low_water() {
-  if (low_water_bytes_ == 0) return;
+  if (tiering_.low_water_bytes() == 0) return;
   DiskTier* disk = options_.disk;
+  const bool disk_writable = disk != nullptr && !disk->read_only();
+  const uint64_t now = coarse_monotonic_usec();
   EntrySlot slot = table_.host_lru_tail();
-  while (slot != no_slot && table_.bytes_free() < low_water_bytes_) {
+  while (slot != no_slot && tiering_.below_low_water(table_.bytes_free())) {
     const EntrySlot older_than_next = table_.host_lru_prev(slot);
     const Entry& e = table_.entry(slot);
-    if (disk != nullptr && !disk->read_only() && !e.on_disk && worth_keeping(e)) {
+    if (TieringPolicy::demotes(e, disk_writable, now)) {
       // Worth a disk write: demote (the host copy goes when the spill completes),
       // predecessors first so the record stays reachable.
       if (spills_in_flight_ < spills_in_flight_max) (void)spill_chain(slot, 0);
@@ -356,10 +294,11 @@ Status Park::start_flush(bool everything, uint64_t& ret_job_id) {
   }
   flush_ = FlushState{.job_id = next_flush_id_++, .done = false};
   flush_queue_.clear();
+  const uint64_t now = coarse_monotonic_usec();
   for (EntrySlot slot = 0; slot < table_.slot_count(); ++slot) {
     const Entry& e = table_.entry(slot);
     if (!e.in_use || e.dead || !table_.host_readable(e) || e.on_disk) continue;
-    if (!everything && !worth_keeping(e)) continue;
+    if (!TieringPolicy::flush_takes(e, everything, now)) continue;
     flush_queue_.push_back(slot);
     ++flush_.entries_total;
     flush_.bytes_total += e.extent_bytes;
@@ -387,117 +326,6 @@ void Park::advance_flush() {
     flush_spills = flush_spills || w.job.flush_job == flush_.job_id;
   }
   if (flush_queue_.empty() && !flush_spills) flush_.done = true;
-}
-
-std::vector<const disk::RecordInfo*> Park::reachable_records(const disk::RecoveryReport& report,
-                                                             std::vector<const disk::RecordInfo*>& ret_unreachable) {
-  // Chain order: a block is reachable when its predecessor's record is (the chain's
-  // first block: when its parent is the namespace seed); a snapshot of a block
-  // namespace when its anchor block is; snapshot-only namespaces hash their chain
-  // from the prompt alone, so their snapshots always are.
-  std::vector<const disk::RecordInfo*> order;
-  order.reserve(report.records.size());
-  for (const disk::RecordInfo& r : report.records) order.push_back(&r);
-  std::sort(order.begin(), order.end(), [](const disk::RecordInfo* a, const disk::RecordInfo* b) {
-    const bool a_block = a->header.kind == static_cast<uint8_t>(EntryKind::Block);
-    const bool b_block = b->header.kind == static_cast<uint8_t>(EntryKind::Block);
-    if (a_block != b_block) return a_block;  // blocks first, snapshots after
-    return a->header.anchor_chunks < b->header.anchor_chunks;
-  });
-  struct Key {
-    NamespaceId ns;
-    Hash128 hash;
-    bool operator==(const Key&) const = default;
-  };
-  struct KeyHasher {
-    size_t operator()(const Key& k) const noexcept {
-      return Hash128Hasher{}(k.hash) ^ Hash128Hasher{}(k.ns);
-    }
-  };
-  std::unordered_map<Key, uint32_t, KeyHasher> blocks;  // reachable block -> its chain index
-  std::vector<const disk::RecordInfo*> reachable;
-  for (const disk::RecordInfo* r : order) {
-    const disk::RecordHeader& h = r->header;
-    bool ok = false;
-    if (h.kind == static_cast<uint8_t>(EntryKind::Block)) {
-      if (h.anchor_chunks == 0) {
-        ok = h.parent_hash == h.namespace_id;
-      } else {
-        auto it = blocks.find({h.namespace_id, h.parent_hash});
-        ok = it != blocks.end() && it->second + 1 == h.anchor_chunks;
-      }
-      if (ok) blocks.emplace(Key{h.namespace_id, h.key_hash}, h.anchor_chunks);
-    } else if (h.block_tokens == 0 || h.anchor_chunks == 0) {
-      ok = true;
-    } else {
-      auto it = blocks.find({h.namespace_id, h.key_hash});
-      ok = it != blocks.end() && it->second + 1 == h.anchor_chunks;
-    }
-    (ok ? reachable : ret_unreachable).push_back(r);
-  }
-  return reachable;
-}
-
-uint64_t Park::recover(const disk::RecoveryReport& report) {
-  DiskTier* disk = options_.disk;
-  assert(disk != nullptr);
-  uint64_t skipped = 0;
-  std::vector<const disk::RecordInfo*> unreachable;
-  const std::vector<const disk::RecordInfo*> reachable = reachable_records(report, unreachable);
-  for (const disk::RecordInfo* r : unreachable) {
-    // No lookup can get to it: the crash came between its write and its predecessor's.
-    if (!disk->read_only()) disk->store().remove(r->id);
-    ++counters_.unreachable_records_removed;
-    ++skipped;
-  }
-  for (const disk::RecordInfo* reachable_record : reachable) {
-    const disk::RecordInfo& record = *reachable_record;
-    const disk::RecordHeader& h = record.header;
-    const Geometry geometry{.block_tokens = h.block_tokens,
-                            .block_payload_bytes = h.block_payload_bytes,
-                            .snapshot_required = h.snapshot_required != 0};
-    NamespaceIndex ns = 0;
-    std::vector<int32_t> tail;
-    const bool snapshot = h.kind == static_cast<uint8_t>(EntryKind::Snapshot);
-    bool usable =
-        table_.register_namespace(h.namespace_id, geometry, 0, ns) == Status::Ok &&
-        table_.namespace_info(ns).chain_tokens == h.chain_tokens &&
-        (h.kind == static_cast<uint8_t>(EntryKind::Block) || snapshot) &&
-        h.image_bytes == shm::extent_bytes_for(h.token_count, h.payload_bytes) &&
-        h.entry_class <= entry_class_max && h.evidence <= evidence_max &&
-        (!snapshot || disk->read_tail_tokens(record, tail));
-    if (usable) {
-      const EntrySlot found = snapshot ? table_.find_snapshot(ns, h.key_hash, tail)
-                                       : table_.find_block(ns, h.key_hash);
-      // An entry adopted on the host: this is its disk copy.
-      if (found != no_slot && !table_.entry(found).on_disk &&
-          table_.entry(found).payload_checksum == h.payload_checksum) {
-        table_.attach_disk_record(found, record.file_bytes);
-        continue;
-      }
-      usable = found == no_slot;
-    }
-    if (!usable) {
-      ++skipped;
-      continue;
-    }
-    NewEntry n{.ns = ns,
-               .kind = static_cast<EntryKind>(h.kind),
-               .key_hash = h.key_hash,
-               .parent_hash = h.parent_hash,
-               .tail_tokens = tail,
-               .extent_bytes = h.image_bytes,
-               .position = h.position,
-               .anchor_chunks = h.anchor_chunks,
-               .creator_session = h.creator_session,
-               .payload_checksum = h.payload_checksum,
-               .entry_class = static_cast<EntryClass>(h.entry_class),
-               .evidence = static_cast<Evidence>(h.evidence)};
-    EntrySlot slot = no_slot;
-    (void)table_.insert_on_disk(n, record.file_bytes, slot);
-  }
-  enforce_disk_capacity();
-  return skipped;
 }
 
 }  // namespace kvpark::daemon
