@@ -7,12 +7,11 @@
 // decoded requests and sends what it answers (WAIT answers later, through the
 // reply sink). Single-threaded: the daemon's event loop owns it.
 //
-// Park keeps the verbs and the leases and delegates each policy to its own part:
-// single flight and WAIT (single_flight.h), recurrence hints (recurrence.h), the
-// value model and host eviction (value_model.h, eviction_policy.h), and what moves
-// between host and disk (tiering_policy.h). The disk plumbing — spill and promotion
-// jobs, their completions, flushes — is park_disk.cpp; recovery at start is
-// park_recovery.cpp; LOOKUP's steps are park_lookup.cpp.
+// Park keeps the verbs and the leases (park.cpp; LOOKUP's steps and WAIT in
+// park_lookup.cpp) and delegates the rest, each to its own part: single flight and
+// WAIT (single_flight.h), recurrence hints (recurrence.h), the value model and host
+// eviction (value_model.h, eviction_policy.h), and the disk tier's traffic
+// (disk_mover.h), which asks the tiering policy (tiering_policy.h) what to move.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +22,8 @@
 #include <vector>
 
 #include "daemon/control.h"
+#include "daemon/counters.h"
+#include "daemon/disk_mover.h"
 #include "daemon/entry_table.h"
 #include "daemon/lease.h"
 #include "daemon/recurrence.h"
@@ -33,15 +34,6 @@
 #include "proto/wire.h"
 #include "shm/arena_format.h"
 
-namespace kvpark::daemon {
-
-class DiskTier;
-}  // namespace kvpark::daemon
-namespace kvpark::disk {
-struct DiskCompletion;
-struct RecoveryReport;
-struct RecordInfo;
-}
 namespace kvpark::daemon {
 
 struct ParkOptions {
@@ -56,39 +48,13 @@ struct ParkOptions {
   EntryState* state = nullptr;         // null: no state segment (nothing to adopt later)
 };
 
-struct Counters {
-  uint64_t lookups = 0;
-  uint64_t lookup_hit_tokens = 0;  // found restorable by lookups
-  uint64_t restored_tokens = 0;    // restored, as clients report at release
-  uint64_t dedup_hits = 0;
-  uint64_t protocol_errors = 0;
-  uint64_t handshake_timeouts = 0;
-  uint64_t seal_corrupt = 0;
-  uint64_t reuse[reuse_kind_max + 1] = {};
-  uint64_t spills = 0;           // completed
-  uint64_t spill_bytes = 0;
-  uint64_t spill_failures = 0;
-  uint64_t promotions = 0;       // completed disk -> host restores
-  uint64_t promotion_bytes = 0;
-  uint64_t promotion_failures = 0;
-  uint64_t checksum_failures = 0;
-  uint64_t corrupt_payloads = 0;  // host payloads engines found altered (REPORT_CORRUPT)
-  uint64_t unreachable_records_removed = 0;  // at recovery: their chain did not reach them
-  uint64_t chain_spills_dropped = 0;  // written, but the predecessor's spill failed
-  uint64_t budget_refusals = 0;  // spills skipped: daily write budget spent
-  uint64_t recompute_instead = 0;  // disk entries not promoted: recomputing is faster
-  LatencyHistogram spill_seconds;
-  LatencyHistogram promotion_seconds;
-};
-
-// Progress of a flush (operator command or planned shutdown): control.h's view of it.
-using FlushState = FlushProgress;
-
 class Park {
  public:
   using ReplySink = SingleFlight::ReplySink;
 
   Park(const ParkOptions& options, EntryTable& table);
+  Park(const Park&) = delete;
+  Park& operator=(const Park&) = delete;
 
   Status open(ConnectionId id, uint32_t peer_pid);
   // Aborts the connection's reservations, releases its leases, forgets its waits.
@@ -120,8 +86,8 @@ class Park {
   void set_reservation_bytes_max(uint64_t bytes) { options_.reservation_bytes_max = bytes; }
   uint64_t reservation_bytes_max() const { return options_.reservation_bytes_max; }
   // Keeps at least this many arena bytes free on tick(): demotes or evicts.
-  void set_low_water_bytes(uint64_t bytes) { tiering_.set_low_water_bytes(bytes); }
-  uint64_t low_water_bytes() const { return tiering_.low_water_bytes(); }
+  void set_low_water_bytes(uint64_t bytes) { disk_.policy().set_low_water_bytes(bytes); }
+  uint64_t low_water_bytes() const { return disk_.policy().low_water_bytes(); }
   // Periodic work: WAIT deadlines, low-water demotion, flush progress, the end of
   // the adoption hold.
   void tick();
@@ -134,18 +100,20 @@ class Park {
   size_t previous_engines_waited_for() const { return previous_pids_.size(); }
 
   // Disk tier (no-ops without one).
-  DiskTier* disk() const { return options_.disk; }
+  DiskTier* disk() const { return disk_.disk(); }
   // Indexes the records the disk tier found at start; returns how many it skipped.
-  uint64_t recover(const disk::RecoveryReport& report);
+  uint64_t recover(const disk::RecoveryReport& report) { return disk_.recover(report); }
   void on_disk_completions();  // the disk tier's notify fd is readable
   // Writes host-only entries to disk: all of them (operator flush) or only those
   // worth keeping (planned shutdown). BadState without a disk tier.
-  Status start_flush(bool everything, uint64_t& ret_job_id);
-  const FlushState& flush_state() const { return flush_; }
-  bool disk_idle() const { return jobs_.empty(); }
+  Status start_flush(bool everything, uint64_t& ret_job_id) {
+    return disk_.start_flush(everything, ret_job_id);
+  }
+  const FlushState& flush_state() const { return disk_.flush_state(); }
+  bool disk_idle() const { return disk_.idle(); }
 
   const Counters& counters() const { return counters_; }
-  size_t spills_waiting_for_predecessor() const { return waiting_spills_.size(); }
+  size_t spills_waiting_for_predecessor() const { return disk_.spills_waiting_for_predecessor(); }
   size_t connection_count() const { return connections_.size(); }
   uint64_t leases_open() const { return leases_open_; }
   uint64_t reservations_open() const { return reservations_open_; }
@@ -165,20 +133,11 @@ class Park {
     std::unordered_map<uint64_t, Lease> leases;
     std::map<uint64_t, Reservation> reservations;
   };
-  struct DiskJob {
-    bool spill = true;
-    uint64_t start_usec = 0;  // CLOCK_MONOTONIC
-    EntrySlot slot = no_slot;
-    uint64_t entry_id = 0;  // slot + generation, to notice a reused slot (a bug)
-    uint64_t flush_job = 0;
-  };
 
   Connection* greeted(ConnectionId id);
   shm::EntryHeader make_entry_header(const Entry& e, uint32_t token_count,
                                      uint64_t payload_bytes) const;
   void drop_reservation(Reservation& r);
-  // A guarded access to the arena failed: a client took a page away (arena_guard.h).
-  void log_arena_fault(uint64_t extent_offset);
   void drop_lease(Lease& lease);
   bool evict_entry_unpinned(EntrySlot slot);  // drop-namespace: pins do not protect
   // Answers the WAITs whose lease settled (expire_only: whose deadline passed).
@@ -200,36 +159,11 @@ class Park {
   // Counts the lookup's outcome: tokens found restorable and its reuse kind.
   void count_lookup(Connection& c, const wire::LookupReply& ret);
 
-  // Disk plumbing (park_disk.cpp).
-  // The durability invariant (docs/disk.md): a block's record is written only once its
-  // predecessor is durable or being written, and reported durable (on_disk) only once
-  // its predecessor is. chain_parent: the predecessor's slot; no_slot for a chain's
-  // first block, a snapshot, or a predecessor that is gone (then *ret_gone is set).
-  EntrySlot chain_parent(const Entry& e, bool* ret_gone) const;
-  bool spilling(EntrySlot slot) const { return spilling_.contains(slot); }
-  // Spills `slot` and first whatever of its chain lacks a disk copy; false when the
-  // chain cannot become whole (a predecessor is gone or unreadable) or nothing started.
-  bool spill_chain(EntrySlot slot, uint64_t flush_job);
-  // A flush's spills (and their predecessors') are exempt from the write budget.
-  bool start_spill(EntrySlot slot, uint64_t flush_job, bool budget_exempt);
-  bool start_promotion(EntrySlot slot);  // false: could not place it on the host
-  // A spill that completed (or failed): attach, account, demote.
-  void finish_spill(const DiskJob& job, Status status, uint64_t bytes, int err);
-  // A promotion that completed (or failed): check and stamp the image, or drop the entry.
-  void finish_promotion(const DiskJob& job, const disk::DiskCompletion& done);
-  // Whether a promoted image's entry header names the entry; if so, stamps it with
-  // this incarnation.
-  bool stamp_promoted_image(const Entry& e);
-  // Settles spills that completed before their predecessor did.
-  void settle_waiting_spills();
-  void remove_from_disk(EntrySlot slot);
-  void enforce_disk_capacity();
-  void keep_low_water();
-  void advance_flush();
-  // Recovery (park_recovery.cpp): the records a lookup can reach, in chain order; the
-  // rest in ret_unreachable.
-  static std::vector<const disk::RecordInfo*> reachable_records(
-      const disk::RecoveryReport& report, std::vector<const disk::RecordInfo*>& ret_unreachable);
+  // The disk tier's traffic, from the verbs (disk_mover.h).
+  bool spill_chain(EntrySlot slot, uint64_t flush_job) { return disk_.spill_chain(slot, flush_job); }
+  bool start_promotion(EntrySlot slot) { return disk_.start_promotion(slot); }
+  void remove_from_disk(EntrySlot slot) { disk_.remove_from_disk(slot); }
+  void keep_low_water() { disk_.keep_low_water(); }
 
   void end_adoption_hold(const char* why);
 
@@ -239,27 +173,15 @@ class Park {
   uint64_t hold_deadline_usec_ = 0;
   bool holding_ = false;
   std::unordered_map<ConnectionId, Connection> connections_;
+  Counters counters_;
   SingleFlight single_flight_{table_};
   Recurrence recurrence_{table_};
-  TieringPolicy tiering_;
+  DiskMover disk_;
   ReplySink reply_sink_;
-  std::unordered_map<uint64_t, DiskJob> jobs_;  // by disk job id
-  // Slots with a spill in flight, or written and waiting for their predecessor.
-  std::unordered_set<EntrySlot> spilling_;
-  struct WaitingSpill {
-    DiskJob job;
-    uint64_t bytes = 0;  // record file bytes
-  };
-  std::vector<WaitingSpill> waiting_spills_;
-  size_t spills_in_flight_ = 0;
-  std::vector<EntrySlot> flush_queue_;  // slots still to spill for the flush
-  FlushState flush_{.done = true};
   uint64_t next_lease_id_ = 1;
   uint64_t next_reservation_id_ = 1;
-  uint64_t next_flush_id_ = 1;
   uint64_t leases_open_ = 0;
   uint64_t reservations_open_ = 0;
-  Counters counters_;
 };
 
 }  // namespace kvpark::daemon

@@ -1,5 +1,5 @@
 // LOOKUP and WAIT: finding the longest restorable prefix and leasing it, step by
-// step; what is only on disk is promoted as it is leased (park_disk.cpp), what
+// step; what is only on disk is promoted as it is leased (disk_mover.h), what
 // another engine is writing is noted for single flight (single_flight.h), and the
 // chunks past the prefix feed recurrence detection (recurrence.h).
 #include <algorithm>
@@ -65,7 +65,7 @@ bool Park::lease_usable(EntrySlot slot) {
   const Entry& e = table_.entry(slot);
   if (e.on_host) return true;
   // On disk only: bring it in, if reading it is faster than recomputing it.
-  if (!tiering_.load_beats_recompute(e, table_.namespace_info(e.ns))) {
+  if (!disk_.policy().load_beats_recompute(e, table_.namespace_info(e.ns))) {
     ++counters_.recompute_instead;
     return false;
   }

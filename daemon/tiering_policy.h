@@ -1,5 +1,5 @@
 // Tiering policy: which entries go to disk and when, and which come back. Decisions
-// only, no I/O: Park's disk plumbing (park_disk.cpp) asks here, then moves bytes
+// only, no I/O: the disk plumbing (disk_mover.h) asks here, then moves bytes
 // through the DiskTier.
 //
 //  - Write-through: shared entries and explicit breakpoints are spilled at SEAL (and

@@ -1,21 +1,20 @@
-// Park's disk plumbing: spill and promotion jobs through the DiskTier, their
-// completions, the chain order of spills (the durability invariant), low-water
-// demotion, capacity eviction and flushes. What to spill, demote or promote is the
-// tiering policy's (tiering_policy.h); recovery is park_recovery.cpp.
+// The disk plumbing (see disk_mover.h); recovery at start is disk_recovery.cpp.
+#include "daemon/disk_mover.h"
+
 #include <algorithm>
 #include <cassert>
 #include <cstring>
 
 #include "daemon/clock.h"
 #include "daemon/disk_tier.h"
+#include "daemon/entry_header.h"
 #include "daemon/log.h"
-#include "daemon/park.h"
 #include "proto/limits.h"
 #include "shm/arena_guard.h"
 
 namespace kvpark::daemon {
 
-EntrySlot Park::chain_parent(const Entry& e, bool* ret_gone) const {
+EntrySlot DiskMover::chain_parent(const Entry& e, bool* ret_gone) const {
   if (ret_gone != nullptr) *ret_gone = false;
   if (e.kind != EntryKind::Block || e.anchor_chunks == 0) return no_slot;
   const EntrySlot parent = table_.find_block(e.ns, e.parent_hash);
@@ -24,8 +23,8 @@ EntrySlot Park::chain_parent(const Entry& e, bool* ret_gone) const {
   return gone ? no_slot : parent;
 }
 
-bool Park::spill_chain(EntrySlot slot, uint64_t flush_job) {
-  DiskTier* disk = options_.disk;
+bool DiskMover::spill_chain(EntrySlot slot, uint64_t flush_job) {
+  DiskTier* disk = disk_;
   if (disk == nullptr || disk->read_only()) return false;
   // Walk up to the first predecessor that is durable or being written; spill the
   // rest top-down so each record's predecessor is ahead of it.
@@ -51,8 +50,8 @@ bool Park::spill_chain(EntrySlot slot, uint64_t flush_job) {
   return started;
 }
 
-bool Park::start_spill(EntrySlot slot, uint64_t flush_job, bool budget_exempt) {
-  DiskTier* disk = options_.disk;
+bool DiskMover::start_spill(EntrySlot slot, uint64_t flush_job, bool budget_exempt) {
+  DiskTier* disk = disk_;
   const Entry& e = table_.entry(slot);
   if (disk == nullptr || disk->read_only() || !table_.host_readable(e) || e.on_disk ||
       e.io_pins > 0 || e.dead) {
@@ -72,7 +71,7 @@ bool Park::start_spill(EntrySlot slot, uint64_t flush_job, bool budget_exempt) {
   }
   // Pair check with the header this daemon wrote at reserve before trusting its sizes.
   shm::EntryHeader h{};
-  if (!shm::guarded_copy(&h, options_.arena_data + e.extent_offset, sizeof h)) {
+  if (!shm::guarded_copy(&h, arena_data_ + e.extent_offset, sizeof h)) {
     log_arena_fault(e.extent_offset);
     h = shm::EntryHeader{};  // fails the check below
   }
@@ -86,7 +85,7 @@ bool Park::start_spill(EntrySlot slot, uint64_t flush_job, bool budget_exempt) {
   disk->charge(e.extent_bytes);
   table_.pin_io(slot);
   const uint64_t job = disk->spill(e, table_.namespace_info(e.ns), h.payload_bytes,
-                                   options_.arena_data + e.extent_offset);
+                                   arena_data_ + e.extent_offset);
   jobs_[job] = DiskJob{.spill = true, .start_usec = monotonic_usec(), .slot = slot,
                        .entry_id = table_.entry_id(slot), .flush_job = flush_job};
   spilling_.insert(slot);
@@ -94,29 +93,29 @@ bool Park::start_spill(EntrySlot slot, uint64_t flush_job, bool budget_exempt) {
   return true;
 }
 
-bool Park::start_promotion(EntrySlot slot) {
-  DiskTier* disk = options_.disk;
+bool DiskMover::start_promotion(EntrySlot slot) {
+  DiskTier* disk = disk_;
   const Entry& e = table_.entry(slot);
   if (disk == nullptr || !e.on_disk || e.on_host || e.io_pins > 0) return false;
   if (table_.begin_promotion(slot) != Status::Ok) return false;
   table_.pin_io(slot);
   const uint64_t job = disk->restore(e, table_.namespace_info(e.ns),
-                                     options_.arena_data + e.extent_offset);
+                                     arena_data_ + e.extent_offset);
   jobs_[job] = DiskJob{.spill = false, .start_usec = monotonic_usec(), .slot = slot,
                        .entry_id = table_.entry_id(slot)};
-  tiering_.promotion_started();
+  policy_.promotion_started();
   return true;
 }
 
-void Park::remove_from_disk(EntrySlot slot) {
+void DiskMover::remove_from_disk(EntrySlot slot) {
   const Entry& e = table_.entry(slot);
-  assert(e.on_disk && options_.disk != nullptr);
-  options_.disk->remove(e, table_.namespace_info(e.ns));  // a no-op when read-only
+  assert(e.on_disk && disk_ != nullptr);
+  disk_->remove(e, table_.namespace_info(e.ns));  // a no-op when read-only
   (void)table_.detach_disk_record(slot);  // erases an entry left on no tier
 }
 
-void Park::enforce_disk_capacity() {
-  DiskTier* disk = options_.disk;
+void DiskMover::enforce_disk_capacity() {
+  DiskTier* disk = disk_;
   if (disk == nullptr || disk->capacity_bytes() == 0 || disk->read_only()) return;
   while (table_.disk_bytes() > disk->capacity_bytes()) {
     const EntrySlot slot = table_.disk_lru_tail();
@@ -126,9 +125,9 @@ void Park::enforce_disk_capacity() {
   }
 }
 
-void Park::on_disk_completions() {
-  DiskTier* disk = options_.disk;
-  if (disk == nullptr) return;
+bool DiskMover::take_completions() {
+  DiskTier* disk = disk_;
+  if (disk == nullptr) return false;
   std::vector<disk::DiskCompletion> done;
   disk->store().take_completions(done);
   bool promotions_finished = false;
@@ -156,13 +155,12 @@ void Park::on_disk_completions() {
   }
   settle_waiting_spills();
   enforce_disk_capacity();
-  if (promotions_finished) answer_waiters(false);
-  advance_flush();
+  return promotions_finished;
 }
 
-void Park::finish_promotion(const DiskJob& job, const disk::DiskCompletion& d) {
+void DiskMover::finish_promotion(const DiskJob& job, const disk::DiskCompletion& d) {
   table_.unpin_io(job.slot);
-  tiering_.promotion_completed(table_.entry(job.slot).extent_bytes);
+  policy_.promotion_completed(table_.entry(job.slot).extent_bytes);
   const Entry& e = table_.entry(job.slot);
   const bool good = d.status == Status::Ok && stamp_promoted_image(e);
   table_.finish_promotion(job.slot, good);
@@ -171,13 +169,13 @@ void Park::finish_promotion(const DiskJob& job, const disk::DiskCompletion& d) {
                                         1e6);
     ++counters_.promotions;
     counters_.promotion_bytes += e.extent_bytes;
-    tiering_.promotion_delivered(e.extent_bytes);
+    policy_.promotion_delivered(e.extent_bytes);
   } else if (d.status == Status::Corrupt || d.status == Status::Ok) {
     // Never served: the record goes, and the entry with it.
     ++counters_.checksum_failures;
     log_warning_limited("kvparkd: disk record of entry %llx failed verification; dropped",
                         static_cast<unsigned long long>(job.entry_id));
-    options_.disk->remove(e, table_.namespace_info(e.ns));
+    disk_->remove(e, table_.namespace_info(e.ns));
     table_.kill(job.slot);
   } else {
     ++counters_.promotion_failures;
@@ -187,11 +185,11 @@ void Park::finish_promotion(const DiskJob& job, const disk::DiskCompletion& d) {
   }
 }
 
-bool Park::stamp_promoted_image(const Entry& e) {
+bool DiskMover::stamp_promoted_image(const Entry& e) {
   // The image carries the header of the incarnation that wrote it: check it names
   // this entry, then stamp it with ours.
   shm::EntryHeader h{};
-  if (!shm::guarded_copy(&h, options_.arena_data + e.extent_offset, sizeof h)) {
+  if (!shm::guarded_copy(&h, arena_data_ + e.extent_offset, sizeof h)) {
     log_arena_fault(e.extent_offset);
     h = shm::EntryHeader{};  // fails the check below
   }
@@ -204,13 +202,13 @@ bool Park::stamp_promoted_image(const Entry& e) {
       h.key_hash == e.key_hash && h.token_count == tokens && h.position == e.position &&
       shm::extent_bytes_for(tokens, h.payload_bytes) == e.extent_bytes;
   if (!names_entry) return false;
-  const shm::EntryHeader fresh = make_entry_header(e, tokens, h.payload_bytes);
-  if (shm::guarded_copy(options_.arena_data + e.extent_offset, &fresh, sizeof fresh)) return true;
+  const shm::EntryHeader fresh = make_entry_header(e, table_.namespace_info(e.ns), tokens, h.payload_bytes, incarnation_);
+  if (shm::guarded_copy(arena_data_ + e.extent_offset, &fresh, sizeof fresh)) return true;
   log_arena_fault(e.extent_offset);
   return false;
 }
 
-void Park::finish_spill(const DiskJob& job, Status status, uint64_t bytes, int err) {
+void DiskMover::finish_spill(const DiskJob& job, Status status, uint64_t bytes, int err) {
   table_.unpin_io(job.slot);
   spilling_.erase(job.slot);
   bool parent_gone = false;
@@ -219,7 +217,7 @@ void Park::finish_spill(const DiskJob& job, Status status, uint64_t bytes, int e
     // Its predecessor never became durable: the record could not be reached after a
     // restart, so it goes now.
     const Entry& e = table_.entry(job.slot);
-    options_.disk->remove(e, table_.namespace_info(e.ns));
+    disk_->remove(e, table_.namespace_info(e.ns));
     ++counters_.chain_spills_dropped;
     status = Status::NotFound;
   }
@@ -241,12 +239,12 @@ void Park::finish_spill(const DiskJob& job, Status status, uint64_t bytes, int e
   }
   // Demotion under pressure: once the copy is safe, the host copy can go.
   const Entry& e = table_.entry(job.slot);
-  if (status == Status::Ok && tiering_.below_low_water(table_.bytes_free()) && e.on_lru) {
+  if (status == Status::Ok && policy_.below_low_water(table_.bytes_free()) && e.on_lru) {
     table_.evict_host(job.slot);
   }
 }
 
-void Park::settle_waiting_spills() {
+void DiskMover::settle_waiting_spills() {
   // Each pass settles the entries whose predecessor settled in the last one.
   for (bool progress = true; progress && !waiting_spills_.empty();) {
     progress = false;
@@ -266,13 +264,13 @@ void Park::settle_waiting_spills() {
   }
 }
 
-void Park::keep_low_water() {
-  if (tiering_.low_water_bytes() == 0) return;
-  DiskTier* disk = options_.disk;
+void DiskMover::keep_low_water() {
+  if (policy_.low_water_bytes() == 0) return;
+  DiskTier* disk = disk_;
   const bool disk_writable = disk != nullptr && !disk->read_only();
   const uint64_t now = coarse_monotonic_usec();
   EntrySlot slot = table_.host_lru_tail();
-  while (slot != no_slot && tiering_.below_low_water(table_.bytes_free())) {
+  while (slot != no_slot && policy_.below_low_water(table_.bytes_free())) {
     const EntrySlot older_than_next = table_.host_lru_prev(slot);
     const Entry& e = table_.entry(slot);
     if (TieringPolicy::demotes(e, disk_writable, now)) {
@@ -286,8 +284,8 @@ void Park::keep_low_water() {
   }
 }
 
-Status Park::start_flush(bool everything, uint64_t& ret_job_id) {
-  if (options_.disk == nullptr) return Status::BadState;
+Status DiskMover::start_flush(bool everything, uint64_t& ret_job_id) {
+  if (disk_ == nullptr) return Status::BadState;
   if (!flush_.done) {
     ret_job_id = flush_.job_id;
     return Status::Ok;
@@ -308,7 +306,7 @@ Status Park::start_flush(bool everything, uint64_t& ret_job_id) {
   return Status::Ok;
 }
 
-void Park::advance_flush() {
+void DiskMover::advance_flush() {
   if (flush_.done) return;
   while (!flush_queue_.empty() && spills_in_flight_ < spills_in_flight_max) {
     const EntrySlot slot = flush_queue_.back();

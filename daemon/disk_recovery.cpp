@@ -4,12 +4,13 @@
 #include <cassert>
 #include <unordered_map>
 
+#include "daemon/disk_mover.h"
 #include "daemon/disk_tier.h"
-#include "daemon/park.h"
+#include "shm/arena_format.h"
 
 namespace kvpark::daemon {
 
-std::vector<const disk::RecordInfo*> Park::reachable_records(const disk::RecoveryReport& report,
+std::vector<const disk::RecordInfo*> DiskMover::reachable_records(const disk::RecoveryReport& report,
                                                              std::vector<const disk::RecordInfo*>& ret_unreachable) {
   // Chain order: a block is reachable when its predecessor's record is (the chain's
   // first block: when its parent is the namespace seed); a snapshot of a block
@@ -58,8 +59,8 @@ std::vector<const disk::RecordInfo*> Park::reachable_records(const disk::Recover
   return reachable;
 }
 
-uint64_t Park::recover(const disk::RecoveryReport& report) {
-  DiskTier* disk = options_.disk;
+uint64_t DiskMover::recover(const disk::RecoveryReport& report) {
+  DiskTier* disk = disk_;
   assert(disk != nullptr);
   uint64_t skipped = 0;
   std::vector<const disk::RecordInfo*> unreachable;
