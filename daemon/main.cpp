@@ -1,8 +1,5 @@
 // kvparkd: wires the arena, the entry table, the core, the socket server and the
 // operator's adapters together; each start and stop step is in startup.h.
-#include <grp.h>
-#include <unistd.h>
-
 #include <cerrno>
 #include <cstring>
 
@@ -113,15 +110,11 @@ int main(int argc, char** argv) {
   }
   if (disk) daemon::recover_disk(park, *disk, recovery);
   park.set_low_water_bytes(options.arena_low_water_bytes);  // derived by finish_options
-  gid_t attach_gid = static_cast<gid_t>(-1);
-  if (const group* g = getgrnam(options.attach_group.c_str()); g != nullptr) {
-    attach_gid = g->gr_gid;
-  }
   daemon::Server server({.socket_path = options.socket_path,
                          .lock_fd = claim.lock_fd,
                          .arena_header_fd = arena->header_fd(),
                          .arena_data_fd = arena->data_fd(),
-                         .attach_gid = attach_gid},
+                         .attach_gid = daemon::attach_group_id(options.attach_group)},
                         park);
   int err = 0;
   if (Status s = server.listen(err); s != Status::Ok) {
@@ -154,16 +147,7 @@ int main(int argc, char** argv) {
     log_error("kvparkd: cannot open a signalfd for SIGHUP: %s", strerror(errno));
     return exit_failure;
   }
-  auto reload = [&] {
-    if (!daemon::drain_signal_fd(reload_fd)) {
-      log_warning("kvparkd: reading the SIGHUP signalfd: %s", strerror(errno));
-    }
-    notifier.reloading();
-    std::string message;
-    daemon::reload_options(options, park, message);
-    log_notice("kvparkd: %s", message.c_str());
-    notifier.reloaded(message);
-  };
+  auto reload = [&] { daemon::reload_on_signal(reload_fd, options, park, notifier); };
   if (!server.watch(loop.event_fd(), [&loop] { loop.drain(); }) ||
       (disk && !server.watch(disk->store().notify_fd(), [&park] { park.on_disk_completions(); })) ||
       !server.watch(reload_fd, reload)) {
@@ -196,14 +180,7 @@ int main(int argc, char** argv) {
   }
   control.set_serving(false);
   notifier.stopping("stopping");
-  // Engines may still copy out of their leases: the next instance waits for them.
-  if (entry_state) entry_state->freeze_connections();
-  server.close_connections();
-  if (disk && options.spill_on_shutdown) daemon::spill_before_stopping(park, *disk, notifier);
-  if (disk && !disk->save_budget(monotonic_usec(), true)) {
-    log_error("kvparkd: cannot save the day's disk writes to %s: %s", disk->budget_path().c_str(),
-              strerror(errno));
-  }
+  daemon::stop_core(options, server, park, entry_state.get(), notifier);
   loop.close();  // adapter threads waiting on the loop get 'unavailable' from here on
   http.stop();
   dbus.reset();

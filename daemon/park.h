@@ -173,15 +173,16 @@ class Park {
   uint64_t hold_deadline_usec_ = 0;
   bool holding_ = false;
   std::unordered_map<ConnectionId, Connection> connections_;
-  Counters counters_;
-  SingleFlight single_flight_{table_};
-  Recurrence recurrence_{table_};
-  DiskMover disk_;
-  ReplySink reply_sink_;
   uint64_t next_lease_id_ = 1;
   uint64_t next_reservation_id_ = 1;
   uint64_t leases_open_ = 0;
   uint64_t reservations_open_ = 0;
+  Counters counters_;
+  // The parts Park delegates to (see the top of this file).
+  SingleFlight single_flight_{table_};
+  Recurrence recurrence_{table_};
+  DiskMover disk_;
+  ReplySink reply_sink_;
 };
 
 }  // namespace kvpark::daemon

@@ -1,6 +1,7 @@
 // kvparkd's start and stop steps (see startup.h).
 #include "daemon/startup.h"
 
+#include <grp.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/random.h>
@@ -97,6 +98,26 @@ bool drain_signal_fd(int fd) {
     if (n >= 0) errno = EIO;  // a short read: not a signalfd
     return n < 0 && errno == EAGAIN;
   }
+}
+
+void reload_on_signal(int fd, DaemonOptions& options, Park& park, Notifier& notifier) {
+  if (!drain_signal_fd(fd)) log_warning("kvparkd: reading the SIGHUP signalfd: %s", strerror(errno));
+  notifier.reloading();
+  std::string message;
+  reload_options(options, park, message);
+  log_notice("kvparkd: %s", message.c_str());
+  notifier.reloaded(message);
+}
+
+gid_t attach_group_id(const std::string& name) {
+  errno = 0;
+  const group* g = getgrnam(name.c_str());
+  if (g != nullptr) return g->gr_gid;
+  // No such group is errno 0 or one of these (getgrnam(3)); anything else is a failure.
+  if (errno != 0 && errno != ENOENT && errno != ESRCH && errno != EBADF && errno != EPERM) {
+    log_warning("kvparkd: cannot look up the attach group %s: %s", name.c_str(), strerror(errno));
+  }
+  return static_cast<gid_t>(-1);
 }
 
 void log_overrides(const DaemonOptions& options) {
@@ -276,6 +297,19 @@ bool open_host_tier(const DaemonOptions& options, std::unique_ptr<shm::ArenaOwne
     }
   }
   return true;
+}
+
+void stop_core(const DaemonOptions& options, Server& server, Park& park, EntryState* entry_state,
+               Notifier& notifier) {
+  // Engines may still copy out of their leases: the next instance waits for them.
+  if (entry_state != nullptr) entry_state->freeze_connections();
+  server.close_connections();
+  DiskTier* disk = park.disk();
+  if (disk != nullptr && options.spill_on_shutdown) spill_before_stopping(park, *disk, notifier);
+  if (disk != nullptr && !disk->save_budget(monotonic_usec(), true)) {
+    log_error("kvparkd: cannot save the day's disk writes to %s: %s", disk->budget_path().c_str(),
+              strerror(errno));
+  }
 }
 
 }  // namespace kvpark::daemon

@@ -2,12 +2,15 @@
 // that main() only wires the parts together (kvparkd(8) for the exit codes).
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
 
 #include "daemon/control_plane.h"
 #include "daemon/disk_tier.h"
+#include "daemon/entry_state.h"
 #include "daemon/notify.h"
 #include "daemon/options.h"
 #include "daemon/park.h"
@@ -36,6 +39,13 @@ int open_reload_signal_fd();
 // error other than "nothing more".
 bool drain_signal_fd(int fd);
 
+// SIGHUP: drains the signalfd, re-reads the configuration like `kvparkctl reload`,
+// and tells the log and the service manager.
+void reload_on_signal(int fd, DaemonOptions& options, Park& park, Notifier& notifier);
+// The group whose members may attach; (gid_t)-1, nobody but root and the daemon's
+// uid, when it does not exist (logged when the lookup itself failed).
+gid_t attach_group_id(const std::string& name);
+
 // Logs the runtime overrides the options were read with, or why they were not.
 void log_overrides(const DaemonOptions& options);
 // Makes the socket's directory and claims the socket path before the arena or the
@@ -59,6 +69,11 @@ void recover_disk(Park& park, const DiskTier& disk, const disk::RecoveryReport& 
 // shutdown_flush_timeout_usec, while systemd's watchdog keeps being fed.
 inline constexpr uint64_t shutdown_flush_timeout_usec = 120'000'000;
 void spill_before_stopping(Park& park, DiskTier& disk, Notifier& notifier);
+// After the loop: keeps the engines' pids for the next instance (they may still copy
+// out of their leases), closes the connections, spills before stopping (when
+// configured) and saves the day's disk writes.
+void stop_core(const DaemonOptions& options, Server& server, Park& park, EntryState* entry_state,
+               Notifier& notifier);
 
 // What the loop does between events: the core's tick (WAIT deadlines, low water,
 // flushes), watchdog pings, saving the day's disk writes, and a STATUS= line for
