@@ -8,13 +8,6 @@
 
 namespace kvpark::daemon {
 
-namespace {
-
-// Below this many bytes a busy period says more about latency than bandwidth.
-constexpr uint64_t bandwidth_sample_bytes_min = 1ull << 20;
-
-}  // namespace
-
 bool TieringPolicy::demotes(const Entry& e, bool disk_writable, uint64_t now) {
   return disk_writable && !e.on_disk && worth_keeping(e, now);
 }

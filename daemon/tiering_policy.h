@@ -25,6 +25,9 @@ namespace kvpark::daemon {
 
 // The daemon's own pacing of background and flush spills.
 inline constexpr size_t spills_in_flight_max = 16;
+// A busy period of promotions moving fewer bytes says more about latency than
+// bandwidth: no sample.
+inline constexpr uint64_t bandwidth_sample_bytes_min = 1ull << 20;
 
 class TieringPolicy {
  public:
