@@ -15,10 +15,8 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <map>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include "daemon/control.h"
