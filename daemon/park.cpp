@@ -207,8 +207,7 @@ Status Park::reserve_blocks(ConnectionId id, const wire::ReserveBlocksRequest& r
   const auto request_evidence = static_cast<Evidence>(req.options.evidence);
   for (EntrySlot slot : present) {
     table_.touch(slot);
-    if (table_.upgrade(slot, request_class, request_evidence) &&
-        TieringPolicy::write_through(table_.entry(slot))) {
+    if (table_.upgrade(slot, request_class, request_evidence) && write_through(table_.entry(slot))) {
       (void)spill_chain(slot, 0);
     }
     table_.acquire_lease(slot);
@@ -289,7 +288,7 @@ Status Park::reserve_snapshot(ConnectionId id, const wire::ReserveSnapshotReques
       ++counters_.dedup_hits;
       if (table_.upgrade(slot, static_cast<EntryClass>(req.options.entry_class),
                          static_cast<Evidence>(req.options.evidence)) &&
-          TieringPolicy::write_through(table_.entry(slot))) {
+          write_through(table_.entry(slot))) {
         (void)spill_chain(slot, 0);
       }
     }
@@ -360,7 +359,7 @@ Status Park::seal(ConnectionId id, const wire::ReservationRequest& req) {
     // Shared heads and explicit breakpoints are written through to disk, chain order
     // (a block's predecessors first; see spill_chain).
     for (EntrySlot slot : r.slots) {
-      if (TieringPolicy::write_through(table_.entry(slot))) (void)spill_chain(slot, 0);
+      if (write_through(table_.entry(slot))) (void)spill_chain(slot, 0);
     }
     keep_low_water();  // demote now rather than at the next tick: bursts outrun ticks
   } else {
@@ -452,13 +451,13 @@ void Park::tick() {
     }
   }
   answer_waiters(true);
-  disk_.keep_low_water();
-  disk_.advance_flush();
+  keep_low_water();
+  advance_flush();
 }
 
 void Park::on_disk_completions() {
   if (disk_.take_completions()) answer_waiters(false);  // promotions finished
-  disk_.advance_flush();
+  advance_flush();
 }
 
 wire::StatsReply Park::stats() const {

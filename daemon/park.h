@@ -162,6 +162,8 @@ class Park {
   bool start_promotion(EntrySlot slot) { return disk_.start_promotion(slot); }
   void remove_from_disk(EntrySlot slot) { disk_.remove_from_disk(slot); }
   void keep_low_water() { disk_.keep_low_water(); }
+  void advance_flush() { disk_.advance_flush(); }
+  static bool write_through(const Entry& e) { return TieringPolicy::write_through(e); }
 
   void end_adoption_hold(const char* why);
 
