@@ -23,6 +23,7 @@
 #include "daemon/park.h"
 #include "proto/limits.h"
 #include "proto/paths.h"
+#include "proto/size.h"
 
 namespace kvpark::daemon {
 namespace {

@@ -23,7 +23,6 @@
 
 #include "daemon/control.h"
 #include "daemon/options.h"
-#include "proto/size.h"  // parse_size, format_size: the grammar of every size key
 #include "proto/status.h"
 
 namespace kvpark::daemon {
@@ -87,6 +86,5 @@ Status reload_options(DaemonOptions& current, Park& park, std::string& ret_messa
 // "127.0.0.1:7797" or "[::1]:7797" (numeric addresses only; port 0: any free port).
 bool parse_listen_address(std::string_view text, std::string& ret_host, uint16_t& ret_port);
 
-using kvpark::format_size;  // proto/size.h; daemon::format_size in the daemon's callers
 
 }  // namespace kvpark::daemon

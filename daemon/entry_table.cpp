@@ -1,11 +1,11 @@
-// Index, placement and LRU eviction of parked entries (see entry_table.h).
-#include "daemon/clock.h"
+// Index and placement of parked entries (see entry_table.h).
 #include "daemon/entry_table.h"
 
 #include <algorithm>
 #include <cassert>
 #include <tuple>
 
+#include "daemon/clock.h"
 #include "proto/limits.h"
 #include "shm/arena_format.h"
 
@@ -69,7 +69,7 @@ std::span<const EntrySlot> EntryTable::snapshots_at(NamespaceIndex ns,
 
 Status EntryTable::allocate_extent(uint64_t bytes, uint64_t& ret_offset) {
   assert(bytes > 0 && bytes % allocator_.granularity_bytes() == 0);
-  if (bytes > allocator_.bytes_free() + evictable_bytes_) return Status::ArenaFull;
+  if (bytes > allocator_.bytes_free() + order_.evictable_bytes()) return Status::ArenaFull;
   while (!allocator_.allocate(bytes, ret_offset)) {
     // Free space is fragmented: evict until a run is large enough.
     if (!evict_lru()) return Status::ArenaFull;
@@ -273,7 +273,7 @@ void EntryTable::free_slot(EntrySlot slot) {
 void EntryTable::drop_host_copy(EntrySlot slot) {
   Entry& e = slots_[slot];
   assert(e.on_host);
-  if (e.on_lru) lru_unlink(slot);
+  if (e.on_lru) order_.remove_host(slot);
   forget_record(slot);
   if (e.adoption_hold) held_bytes_ -= e.extent_bytes;
   e.adoption_hold = false;
@@ -287,8 +287,8 @@ void EntryTable::drop_host_copy(EntrySlot slot) {
 void EntryTable::erase(EntrySlot slot) {
   Entry& e = slots_.at(slot);
   assert(e.in_use && e.leases == 0 && e.io_pins == 0);
-  if (e.on_lru) lru_unlink(slot);
-  if (e.on_disk_lru) disk_unlink(slot);
+  if (e.on_lru) order_.remove_host(slot);
+  if (e.on_disk_lru) order_.remove_disk(slot);
   if (e.on_disk) forget_disk_copy(slot);
   if (e.on_host) drop_host_copy(slot);
   if (e.sealed && !e.dead) {
@@ -341,7 +341,7 @@ void EntryTable::attach_disk_record(EntrySlot slot, uint64_t disk_bytes) {
 void EntryTable::forget_disk_copy(EntrySlot slot) {
   Entry& e = slots_[slot];
   assert(e.on_disk);
-  if (e.on_disk_lru) disk_unlink(slot);
+  if (e.on_disk_lru) order_.remove_disk(slot);
   namespaces_[e.ns].disk_bytes -= e.disk_bytes;
   disk_bytes_ -= e.disk_bytes;
   --disk_entries_;
@@ -365,7 +365,7 @@ void EntryTable::kill(EntrySlot slot) {
   Entry& e = slots_.at(slot);
   assert(e.sealed && !e.dead);
   if (e.on_disk) forget_disk_copy(slot);
-  if (e.on_lru) lru_unlink(slot);
+  if (e.on_lru) order_.remove_host(slot);
   NamespaceInfo& info = namespaces_[e.ns];
   if (e.kind == EntryKind::Block) {
     --info.blocks;
@@ -381,22 +381,8 @@ void EntryTable::kill(EntrySlot slot) {
 }
 
 bool EntryTable::evict_lru() {
-  if (lru_tail_ == no_slot) return false;
-  EntrySlot victim = lru_tail_;
-  if (value_) {
-    const uint64_t now = coarse_monotonic_usec();
-    double lowest = value_(slots_[victim], now);
-    EntrySlot slot = slots_[victim].lru_prev;
-    for (size_t seen = 1; seen < eviction_sample_entries && slot != no_slot; ++seen) {
-      const double value = value_(slots_[slot], now);
-      if (value < lowest) {
-        lowest = value;
-        victim = slot;
-      }
-      slot = slots_[slot].lru_prev;
-    }
-  }
-  evict_host(victim);
+  if (order_.host_tail() == no_slot) return false;
+  evict_host(victim_policy_ != nullptr ? victim_policy_(*this) : order_.host_tail());
   return true;
 }
 
@@ -478,65 +464,6 @@ void EntryTable::set_pinned(EntrySlot slot, bool pinned) {
   pinned ? ++pinned_ : --pinned_;
   if (e.state_record != no_record) state_->upgrade(e.state_record, e);
   sync_lists(slot, true);
-}
-
-void EntryTable::sync_lists(EntrySlot slot, bool to_front) {
-  Entry& e = slots_[slot];
-  const bool host = host_evictable(e);
-  if (e.on_lru && (!host || to_front)) lru_unlink(slot);
-  if (host && !e.on_lru) lru_push_front(slot);
-  const bool disk = disk_evictable(e);
-  if (e.on_disk_lru && (!disk || to_front)) disk_unlink(slot);
-  if (disk && !e.on_disk_lru) disk_push_front(slot);
-}
-
-// The host and disk eviction lists are the same intrusive list over different links.
-void EntryTable::link_front(EntrySlot& head, EntrySlot& tail, EntrySlot Entry::*prev,
-                            EntrySlot Entry::*next, EntrySlot slot) {
-  Entry& e = slots_[slot];
-  assert(e.*prev == no_slot && e.*next == no_slot && head != slot);
-  e.*next = head;
-  if (head != no_slot) slots_[head].*prev = slot;
-  head = slot;
-  if (tail == no_slot) tail = slot;
-}
-
-void EntryTable::unlink(EntrySlot& head, EntrySlot& tail, EntrySlot Entry::*prev,
-                        EntrySlot Entry::*next, EntrySlot slot) {
-  Entry& e = slots_[slot];
-  if (e.*prev != no_slot) slots_[e.*prev].*next = e.*next;
-  else head = e.*next;
-  if (e.*next != no_slot) slots_[e.*next].*prev = e.*prev;
-  else tail = e.*prev;
-  e.*prev = e.*next = no_slot;
-}
-
-void EntryTable::lru_push_front(EntrySlot slot) {
-  Entry& e = slots_[slot];
-  assert(!e.on_lru);
-  link_front(lru_head_, lru_tail_, &Entry::lru_prev, &Entry::lru_next, slot);
-  e.on_lru = true;
-  evictable_bytes_ += e.extent_bytes;
-}
-
-void EntryTable::lru_unlink(EntrySlot slot) {
-  Entry& e = slots_[slot];
-  assert(e.on_lru && evictable_bytes_ >= e.extent_bytes);
-  unlink(lru_head_, lru_tail_, &Entry::lru_prev, &Entry::lru_next, slot);
-  e.on_lru = false;
-  evictable_bytes_ -= e.extent_bytes;
-}
-
-void EntryTable::disk_push_front(EntrySlot slot) {
-  assert(!slots_[slot].on_disk_lru);
-  link_front(disk_head_, disk_tail_, &Entry::disk_prev, &Entry::disk_next, slot);
-  slots_[slot].on_disk_lru = true;
-}
-
-void EntryTable::disk_unlink(EntrySlot slot) {
-  assert(slots_[slot].on_disk_lru);
-  unlink(disk_head_, disk_tail_, &Entry::disk_prev, &Entry::disk_next, slot);
-  slots_[slot].on_disk_lru = false;
 }
 
 bool EntryTable::upgrade(EntrySlot slot, EntryClass entry_class, Evidence evidence) {

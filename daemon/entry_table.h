@@ -1,15 +1,17 @@
 // The daemon's index of parked entries: namespaces, blocks, snapshots, their
-// placement (host arena, disk, or both), reference counts and eviction order.
+// placement (host arena, disk, or both), reference counts, leases and pins. It
+// says what is evictable; the eviction order lives in eviction_order.h, and which
+// entry eviction takes is the host victim policy's (eviction_policy.h).
 //
 // Invariants:
 //  - an entry is reserved (being written by one client, invisible to lookups) or
 //    sealed (immutable); a sealed entry lives on the host (an arena extent), on
 //    disk (a record), or both; a reserved entry is always on the host;
-//  - an entry is on the host LRU list iff host_evictable(): sealed, on the host,
-//    readable (not promoting), no lease, no pin, no I/O in flight; the list holds
-//    exactly what host eviction may take, oldest at the tail;
-//  - likewise the disk LRU list holds exactly the disk_evictable() entries;
-//  - evictable_bytes() is the sum of extents on the host LRU list;
+//  - an entry is on the host eviction list iff host_evictable(): sealed, on the
+//    host, readable (not promoting), no lease, no pin, no I/O in flight; the list
+//    holds exactly what host eviction may take, oldest at the tail;
+//  - likewise the disk eviction list holds exactly the disk_evictable() entries;
+//  - evictable_bytes() is the sum of extents on the host eviction list;
 //  - a dead entry (its disk copy failed verification while leased) is out of the
 //    index and is freed when its last lease goes.
 // Host eviction of an entry that has a disk copy only drops the host copy.
@@ -23,102 +25,30 @@
 #pragma once
 
 #include <cstdint>
-#include <ctime>
-#include <functional>
 #include <memory>
 #include <span>
 #include <unordered_map>
 #include <vector>
 
+#include "daemon/entry.h"
 #include "daemon/entry_state.h"
+#include "daemon/eviction_order.h"
 #include "proto/status.h"
 #include "proto/types.h"
 #include "shm/extent_allocator.h"
 
 namespace kvpark::daemon {
 
-using EntrySlot = uint32_t;
-inline constexpr EntrySlot no_slot = UINT32_MAX;
-using NamespaceIndex = uint32_t;
-// Eviction looks this far up from the cold end of the LRU list for the least valuable
-// entry: value-aware without a priority queue, and still mostly LRU (roots of a chain
-// are the most recent of it, so a chain is still eaten from its end).
-inline constexpr size_t eviction_sample_entries = 8;
-
-struct NamespaceInfo {
-  NamespaceId id;
-  Geometry geometry;
-  uint32_t chain_tokens = 0;          // hash granularity
-  uint64_t block_extent_bytes = 0;    // 0 for snapshot-only namespaces
-  uint32_t prefill_tokens_per_second = 0;
-  uint64_t blocks = 0;                // sealed
-  uint64_t snapshots = 0;             // sealed
-  uint64_t bytes = 0;                 // sealed extents on the host
-  uint64_t disk_bytes = 0;            // records on disk
-  uint64_t indexed_snapshots = 0;     // reserved or sealed: lookups skip the search at 0
-  // Since the daemon started: tokens lookups found restorable, and tokens clients
-  // reported restored when they released the lease.
-  uint64_t restorable_tokens = 0;
-  uint64_t restored_tokens = 0;
-};
-
-struct Entry {
-  Hash128 key_hash;                  // block chain hash, or snapshot anchor hash
-  Hash128 parent_hash;               // block: h[i-1] (the namespace id for block 0)
-  std::vector<int32_t> tail_tokens;  // snapshots only
-  uint64_t extent_offset = 0;        // data-region offset, valid when on_host
-  uint64_t extent_bytes = 0;         // the entry's image size, whatever its tier
-  uint64_t disk_bytes = 0;           // record file bytes, when on_disk
-  uint64_t creator_session = 0;
-  uint64_t payload_checksum = 0;     // XXH3-64 of the payload, from SEAL (or the disk record)
-  uint64_t hits = 0;
-  uint64_t last_use_tick = 0;
-  uint64_t last_use_usec = 0;        // CLOCK_MONOTONIC_COARSE
-  NamespaceIndex ns = 0;
-  uint32_t position = 0;             // tokens restored through this entry
-  uint32_t anchor_chunks = 0;
-  uint32_t leases = 0;
-  uint32_t io_pins = 0;              // spills or restores in flight
-  uint32_t reserved_by = 0;          // connection writing it, while reserved
-  EntrySlot lru_prev = no_slot;
-  EntrySlot lru_next = no_slot;
-  EntrySlot disk_prev = no_slot;
-  EntrySlot disk_next = no_slot;
-  uint32_t state_record = no_record;  // its record in the state segment, if any
-  EntryKind kind = EntryKind::Block;
-  EntryClass entry_class = EntryClass::Private;
-  Evidence evidence = Evidence::DefaultAutomatic;
-  bool sealed = false;
-  bool pinned = false;
-  bool in_use = false;     // slab slot holds an entry
-  bool on_host = true;     // has an arena extent
-  bool on_disk = false;    // has a verified disk record (its id follows from the key)
-  bool promoting = false;  // extent allocated, disk restore still filling it
-  bool dead = false;
-  bool on_lru = false;
-  bool on_disk_lru = false;
-  bool adoption_hold = false;  // adopted; a lease of the previous daemon may still read it
-};
-
-struct NewEntry {
-  NamespaceIndex ns = 0;
-  EntryKind kind = EntryKind::Block;
-  Hash128 key_hash;
-  Hash128 parent_hash;                   // blocks: the predecessor's chain hash
-  std::span<const int32_t> tail_tokens;  // snapshots
-  uint64_t extent_bytes = 0;
-  uint32_t position = 0;
-  uint32_t anchor_chunks = 0;
-  uint64_t creator_session = 0;
-  uint64_t payload_checksum = 0;  // entries recovered from disk
-  EntryClass entry_class = EntryClass::Private;
-  Evidence evidence = Evidence::DefaultAutomatic;
-  uint32_t reserved_by = 0;
-};
+class EntryTable;
+// Chooses the entry host eviction takes, from the table's eviction order; no_slot
+// only when nothing is evictable (eviction_policy.h).
+using HostVictimPolicy = EntrySlot (*)(const EntryTable& table);
 
 class EntryTable {
  public:
   EntryTable(uint64_t data_bytes, uint64_t extent_align_bytes);
+  EntryTable(const EntryTable&) = delete;
+  EntryTable& operator=(const EntryTable&) = delete;
 
   // Namespaces: registered on first HELLO (or disk recovery), kept while the daemon runs;
   // LimitExceeded for a new one past limits::namespaces_max.
@@ -186,19 +116,15 @@ class EntryTable {
   // A hit: count it and make it most recent. now_usec: coarse_monotonic_usec(), passed
   // in by callers touching many entries at once (0: read the clock here).
   void touch(EntrySlot slot, uint64_t now_usec = 0);
-  // Host-evicts one entry: of the eviction_sample_entries least recently used, the one
-  // the value function rates lowest (the oldest if none is set); false if none.
+  // Host-evicts the entry the victim policy chooses (the least recently used when
+  // none is set); false if nothing is evictable.
   bool evict_lru();
-  // Value density of an entry at a time (higher: keep longer); see Park::value_density.
-  // One eviction compares every candidate at the same instant.
-  void set_value_function(std::function<double(const Entry&, uint64_t now_usec)> value) {
-    value_ = std::move(value);
-  }
+  void set_host_victim_policy(HostVictimPolicy policy) { victim_policy_ = policy; }
   void evict_host(EntrySlot slot);  // host-evicts this evictable entry
-  EntrySlot host_lru_tail() const { return lru_tail_; }
-  EntrySlot host_lru_prev(EntrySlot slot) const { return slots_.at(slot).lru_prev; }
+  EntrySlot host_lru_tail() const { return order_.host_tail(); }
+  EntrySlot host_lru_prev(EntrySlot slot) const { return order_.host_prev(slot); }
   // The coldest disk copy eviction may take (no_slot if none).
-  EntrySlot disk_lru_tail() const { return disk_tail_; }
+  EntrySlot disk_lru_tail() const { return order_.disk_tail(); }
   void count_disk_eviction() { ++disk_evictions_; }
 
   const Entry& entry(EntrySlot slot) const { return slots_.at(slot); }
@@ -220,7 +146,7 @@ class EntryTable {
   uint64_t data_bytes() const { return allocator_.capacity_bytes(); }
   uint64_t bytes_free() const { return allocator_.bytes_free(); }
   uint64_t largest_free_bytes() const { return allocator_.largest_free_bytes(); }
-  uint64_t evictable_bytes() const { return evictable_bytes_; }
+  uint64_t evictable_bytes() const { return order_.evictable_bytes(); }
   uint64_t disk_bytes() const { return disk_bytes_; }
   uint64_t disk_entries() const { return disk_entries_; }
   uint64_t blocks() const { return sealed_blocks_; }
@@ -247,17 +173,12 @@ class EntryTable {
     return e.sealed && !e.dead && e.on_disk && e.leases == 0 && !e.pinned &&
            e.io_pins == 0;
   }
-  // Puts the entry on, or takes it off, each LRU list as its state now requires;
-  // `to_front` makes a listed entry the most recent.
-  void sync_lists(EntrySlot slot, bool to_front);
-  void link_front(EntrySlot& head, EntrySlot& tail, EntrySlot Entry::*prev,
-                  EntrySlot Entry::*next, EntrySlot slot);
-  void unlink(EntrySlot& head, EntrySlot& tail, EntrySlot Entry::*prev, EntrySlot Entry::*next,
-              EntrySlot slot);
-  void lru_push_front(EntrySlot slot);
-  void lru_unlink(EntrySlot slot);
-  void disk_push_front(EntrySlot slot);
-  void disk_unlink(EntrySlot slot);
+  // Puts the entry on, or takes it off, each eviction list as its state now
+  // requires; `to_front` makes a listed entry the most recent.
+  void sync_lists(EntrySlot slot, bool to_front) {
+    const Entry& e = slots_[slot];
+    order_.sync(slot, host_evictable(e), disk_evictable(e), to_front);
+  }
   Status allocate_extent(uint64_t bytes, uint64_t& ret_offset);
   void drop_host_copy(EntrySlot slot);
   void forget_disk_copy(EntrySlot slot);
@@ -274,7 +195,7 @@ class EntryTable {
   void record_host_copy(EntrySlot slot);
   void forget_record(EntrySlot slot);
 
-  std::function<double(const Entry&, uint64_t now_usec)> value_;
+  HostVictimPolicy victim_policy_ = nullptr;
   EntryState* state_ = nullptr;
   uint64_t held_bytes_ = 0;
   shm::ExtentAllocator allocator_;
@@ -284,13 +205,9 @@ class EntryTable {
   std::vector<Entry> slots_;
   std::vector<uint32_t> generations_;  // bumped when a slot is freed
   std::vector<EntrySlot> free_slots_;
+  EvictionOrder order_{slots_};
   std::unordered_map<BlockKey, EntrySlot, BlockKeyHasher> blocks_;
   std::unordered_map<BlockKey, std::vector<EntrySlot>, BlockKeyHasher> snapshots_;  // by anchor
-  EntrySlot lru_head_ = no_slot;  // most recent
-  EntrySlot lru_tail_ = no_slot;  // next to evict
-  EntrySlot disk_head_ = no_slot;
-  EntrySlot disk_tail_ = no_slot;
-  uint64_t evictable_bytes_ = 0;
   uint64_t disk_bytes_ = 0;
   uint64_t disk_entries_ = 0;
   uint64_t tick_ = 0;

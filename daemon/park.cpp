@@ -1,5 +1,5 @@
-// Verb handlers of the daemon core (see park.h). Disk policy lives in park_disk.cpp.
-#include "daemon/clock.h"
+// Verb handlers and leases of the daemon core (see park.h); LOOKUP and WAIT are in
+// park_lookup.cpp, the disk tier's traffic in disk_mover.cpp.
 #include "daemon/park.h"
 
 #include <signal.h>
@@ -10,16 +10,25 @@
 #include <cstring>
 #include <ctime>
 
+#include "daemon/clock.h"
 #include "daemon/disk_tier.h"
+#include "daemon/entry_header.h"
+#include "daemon/eviction_policy.h"
 #include "daemon/log.h"
 #include "proto/limits.h"
 #include "shm/arena_format.h"
 #include "shm/arena_guard.h"
 
 namespace kvpark::daemon {
-Park::Park(const ParkOptions& options, EntryTable& table) : options_(options), table_(table) {
+Park::Park(const ParkOptions& options, EntryTable& table)
+    : options_(options),
+      table_(table),
+      disk_({.arena_data = options.arena_data,
+             .incarnation = options.incarnation,
+             .disk = options.disk},
+            table, counters_) {
   assert(options.arena_data != nullptr && options.reservation_bytes_max > 0);
-  table_.set_value_function([this](const Entry& e, uint64_t now) { return value_density(e, now); });
+  table_.set_host_victim_policy(&least_valuable_of_coldest);
 }
 
 Status Park::open(ConnectionId id, uint32_t peer_pid) {
@@ -58,7 +67,7 @@ void Park::close(ConnectionId id) {
   for (auto& [lease_id, lease] : c.leases) drop_lease(lease);
   reservations_open_ -= c.reservations.size();
   leases_open_ -= c.leases.size();
-  std::erase_if(waiters_, [id](const Waiter& w) { return w.connection == id; });
+  single_flight_.forget(id);
   if (options_.state != nullptr) options_.state->remove_connection(c.state_slot);
   connections_.erase(it);
   answer_waiters(false);  // its reservations are gone: followers go ahead alone
@@ -110,12 +119,6 @@ Status Park::hello(ConnectionId id, const wire::HelloRequest& req, wire::HelloRe
   return Status::Ok;
 }
 
-ReuseKind Park::reuse_kind_of(const Entry& e, uint64_t session_id) const {
-  return e.entry_class == EntryClass::Shared || e.creator_session != session_id
-             ? ReuseKind::SharedStablePrefix
-             : ReuseKind::PrivateTurnClosure;
-}
-
 void Park::drop_lease(Lease& lease) {
   for (auto it = lease.snapshots.rbegin(); it != lease.snapshots.rend(); ++it) {
     table_.release_lease(*it);
@@ -152,19 +155,8 @@ Status Park::release(ConnectionId id, const wire::ReleaseRequest& req) {
 
 shm::EntryHeader Park::make_entry_header(const Entry& e, uint32_t token_count,
                                          uint64_t payload_bytes) const {
-  shm::EntryHeader h{};
-  h.magic = shm::entry_magic;
-  h.format_version = shm::entry_format_version;
-  h.kind = static_cast<uint8_t>(e.kind);
-  h.namespace_id = table_.namespace_info(e.ns).id;
-  h.key_hash = e.key_hash;
-  h.payload_bytes = payload_bytes;
-  h.payload_offset = shm::payload_offset_for(token_count);
-  h.token_count = token_count;
-  h.position = e.position;
-  h.anchor_chunks = e.anchor_chunks;
-  h.incarnation = options_.incarnation;
-  return h;
+  return daemon::make_entry_header(e, table_.namespace_info(e.ns), token_count, payload_bytes,
+                                   options_.incarnation);
 }
 
 void Park::drop_reservation(Reservation& r) {
@@ -346,13 +338,6 @@ Status Park::reserve_snapshot(ConnectionId id, const wire::ReserveSnapshotReques
   return Status::Ok;
 }
 
-void Park::log_arena_fault(uint64_t extent_offset) {
-  log_warning_limited("kvparkd: the arena page at offset %llu is gone (a client punched a hole, and no page "
-                      "was left to refill it); the entry there is dropped (%llu such faults so far)",
-                      static_cast<unsigned long long>(extent_offset),
-                      static_cast<unsigned long long>(shm::arena_faults()));
-}
-
 Status Park::seal(ConnectionId id, const wire::ReservationRequest& req) {
   Connection* c = greeted(id);
   if (c == nullptr) return Status::BadState;
@@ -469,6 +454,11 @@ void Park::tick_at(uint64_t now_usec) {
   }
   answer_waiters(true);
   keep_low_water();
+  advance_flush();
+}
+
+void Park::on_disk_completions() {
+  if (disk_.take_completions()) answer_waiters(false);  // promotions finished
   advance_flush();
 }
 

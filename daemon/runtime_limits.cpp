@@ -6,6 +6,7 @@
 #include "daemon/config.h"
 #include "daemon/control.h"
 #include "proto/limits.h"
+#include "proto/size.h"
 
 namespace kvpark::daemon {
 namespace {

@@ -15,10 +15,15 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
+#include <string_view>
 #include <vector>
+
+#include "proto/names.h"
 
 namespace kvpark::llama {
 namespace {
+
+constexpr size_t hex128_digits = 32;  // a cache entry: the digest as hex128 prints it
 
 constexpr size_t digest_read_bytes = 4u << 20;  // read chunk while hashing the model
 
@@ -33,11 +38,13 @@ std::string cache_entry_path(const std::string& dir, const struct stat& st) {
 bool read_cache_entry(const std::string& path, kvpark_hash128* ret_digest) {
   FILE* f = std::fopen(path.c_str(), "re");
   if (f == nullptr) return false;
-  unsigned long long high = 0, low = 0;
-  const bool parsed = std::fscanf(f, "%16llx%16llx", &high, &low) == 2;
+  char text[hex128_digits + 1] = {};
+  const size_t got = std::fread(text, 1, hex128_digits, f);
   std::fclose(f);
-  if (parsed) *ret_digest = kvpark_hash128{.low = low, .high = high};
-  return parsed;
+  Hash128 digest;
+  if (got != hex128_digits || !parse_hex128(std::string_view(text, got), digest)) return false;
+  *ret_digest = kvpark_hash128{.low = digest.low, .high = digest.high};
+  return true;
 }
 
 void write_cache_entry(const std::string& dir, const std::string& path, kvpark_hash128 digest) {
@@ -47,8 +54,7 @@ void write_cache_entry(const std::string& dir, const std::string& path, kvpark_h
   const std::string temporary = path + ".tmp." + std::to_string(getpid());
   FILE* f = std::fopen(temporary.c_str(), "we");
   if (f == nullptr) return;
-  std::fprintf(f, "%016llx%016llx\n", (unsigned long long)digest.high,
-               (unsigned long long)digest.low);
+  std::fprintf(f, "%s\n", hex128(Hash128{.low = digest.low, .high = digest.high}).c_str());
   if (std::fclose(f) != 0 || std::rename(temporary.c_str(), path.c_str()) != 0)
     std::remove(temporary.c_str());
 }

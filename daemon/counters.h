@@ -1,0 +1,37 @@
+// What the daemon core counts since start (STATS, the HTTP and D-Bus status):
+// the verbs' counters and the disk plumbing's.
+#pragma once
+
+#include <cstdint>
+
+#include "daemon/control.h"
+#include "proto/types.h"
+
+namespace kvpark::daemon {
+
+struct Counters {
+  uint64_t lookups = 0;
+  uint64_t lookup_hit_tokens = 0;  // found restorable by lookups
+  uint64_t restored_tokens = 0;    // restored, as clients report at release
+  uint64_t dedup_hits = 0;
+  uint64_t protocol_errors = 0;
+  uint64_t handshake_timeouts = 0;
+  uint64_t seal_corrupt = 0;
+  uint64_t reuse[reuse_kind_max + 1] = {};
+  uint64_t spills = 0;           // completed
+  uint64_t spill_bytes = 0;
+  uint64_t spill_failures = 0;
+  uint64_t promotions = 0;       // completed disk -> host restores
+  uint64_t promotion_bytes = 0;
+  uint64_t promotion_failures = 0;
+  uint64_t checksum_failures = 0;
+  uint64_t corrupt_payloads = 0;  // host payloads engines found altered (REPORT_CORRUPT)
+  uint64_t unreachable_records_removed = 0;  // at recovery: their chain did not reach them
+  uint64_t chain_spills_dropped = 0;  // written, but the predecessor's spill failed
+  uint64_t budget_refusals = 0;  // spills skipped: daily write budget spent
+  uint64_t recompute_instead = 0;  // disk entries not promoted: recomputing is faster
+  LatencyHistogram spill_seconds;
+  LatencyHistogram promotion_seconds;
+};
+
+}  // namespace kvpark::daemon

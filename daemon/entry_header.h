@@ -1,0 +1,19 @@
+// The entry headers the daemon writes at the front of every extent (shm/arena_format.h:
+// `[EntryHeader | token ids | payload]`), and its one report of an arena page a
+// client took away (shm/arena_guard.h).
+#pragma once
+
+#include <cstdint>
+
+#include "daemon/entry.h"
+#include "shm/arena_format.h"
+
+namespace kvpark::daemon {
+
+// The header of `e` in namespace `ns` as this daemon instance (`incarnation`) writes it.
+shm::EntryHeader make_entry_header(const Entry& e, const NamespaceInfo& ns, uint32_t token_count,
+                                   uint64_t payload_bytes, uint64_t incarnation);
+// A guarded access to the arena failed: logged, rate-limited.
+void log_arena_fault(uint64_t extent_offset);
+
+}  // namespace kvpark::daemon
