@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 
 #include "daemon/adoption.h"
 #include "daemon/clock.h"
@@ -27,6 +28,7 @@
 #include "daemon/notify.h"
 #include "daemon/options.h"
 #include "daemon/park.h"
+#include "daemon/remote_tier.h"
 #include "daemon/server.h"
 #include "proto/limits.h"
 #include "proto/version.h"
@@ -135,6 +137,37 @@ std::unique_ptr<daemon::DiskTier> open_disk_tier(const daemon::DaemonOptions& op
               open_error.err != 0 ? ": " : "", open_error.err != 0 ? strerror(open_error.err) : "");
   }
   return disk;
+}
+
+// The remote tier, if configured; null (logged) when it cannot start. A store that is
+// down is fine: the tier starts and picks the store up when it answers.
+std::unique_ptr<daemon::RemoteTier> open_remote_tier(const daemon::DaemonOptions& options) {
+  std::unique_ptr<daemon::RemoteTier> tier;
+  if (options.remote.empty()) return tier;
+  daemon::RemoteTierOptions remote_options{
+      .user = options.remote_user,
+      .write_policy = options.remote_write == "all"   ? daemon::RemoteWritePolicy::All
+                      : options.remote_write == "off" ? daemon::RemoteWritePolicy::Off
+                                                      : daemon::RemoteWritePolicy::Shared};
+  if (remote::parse_endpoints(options.remote, remote_options.seeds) != Status::Ok) return tier;
+  if (!options.remote_password_file.empty()) {
+    std::ifstream in(options.remote_password_file);
+    if (!in || !std::getline(in, remote_options.password)) {
+      log_error("kvparkd: remote tier off: cannot read its password from %s: %s",
+                options.remote_password_file.c_str(), strerror(errno));
+      return tier;
+    }
+    while (!remote_options.password.empty() && (remote_options.password.back() == '\r')) {
+      remote_options.password.pop_back();
+    }
+  }
+  if (daemon::RemoteTier::open(remote_options, tier) != Status::Ok) {
+    log_error("kvparkd: remote tier off: cannot start its worker: %s", strerror(errno));
+    return tier;
+  }
+  log_info("kvparkd: remote tier %s, writing %s entries behind", tier->seeds_text().c_str(),
+           daemon::remote_write_name(remote_options.write_policy));
+  return tier;
 }
 
 // Indexes what the disk tier found at start, and says so.
@@ -359,6 +392,8 @@ int main(int argc, char** argv) {
   std::string disk_failure;
   std::unique_ptr<daemon::DiskTier> disk = open_disk_tier(options, *arena, recovery, disk_failure);
 
+  std::unique_ptr<daemon::RemoteTier> remote = open_remote_tier(options);
+
   daemon::EntryTable table(arena->data_bytes(), limits::extent_align_bytes);
   table.set_state(entry_state.get());
   // Clients check the arena's identity at HELLO: it outlives daemon incarnations.
@@ -370,6 +405,7 @@ int main(int argc, char** argv) {
                      .reservation_bytes_max = options.reservation_bytes_max,
                      .connections_max = limits::connections_max,
                      .disk = disk.get(),
+                     .remote = remote.get(),
                      .state = entry_state.get()},
                     table);
   daemon::AdoptionReport adoption;
@@ -432,6 +468,7 @@ int main(int argc, char** argv) {
   };
   if (!server.watch(loop.event_fd(), [&loop] { loop.drain(); }) ||
       (disk && !server.watch(disk->store().notify_fd(), [&park] { park.on_disk_completions(); })) ||
+      (remote && !server.watch(remote->notify_fd(), [&park] { park.on_remote_completions(); })) ||
       !server.watch(reload_fd, reload)) {
     log_error("kvparkd: cannot watch the loop's descriptors: %s", strerror(errno));
     return exit_failure;

@@ -31,6 +31,8 @@
 namespace kvpark::daemon {
 
 class DiskTier;
+class RemoteTier;
+struct RemoteCompletion;
 using ConnectionId = uint32_t;
 }  // namespace kvpark::daemon
 namespace kvpark::disk {
@@ -48,6 +50,7 @@ struct ParkOptions {
   uint64_t reservation_bytes_max = 0;  // one reservation's extents, bytes
   size_t connections_max = 0;
   DiskTier* disk = nullptr;            // null: host tier only
+  RemoteTier* remote = nullptr;        // null: no remote tier (park_remote.cpp)
   EntryState* state = nullptr;         // null: no state segment (nothing to adopt later)
 };
 
@@ -92,6 +95,9 @@ struct Counters {
   uint64_t recompute_instead = 0;  // disk entries not promoted: recomputing is faster
   LatencyHistogram spill_seconds;
   LatencyHistogram promotion_seconds;
+  uint64_t remote_promotions = 0;  // remote -> host, verified and sealed
+  uint64_t remote_promotion_bytes = 0;
+  uint64_t remote_rejected = 0;    // fetched but failed the daemon's checks (chain hash, header)
 };
 
 // Progress of a flush (operator command or planned shutdown): control.h's view of it.
@@ -157,6 +163,10 @@ class Park {
   const FlushState& flush_state() const { return flush_; }
   bool disk_idle() const { return jobs_.empty(); }
 
+  // Remote tier (park_remote.cpp; no-ops without one).
+  RemoteTier* remote() const { return options_.remote; }
+  void on_remote_completions();  // the remote tier's notify fd is readable
+
   const Counters& counters() const { return counters_; }
   size_t spills_waiting_for_predecessor() const { return waiting_spills_.size(); }
   size_t connection_count() const { return connections_.size(); }
@@ -180,6 +190,7 @@ class Park {
     std::vector<std::pair<EntrySlot, uint64_t>> inflight;
     uint32_t inflight_tokens = 0;
     uint32_t capture_hint_tokens = 0;
+    bool remote_pending = false;  // the remote tier's existence check is still out
   };
   struct RecurrenceSeen {
     uint64_t session_id = 0;
@@ -259,6 +270,19 @@ class Park {
   void enforce_disk_capacity();
   void keep_low_water();
   void advance_flush();
+
+  // Remote (park_remote.cpp).
+  // A sealed entry the write policy sends to the remote store: written behind, pinned
+  // until the write completes.
+  void remote_write_behind(EntrySlot slot);
+  // After a lookup's block walk: whether the remote store should be asked for the
+  // chain past it; marks the lease pending (and in flight, so the engine may WAIT).
+  bool remote_should_probe(const Connection& c, const wire::LookupRequest& req, Lease& lease);
+  void remote_start_probe(ConnectionId id, uint64_t lease_id, const Connection& c,
+                          const wire::LookupRequest& req, const Lease& lease);
+  void finish_remote_probe(const RemoteCompletion& done);
+  void finish_remote_get(const RemoteCompletion& done);
+  void expire_remote_probes();
 
   void end_adoption_hold(const char* why);
 

@@ -128,6 +128,9 @@ Status Park::lookup(ConnectionId id, const wire::LookupRequest& req, wire::Looku
     });
   }
 
+  // Past the local chain: ask the remote tier, if any (park_remote.cpp).
+  const bool remote_probe = remote_should_probe(*c, req, lease);
+
   ++counters_.lookups;
   const uint64_t now = coarse_monotonic_usec();
   for (auto it = lease.snapshots.rbegin(); it != lease.snapshots.rend(); ++it) {
@@ -138,10 +141,12 @@ Status Park::lookup(ConnectionId id, const wire::LookupRequest& req, wire::Looku
   for (EntrySlot slot : lease.snapshots) restorable = std::max(restorable, table_.entry(slot).position);
   lease.capture_hint_tokens = observe_recurrence(c->ns, req, restorable, chain);
   uint64_t lease_id = 0;
-  if (!lease.blocks.empty() || !lease.snapshots.empty() || !lease.inflight.empty()) {
+  if (!lease.blocks.empty() || !lease.snapshots.empty() || !lease.inflight.empty() ||
+      remote_probe) {
     lease_id = next_lease_id_++;
     ++leases_open_;
   }
+  if (remote_probe) remote_start_probe(id, lease_id, *c, req, lease);
   describe_lease(*c, lease_id, lease, ret);
   uint32_t deepest = ret.restorable_tokens;
   ReuseKind deepest_kind = static_cast<ReuseKind>(ret.reuse_kind);
@@ -202,7 +207,7 @@ bool Park::lease_settled(const Lease& lease) const {
     const EntrySlot slot = table_.slot_for_id(inflight.second);
     return slot == no_slot || table_.entry(slot).sealed;  // sealed, or aborted and gone
   };
-  return std::all_of(lease.blocks.begin(), lease.blocks.end(), settled) &&
+  return !lease.remote_pending && std::all_of(lease.blocks.begin(), lease.blocks.end(), settled) &&
          std::all_of(lease.snapshots.begin(), lease.snapshots.end(), settled) &&
          std::all_of(lease.inflight.begin(), lease.inflight.end(), written);
 }

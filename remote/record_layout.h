@@ -98,18 +98,28 @@ Status decode_manifest(std::string_view value, Manifest& ret_manifest);
 // Whether a decoded manifest describes the entry `key` names (not a foreign value).
 bool manifest_names(const Manifest& manifest, const EntryKey& key);
 
+// A memcpy that may fail (the daemon's guarded arena access: a page a client took
+// away is a failed copy, not SIGBUS).
+using CopyFunction = bool (*)(void* dst, const void* src, size_t count);
+
 // An entry's image as two runs of bytes, where they are in the caller's memory.
+// With `copy` set, every byte is read through it (into the writer's own buffer) and
+// never touched otherwise; a failed copy fails the write (Corrupt, nothing written).
 struct ImageView {
   const uint8_t* tokens = nullptr;  // token_count * 4 bytes
   uint64_t tokens_bytes = 0;
   const uint8_t* payload = nullptr;
   uint64_t payload_bytes = 0;
+  CopyFunction copy = nullptr;
 };
+// Where a read puts the image; with `copy` set, every byte is written through it and
+// the target is never read.
 struct ImageTarget {
   uint8_t* tokens = nullptr;
   uint64_t tokens_bytes = 0;
   uint8_t* payload = nullptr;
   uint64_t payload_bytes = 0;
+  CopyFunction copy = nullptr;
 };
 
 // Calls f(run pointer, bytes) for the runs of [offset, offset + bytes) of the image.

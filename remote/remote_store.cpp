@@ -57,12 +57,22 @@ Status RemoteStore::put(const EntryKey& key, ManifestHeader header, const ImageV
                         value = std::string_view(reinterpret_cast<const char*>(p), len);
                         ++runs;
                       });
-      if (runs > 1) {
-        joined[j].clear();
+      if (runs > 1 || image.copy != nullptr) {
+        // A chunk straddling tokens and payload, or memory that must be read through
+        // `copy`: assembled in a buffer of our own.
+        joined[j].resize(bytes);
+        uint64_t filled = 0;
+        bool copied = true;
         for_image_range(image.tokens, image.tokens_bytes, image.payload, offset, bytes,
                         [&](const uint8_t* p, uint64_t len) {
-                          joined[j].append(reinterpret_cast<const char*>(p), len);
+                          if (image.copy != nullptr) {
+                            copied = copied && image.copy(joined[j].data() + filled, p, len);
+                          } else {
+                            std::memcpy(joined[j].data() + filled, p, len);
+                          }
+                          filled += len;
                         });
+        if (!copied) return Status::Corrupt;
         value = joined[j];
       }
       manifest.chunk_checksums[index] = XXH3_64bits(value.data(), value.size());
@@ -162,14 +172,25 @@ Status RemoteStore::get(const EntryKey& key, const Manifest& manifest, const Ima
         break;
       }
       uint64_t consumed = 0;
+      bool copied = true;
       for_image_range(target.tokens, target.tokens_bytes, target.payload, offset, bytes,
                       [&](uint8_t* p, uint64_t len) {
-                        std::memcpy(p, value.data() + consumed, len);
+                        const char* src = value.data() + consumed;
+                        if (target.copy != nullptr) {
+                          copied = copied && target.copy(p, src, len);
+                        } else {
+                          std::memcpy(p, src, len);
+                        }
+                        // What was copied is what was checked: hash the source.
                         if (p >= target.payload && p < target.payload + target.payload_bytes) {
-                          XXH3_64bits_update(&payload_sum, p, len);
+                          XXH3_64bits_update(&payload_sum, src, len);
                         }
                         consumed += len;
                       });
+      if (!copied) {
+        result = Status::IoError;  // the destination failed, not the store
+        break;
+      }
     }
   }
   if (result == Status::Ok && h.payload_bytes > 0 &&

@@ -38,14 +38,16 @@ class RemoteStore {
   // chunk_bytes: the size new records are cut at (chunk_bytes_min..chunk_bytes_max).
   RemoteStore(ClusterClient& client, uint32_t chunk_bytes);
 
-  // Ok (written), AlreadyPresent (its manifest was there), Unavailable, IoError.
+  // Ok (written), AlreadyPresent (its manifest was there), Unavailable, IoError,
+  // Corrupt (the image could not be read through its copy function).
   // `header` comes from manifest_header_for(key) with the caller's fields set; sizes
   // and chunking are filled in here.
   Status put(const EntryKey& key, ManifestHeader header, const ImageView& image);
   // One pipelined batch of manifest GETs; ret_results[i] answers keys[i].
   void probe(std::span<const EntryKey> keys, std::vector<ProbeResult>& ret_results);
   // Streams the entry's chunks into `target` (sized as the manifest says, or
-  // InvalidArgument). Ok, NotFound (a chunk is gone), Corrupt (deleted), Unavailable.
+  // InvalidArgument). Ok, NotFound (a chunk is gone), Corrupt (deleted), Unavailable,
+  // IoError (the target could not be written through its copy function).
   Status get(const EntryKey& key, const Manifest& manifest, const ImageTarget& target);
   // Deletes the manifest first (readers stop seeing it), then the chunks.
   void remove(const EntryKey& key, uint32_t chunk_count);
