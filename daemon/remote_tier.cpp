@@ -153,6 +153,9 @@ void RemoteTier::run() {
 }
 
 void RemoteTier::note_reached(bool reached) {
+  // A cluster with some masters still connected is degraded (their keys are served,
+  // the others miss), not down.
+  reached = reached || (client_->cluster_mode() && client_->nodes_connected() > 0);
   up_.store(reached, std::memory_order_relaxed);
   if (!reached) last_failure_usec_.store(monotonic_usec(), std::memory_order_relaxed);
 }

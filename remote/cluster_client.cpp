@@ -119,6 +119,11 @@ size_t ClusterClient::nodes_up() const {
   }));
 }
 
+size_t ClusterClient::nodes_connected() const {
+  return static_cast<size_t>(
+      std::count_if(nodes_.begin(), nodes_.end(), [](const Node& n) { return n.context != nullptr; }));
+}
+
 std::string ClusterClient::owner_of_slot(uint16_t slot) const {
   const int owner = mode_ == Mode::Standalone ? 0 : slot_owner_.at(slot);
   if (owner < 0 || static_cast<size_t>(owner) >= nodes_.size()) return {};

@@ -85,6 +85,7 @@ class ClusterClient {
   bool topology_known() const { return mode_ != Mode::Unknown; }
   size_t nodes_known() const { return nodes_.size(); }
   size_t nodes_up() const;  // connected, or not yet tried
+  size_t nodes_connected() const;
   uint64_t redirects() const { return redirects_; }
   uint64_t node_failures() const { return node_failures_; }
   uint64_t refreshes() const { return refreshes_; }

@@ -1,0 +1,250 @@
+// The remote tier through real processes: a 3-master Redis Cluster on loopback and
+// two kvparkd instances (separate arenas and disk directories) standing for two
+// hosts A and B. Every restore is checked byte for byte by kvpark-test-engine.
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <rapidjson/document.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tests/testing/daemon_process.h"
+#include "tests/testing/engine_runner.h"
+#include "tests/testing/eventually.h"
+#include "tests/testing/redis_process.h"
+
+namespace kvpark::testing {
+namespace {
+
+constexpr uint32_t block_tokens = 64;
+constexpr uint32_t head_tokens = 1024;  // 16 blocks of 64 KiB
+constexpr uint32_t blocks_per_head = head_tokens / block_tokens;
+const uint32_t full = full_restore_tokens(head_tokens, block_tokens);
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// A scratch directory, removed afterwards.
+struct ScratchDirectory {
+  ScratchDirectory() {
+    char templ[] = "/var/tmp/kvpark-remote-test-XXXXXX";
+    path = mkdtemp(templ);
+  }
+  ~ScratchDirectory() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  std::string path;
+};
+
+// One host: a kvparkd with its own arena, disk directory and HTTP status port.
+struct Host {
+  explicit Host(const std::string& seeds, const std::string& label) {
+    daemon = std::make_unique<DaemonProcess>(DaemonConfig{
+        .arena_bytes = 32ull << 20,
+        .extra_args = {"--remote", seeds, "--disk-dir", disk.path, "--http-listen", "127.0.0.1:0"},
+        .label = label});
+  }
+  // A number from /v1/status (0 when absent).
+  uint64_t status(const std::string& key) const {
+    httplib::Client http("127.0.0.1", daemon->http_port());
+    auto res = http.Get("/v1/status");
+    if (!res || res->status != 200) return 0;
+    rapidjson::Document d;
+    d.Parse(res->body.c_str());
+    if (d.HasParseError() || !d.HasMember(key.c_str())) return 0;
+    const auto& v = d[key.c_str()];
+    return v.IsUint64() ? v.GetUint64() : v.IsBool() ? (v.GetBool() ? 1 : 0) : 0;
+  }
+  std::string metrics() const {
+    httplib::Client http("127.0.0.1", daemon->http_port());
+    auto res = http.Get("/metrics");
+    return res ? res->body : "";
+  }
+  ScratchDirectory disk;
+  std::unique_ptr<DaemonProcess> daemon;
+};
+
+std::vector<std::string> head_args(uint64_t seed, std::vector<std::string> more) {
+  std::vector<std::string> args = {"--head-seed", std::to_string(seed), "--head-tokens",
+                                   std::to_string(head_tokens), "--block-bytes", "65536"};
+  args.insert(args.end(), more.begin(), more.end());
+  return args;
+}
+
+EngineRun publish(const Host& h, uint64_t seed) {
+  return run_engine(*h.daemon, head_args(seed, {"--shared", "publish"}));
+}
+
+EngineRun verify(const Host& h, uint64_t seed) {
+  return run_engine(*h.daemon, head_args(seed, {"--session", "9", "--wait-msec", "10000", "verify"}));
+}
+
+uint32_t restored(const EngineRun& run) {
+  auto r = restores_in(run.output);
+  return r.empty() ? 0 : r.back().tokens;
+}
+
+// Every key of the remote tier on every node, "node<TAB>key".
+std::vector<std::pair<size_t, std::string>> remote_keys(RedisCluster& cluster) {
+  std::vector<std::pair<size_t, std::string>> keys;
+  for (size_t n = 0; n < cluster.size(); ++n) {
+    if (!cluster.node(n).running()) continue;
+    std::istringstream lines(cluster.node(n).cli({"KEYS", "kvpark:r1:*"}));
+    for (std::string k; std::getline(lines, k);) {
+      if (!k.empty()) keys.emplace_back(n, k);
+    }
+  }
+  return keys;
+}
+
+class RemoteTierTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (redis_server_path().empty()) GTEST_SKIP() << "redis-server is not installed";
+    ASSERT_TRUE(cluster_.start()) << cluster_.failure();
+    a_ = std::make_unique<Host>(cluster_.seeds(), "remote-a");
+    b_ = std::make_unique<Host>(cluster_.seeds(), "remote-b");
+    ASSERT_TRUE(a_->daemon->start()) << a_->daemon->log_tail();
+    ASSERT_TRUE(b_->daemon->start()) << b_->daemon->log_tail();
+  }
+  // Publishes a shared head on A and waits until all of it is in the store.
+  void publish_on_a(uint64_t seed) {
+    const uint64_t before = a_->status("remote_writes");
+    ASSERT_EQ(publish(*a_, seed).exit_code, 0);
+    ASSERT_TRUE(eventually("A wrote the head behind to the store", [&] {
+      return a_->status("remote_writes") >= before + blocks_per_head;
+    })) << a_->daemon->log_tail();
+  }
+  RedisCluster cluster_{3};
+  std::unique_ptr<Host> a_;
+  std::unique_ptr<Host> b_;
+};
+
+TEST_F(RemoteTierTest, AHeadPublishedOnAIsRestoredByteExactOnBWithoutPrefill) {
+  publish_on_a(1);
+  EXPECT_EQ(a_->status("remote_cluster"), 1u);
+  EXPECT_EQ(a_->status("remote_nodes_known"), 3u);
+  // Its blocks spread over the masters.
+  size_t nodes_used = 0;
+  for (size_t n = 0; n < cluster_.size(); ++n) nodes_used += cluster_.node(n).cli({"DBSIZE"}) != "0\n";
+  EXPECT_GE(nodes_used, 2u);
+  const EngineRun run = verify(*b_, 1);
+  EXPECT_EQ(run.exit_code, 0) << run.output << b_->daemon->log_tail();
+  EXPECT_EQ(restored(run), full) << run.output << b_->daemon->log_tail();
+  EXPECT_GE(b_->status("remote_hits"), full / block_tokens);
+  EXPECT_EQ(b_->status("remote_corrupt"), 0u);
+  // Once on B's host tier, the next restore there asks nobody.
+  const uint64_t probes = b_->status("remote_probes");
+  const EngineRun again = verify(*b_, 1);
+  EXPECT_EQ(again.exit_code, 0);
+  EXPECT_EQ(restored(again), full);
+  EXPECT_EQ(b_->status("remote_probes"), probes);
+  EXPECT_NE(b_->metrics().find("kvpark_remote_hits_total"), std::string::npos);
+}
+
+TEST_F(RemoteTierTest, ANodeKilledDuringARestoreIsAMissAndNothingWrongIsServed) {
+  publish_on_a(2);
+  ChildProcess engine = spawn_engine(*b_->daemon, head_args(2, {"--session", "9", "--wait-msec",
+                                                                "10000", "verify"}));
+  ASSERT_GT(engine.pid, 0);
+  // Kill a master once B has asked the store (its restores may be in flight).
+  ASSERT_TRUE(eventually("B probed the store", [&] { return b_->status("remote_probes") >= 1; }));
+  cluster_.node(1).kill_hard();
+  EXPECT_EQ(engine.wait_exit(20'000), 0) << "the engine found a wrong byte or failed\n"
+                                         << b_->daemon->log_tail();
+  // What B restored it verified; whatever was on the dead node is prefilled instead.
+  // B keeps serving locally, and another head misses the dead node, never errs.
+  const EngineRun run = verify(*b_, 3);
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_EQ(publish(*b_, 4).exit_code, 0);
+  const EngineRun local = verify(*b_, 4);
+  EXPECT_EQ(local.exit_code, 0);
+  EXPECT_EQ(restored(local), full);
+  const EngineRun partial = verify(*b_, 2);
+  EXPECT_EQ(partial.exit_code, 0) << partial.output;
+  EXPECT_LE(restored(partial), full);
+  // A cluster with a master down is degraded, not down: no flapping state lines.
+  const std::string log = read_file(b_->daemon->log_path());
+  EXPECT_EQ(log.find("unreachable; lookups miss it"), std::string::npos) << log;
+}
+
+TEST_F(RemoteTierTest, ACorruptedValueIsAMissAndIsDeleted) {
+  publish_on_a(5);
+  // Damage every block's first chunk: not one of them may be served.
+  size_t damaged = 0;
+  for (const auto& [node, key] : remote_keys(cluster_)) {
+    if (key.ends_with(":b:0")) {
+      cluster_.node(node).cli({"SETRANGE", key, "100", "kvpark-was-here"});
+      ++damaged;
+    }
+  }
+  ASSERT_EQ(damaged, blocks_per_head);
+  const EngineRun run = verify(*b_, 5);
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_EQ(restored(run), 0u);  // the chain's first block is damaged: nothing restorable
+  EXPECT_GE(b_->status("remote_corrupt"), 1u);
+  EXPECT_EQ(b_->status("remote_hits"), 0u);
+  // The damaged entry's keys are gone from the store.
+  EXPECT_TRUE(eventually("the damaged entry is deleted", [&] {
+    return remote_keys(cluster_).size() < blocks_per_head * 2;
+  }));
+}
+
+TEST(RemoteTierStartup, AStoreDownAtStartLeavesLocalServiceAndIsPickedUpWhenItAppears) {
+  if (redis_server_path().empty()) GTEST_SKIP() << "redis-server is not installed";
+  RedisProcess redis;
+  ASSERT_TRUE(redis.start()) << redis.log_tail();
+  redis.kill_hard();  // down, but its address is known
+  const std::string seeds = "redis://" + redis.address();
+  Host a(seeds, "remote-down-a");
+  Host b(seeds, "remote-down-b");
+  ASSERT_TRUE(a.daemon->start()) << a.daemon->log_tail();
+  ASSERT_TRUE(b.daemon->start()) << b.daemon->log_tail();
+  ASSERT_EQ(publish(a, 10).exit_code, 0);
+  const EngineRun local = verify(a, 10);
+  EXPECT_EQ(local.exit_code, 0);
+  EXPECT_EQ(restored(local), full);
+  const EngineRun miss = verify(b, 10);
+  EXPECT_EQ(miss.exit_code, 0);
+  EXPECT_EQ(restored(miss), 0u);
+  EXPECT_EQ(a.status("remote_up"), 0u);
+  ASSERT_TRUE(redis.start()) << redis.log_tail();
+  // A notices the store is back (a write-behind or a lookup retries it)...
+  uint64_t seed = 11;
+  ASSERT_TRUE(eventually("A reaches the store again", [&] {
+    EXPECT_EQ(publish(a, seed++).exit_code, 0);
+    return a.status("remote_up") == 1;
+  })) << a.daemon->log_tail();
+  // ...and from then on writes what it publishes.
+  const uint64_t before = a.status("remote_writes");
+  ASSERT_EQ(publish(a, seed).exit_code, 0);
+  ASSERT_TRUE(eventually("A wrote the new head behind", [&] {
+    return a.status("remote_writes") >= before + blocks_per_head;
+  })) << a.daemon->log_tail();
+  // Writes of the heads published while A reconnected may still be landing: B restores
+  // what is there, byte-exact, and the whole head once all of it is.
+  ASSERT_TRUE(eventually("B restores the whole head from the store", [&] {
+    const EngineRun run = verify(b, seed);
+    EXPECT_EQ(run.exit_code, 0) << run.output;
+    return restored(run) == full;
+  })) << b.daemon->log_tail();
+  EXPECT_GE(b.status("remote_hits"), 1u);
+  // One log line per state change, not one per failed job.
+  const std::string log = read_file(a.daemon->log_path());
+  size_t unreachable = 0;
+  const std::string down = "unreachable; lookups miss it";
+  for (size_t at = log.find(down); at != std::string::npos; at = log.find(down, at + 1)) ++unreachable;
+  EXPECT_LE(unreachable, 1u) << log;
+  EXPECT_NE(log.find(redis.address() + " reachable"), std::string::npos) << log;
+}
+
+}  // namespace
+}  // namespace kvpark::testing
