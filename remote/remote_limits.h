@@ -22,7 +22,7 @@ inline constexpr uint32_t manifest_bytes_max = 256 + 8 * chunks_per_entry_max;
 
 // Chunk GETs in flight per entry restore (pipelined): bounds what is buffered,
 // chunks_in_flight_max x chunk_bytes_max.
-inline constexpr uint32_t chunks_in_flight_max = 8;
+inline constexpr uint32_t chunks_in_flight_max = 2;
 // Keys one existence check asks for at once (a 1 Mi-token prompt of 64-token blocks).
 inline constexpr uint32_t probe_keys_max = 16384;
 

@@ -12,6 +12,12 @@
 #include "remote/remote_limits.h"
 
 namespace kvpark::remote {
+namespace {
+
+// The unit of the fused copy-and-checksum of a read (fits in L1 with its source).
+constexpr uint64_t copy_piece_bytes = 16 * 1024;
+
+}  // namespace
 
 RemoteStore::RemoteStore(ClusterClient& client, uint32_t chunk_bytes)
     : client_(client), chunk_bytes_(chunk_bytes) {
@@ -136,8 +142,6 @@ Status RemoteStore::get(const EntryKey& key, const Manifest& manifest, const Ima
     return Status::InvalidArgument;
   }
   const uint64_t image_bytes = manifest.image_bytes();
-  XXH3_state_t payload_sum;
-  XXH3_64bits_reset(&payload_sum);
   std::vector<std::string> keys(chunks_in_flight_max);
   std::vector<Command> batch;
   std::vector<Reply> replies;
@@ -166,39 +170,39 @@ Status RemoteStore::get(const EntryKey& key, const Manifest& manifest, const Ima
       counters_.bytes_read += value.size();
       const uint64_t offset = uint64_t{index} * h.chunk_bytes;
       const uint64_t bytes = std::min<uint64_t>(h.chunk_bytes, image_bytes - offset);
-      if (!r.is_string() || value.size() != bytes ||
-          XXH3_64bits(value.data(), value.size()) != manifest.chunk_checksums[index]) {
+      if (!r.is_string() || value.size() != bytes) {
         result = Status::Corrupt;
         break;
       }
+      // Copy and checksum fused: each piece is hashed right after it is copied, while
+      // the source is still in cache (one pass over the value, not two).
+      XXH3_state_t sum;
+      XXH3_64bits_reset(&sum);
       uint64_t consumed = 0;
       bool copied = true;
       for_image_range(target.tokens, target.tokens_bytes, target.payload, offset, bytes,
                       [&](uint8_t* p, uint64_t len) {
-                        const char* src = value.data() + consumed;
-                        if (target.copy != nullptr) {
-                          copied = copied && target.copy(p, src, len);
-                        } else {
-                          std::memcpy(p, src, len);
-                        }
-                        // What was copied is what was checked: hash the source.
-                        if (p >= target.payload && p < target.payload + target.payload_bytes) {
-                          XXH3_64bits_update(&payload_sum, src, len);
+                        for (uint64_t done = 0; done < len && copied; done += copy_piece_bytes) {
+                          const uint64_t piece = std::min<uint64_t>(copy_piece_bytes, len - done);
+                          const char* src = value.data() + consumed + done;
+                          if (target.copy != nullptr) {
+                            copied = target.copy(p + done, src, piece);
+                          } else {
+                            std::memcpy(p + done, src, piece);
+                          }
+                          XXH3_64bits_update(&sum, src, piece);
                         }
                         consumed += len;
                       });
+      if (copied && XXH3_64bits_digest(&sum) != manifest.chunk_checksums[index]) {
+        result = Status::Corrupt;  // what was copied is never sealed: the entry is erased
+        break;
+      }
       if (!copied) {
         result = Status::IoError;  // the destination failed, not the store
         break;
       }
     }
-  }
-  if (result == Status::Ok && h.payload_bytes > 0 &&
-      XXH3_64bits_digest(&payload_sum) != h.payload_checksum) {
-    result = Status::Corrupt;
-  }
-  if (result == Status::Ok && h.payload_bytes == 0 && h.payload_checksum != XXH3_64bits(nullptr, 0)) {
-    result = Status::Corrupt;
   }
   if (result == Status::Corrupt || result == Status::NotFound) {
     if (result == Status::Corrupt) ++counters_.corrupt_values;

@@ -5,8 +5,9 @@
 // chunk (pipelined, chunks_in_flight_max at a time) and then the manifest, so a
 // reader never sees half an entry; an entry whose manifest is already there is not
 // written again (content-addressed and immutable: whoever wrote it wrote the same).
-// Reads check every chunk's XXH3-64 and the payload's checksum while copying into
-// the caller's memory; a value that is missing, truncated, fails a check or names
+// Reads check every chunk's XXH3-64 before copying it into the caller's memory (the
+// payload's own checksum, kept in the manifest, is the reader's to check: libkvpark
+// verifies it while an engine copies out, so it is not hashed a second time here); a value that is missing, truncated, fails a check or names
 // another entry is a miss (Corrupt or NotFound), and a corrupt entry's keys are
 // deleted so the next writer repairs it. A store that cannot be reached answers
 // Unavailable; one that refuses a write (out of memory) answers IoError.
