@@ -141,7 +141,7 @@ bool RedisProcess::start_on(int port) {
                                    "--logfile", directory_ + "/redis.log"};
   if (config_.cluster) {
     argv.insert(argv.end(), {"--cluster-enabled", "yes", "--cluster-config-file",
-                             directory_ + "/nodes.conf", "--cluster-node-timeout", "2000",
+                             directory_ + "/nodes.conf", "--cluster-node-timeout", "15000",
                              "--cluster-require-full-coverage", "no"});
   }
   if (!config_.password.empty()) argv.insert(argv.end(), {"--requirepass", config_.password});
