@@ -129,6 +129,7 @@ struct StatusInfo {
   uint64_t remote_corrupt = 0;     // values that failed a check: missed and deleted
   uint64_t remote_rejected = 0;    // fetched entries the daemon's own checks refused
   uint64_t remote_redirects = 0;   // MOVED / ASK followed
+  uint64_t remote_read_bytes_per_second = 0;  // measured by restores; 0: not yet
   LatencyHistogram remote_probe_seconds;  // one existence check of a lookup's chain
   LatencyHistogram remote_get_seconds;    // one entry, store -> host, verified
 };

@@ -115,6 +115,7 @@ StatusInfo ControlPlane::status_in_loop() const {
     s.remote_corrupt = r.corrupt_values;
     s.remote_rejected = c.remote_rejected;
     s.remote_redirects = r.redirects;
+    s.remote_read_bytes_per_second = static_cast<uint64_t>(remote->read_bytes_per_second());
     s.remote_probe_seconds = r.probe_seconds;
     s.remote_get_seconds = r.get_seconds;
   }

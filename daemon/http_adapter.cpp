@@ -168,6 +168,7 @@ void write_status(JsonWriter& w, const StatusInfo& s) {
       {"remote_corrupt", s.remote_corrupt},
       {"remote_rejected", s.remote_rejected},
       {"remote_redirects", s.remote_redirects},
+      {"remote_read_bytes_per_second", s.remote_read_bytes_per_second},
   };
   for (const auto& [key, value] : numbers) {
     w.Key(key);
@@ -446,6 +447,9 @@ std::string render_metrics(const StatusInfo& s, const std::vector<NamespaceSumma
           "Remote values that failed a check (missed and deleted).", s.remote_corrupt);
     m.one("kvpark_remote_rejected_total", "counter",
           "Remote entries the daemon's own checks refused (chain hash, geometry).", s.remote_rejected);
+    m.one("kvpark_remote_read_bytes_per_second", "gauge",
+          "Remote read bandwidth restores measured (the load-versus-recompute input).",
+          s.remote_read_bytes_per_second);
     m.one("kvpark_remote_redirects_total", "counter", "Redis Cluster MOVED/ASK redirections followed.",
           s.remote_redirects);
     m.histogram("kvpark_remote_probe_duration_seconds",

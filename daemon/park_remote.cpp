@@ -161,6 +161,13 @@ void Park::finish_remote_probe(const RemoteCompletion& done) {
       ++counters_.remote_rejected;
       break;
     }
+    // Load versus recompute, by the store's measured bandwidth and the engine's rate.
+    const double rate = info.prefill_tokens_per_second != 0 ? info.prefill_tokens_per_second
+                                                             : prefill_tokens_per_second_default;
+    if (!options_.remote->load_beats_recompute(r.manifest.image_bytes(), block_tokens / rate)) {
+      ++counters_.recompute_instead;
+      break;
+    }
     EntrySlot slot = table_.find_block(c->second.ns, hash);
     if (slot != no_slot) {
       // Published here meanwhile, or being restored for another lookup: follow it.

@@ -4,6 +4,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cassert>
 
 #include "daemon/clock.h"
@@ -109,7 +110,9 @@ void RemoteTier::run() {
       job = std::move(queue.front());
       queue.pop_front();
     }
+    const uint64_t exec_start = monotonic_usec();
     RemoteCompletion done = execute(job);
+    done.exec_usec = monotonic_usec() - exec_start;
     {
       std::lock_guard lock(mutex_);
       const remote::StoreCounters& c = store_->counters();
@@ -197,6 +200,12 @@ void RemoteTier::take_completions(std::vector<RemoteCompletion>& ret) {
   {
     std::lock_guard lock(mutex_);
     ret.swap(done_);
+  }
+  for (const RemoteCompletion& d : ret) {
+    // Below a MiB a restore says more about latency than bandwidth.
+    if (d.kind != RemoteJobKind::Get || d.status != Status::Ok || d.bytes < (1u << 20)) continue;
+    const double sample = static_cast<double>(d.bytes) * 1e6 / static_cast<double>(std::max<uint64_t>(d.exec_usec, 1));
+    read_bytes_per_second_ = read_bytes_per_second_ <= 0 ? sample : 0.7 * read_bytes_per_second_ + 0.3 * sample;
   }
   const bool up = up_.load(std::memory_order_relaxed);
   if (!ret.empty() && (!logged_once_ || up != logged_up_)) {

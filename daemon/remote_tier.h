@@ -68,6 +68,7 @@ struct RemoteCompletion {
   uint64_t start_usec = 0;  // CLOCK_MONOTONIC at submit
   uint64_t bytes = 0;
   uint64_t payload_checksum = 0;             // get: the manifest's
+  uint64_t exec_usec = 0;                    // the worker's time on it (queueing excluded)
   std::vector<remote::EntryKey> keys;        // probe: what was asked
   std::vector<remote::ProbeResult> results;  // probe: one per key
 };
@@ -127,6 +128,14 @@ class RemoteTier {
   std::string seeds_text() const;
   size_t puts_queued() const;
 
+  // Loop thread: whether reading `bytes` from the store is expected to beat
+  // recomputing them in `recompute_seconds`, by the bandwidth restores measured (an
+  // EWMA of each restore's bytes over the worker's time on it; true until measured).
+  bool load_beats_recompute(uint64_t bytes, double recompute_seconds) const {
+    return read_bytes_per_second_ <= 0 || static_cast<double>(bytes) / read_bytes_per_second_ < recompute_seconds;
+  }
+  double read_bytes_per_second() const { return read_bytes_per_second_; }
+
   // Loop thread: recent misses (remote_miss_memory_usec) and probes out, with their
   // budget (remote_probe_budget_usec).
   bool missed_recently(const Hash128& hash, uint64_t now_usec) const;
@@ -175,6 +184,7 @@ class RemoteTier {
   };
   std::deque<PendingProbe> probes_out_;                        // loop thread
   std::unordered_map<Hash128, uint64_t, Hash128Hasher> missed_;  // loop thread: hash -> when
+  double read_bytes_per_second_ = 0;  // loop thread; 0: not measured
   bool logged_up_ = false;  // loop thread: the state last logged
   bool logged_once_ = false;
   std::thread worker_;
