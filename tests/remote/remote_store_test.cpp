@@ -6,6 +6,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "proto/xxh3.h"
@@ -176,6 +177,24 @@ TEST_F(SingleRedis, AForeignOrDamagedManifestIsAMissAndDeleted) {
   EXPECT_EQ(read_back(store, b), Status::Corrupt);
   EXPECT_EQ(redis_.cli({"EXISTS", manifest_key(b.key)}), "0\n");
   EXPECT_EQ(read_back(store, a), Status::Ok);
+}
+
+TEST_F(SingleRedis, TwoWritersOfOneEntryAtOnceLeaveItWhole) {
+  const TestEntry e = make_entry(11, 40 * test_chunk_bytes);
+  std::vector<Status> results(2);
+  std::vector<std::thread> writers;
+  for (int w = 0; w < 2; ++w) {
+    writers.emplace_back([&, w] {
+      ClusterClient client(options_for(redis_.address()));
+      RemoteStore store(client, test_chunk_bytes);
+      results[w] = store.put(e.key, e.header(), e.view());
+    });
+  }
+  for (auto& t : writers) t.join();
+  for (Status s : results) EXPECT_TRUE(s == Status::Ok || s == Status::AlreadyPresent);
+  ClusterClient client(options_for(redis_.address()));
+  RemoteStore store(client, test_chunk_bytes);
+  EXPECT_EQ(read_back(store, e), Status::Ok);
 }
 
 TEST_F(SingleRedis, ADownStoreIsUnavailableAndIsPickedUpWhenItReturns) {

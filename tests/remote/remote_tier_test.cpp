@@ -46,10 +46,12 @@ struct ScratchDirectory {
 
 // One host: a kvparkd with its own arena, disk directory and HTTP status port.
 struct Host {
-  explicit Host(const std::string& seeds, const std::string& label) {
+  explicit Host(const std::string& seeds, const std::string& label,
+                const std::string& write_policy = "shared") {
     daemon = std::make_unique<DaemonProcess>(DaemonConfig{
         .arena_bytes = 32ull << 20,
-        .extra_args = {"--remote", seeds, "--disk-dir", disk.path, "--http-listen", "127.0.0.1:0"},
+        .extra_args = {"--remote", seeds, "--remote-write", write_policy, "--disk-dir", disk.path,
+                       "--http-listen", "127.0.0.1:0"},
         .label = label});
   }
   // A number from /v1/status (0 when absent).
@@ -81,6 +83,10 @@ std::vector<std::string> head_args(uint64_t seed, std::vector<std::string> more)
 
 EngineRun publish(const Host& h, uint64_t seed) {
   return run_engine(*h.daemon, head_args(seed, {"--shared", "publish"}));
+}
+
+EngineRun publish_private(const Host& h, uint64_t seed) {
+  return run_engine(*h.daemon, head_args(seed, {"publish"}));
 }
 
 EngineRun verify(const Host& h, uint64_t seed) {
@@ -244,6 +250,58 @@ TEST(RemoteTierStartup, AStoreDownAtStartLeavesLocalServiceAndIsPickedUpWhenItAp
   for (size_t at = log.find(down); at != std::string::npos; at = log.find(down, at + 1)) ++unreachable;
   EXPECT_LE(unreachable, 1u) << log;
   EXPECT_NE(log.find(redis.address() + " reachable"), std::string::npos) << log;
+}
+
+TEST(RemoteTierPolicy, SharedWritesOnlySharedBlocksAndAllWritesPrivateOnesToo) {
+  if (redis_server_path().empty()) GTEST_SKIP() << "redis-server is not installed";
+  RedisProcess redis;
+  ASSERT_TRUE(redis.start()) << redis.log_tail();
+  const std::string seeds = "redis://" + redis.address();
+  Host shared(seeds, "remote-policy-shared");
+  Host all(seeds, "remote-policy-all", "all");
+  Host off(seeds, "remote-policy-off", "off");
+  ASSERT_TRUE(shared.daemon->start()) << shared.daemon->log_tail();
+  ASSERT_TRUE(all.daemon->start()) << all.daemon->log_tail();
+  ASSERT_TRUE(off.daemon->start()) << off.daemon->log_tail();
+  // A private head, then a shared one: writes go in order, so once the shared head is
+  // written, a private write would have been counted first.
+  ASSERT_EQ(publish_private(shared, 20).exit_code, 0);
+  ASSERT_EQ(publish_private(off, 21).exit_code, 0);
+  ASSERT_EQ(publish(off, 22).exit_code, 0);
+  ASSERT_EQ(publish(shared, 23).exit_code, 0);
+  ASSERT_TRUE(eventually("the shared head is written", [&] {
+    return shared.status("remote_writes") >= blocks_per_head;
+  }));
+  EXPECT_EQ(shared.status("remote_writes"), blocks_per_head);
+  EXPECT_EQ(off.status("remote_writes"), 0u);
+  EXPECT_EQ(redis.cli({"DBSIZE"}), std::to_string(2 * blocks_per_head) + "\n");  // manifest + chunk
+  ASSERT_EQ(publish_private(all, 24).exit_code, 0);
+  EXPECT_TRUE(eventually("policy all writes a private head", [&] {
+    return all.status("remote_writes") >= blocks_per_head;
+  }));
+  // Written by one host, present for another: not written twice.
+  ASSERT_EQ(publish(all, 23).exit_code, 0);
+  EXPECT_TRUE(eventually("the second writer finds it present", [&] {
+    return all.status("remote_writes_present") >= blocks_per_head;
+  }));
+}
+
+TEST(RemoteTierFull, AStoreThatRefusesWritesIsCountedAndLocalServiceGoesOn) {
+  if (redis_server_path().empty()) GTEST_SKIP() << "redis-server is not installed";
+  RedisProcess redis(RedisConfig{.extra_args = {"--maxmemory", "1mb", "--maxmemory-policy",
+                                                "noeviction"}});
+  ASSERT_TRUE(redis.start()) << redis.log_tail();
+  Host a("redis://" + redis.address(), "remote-full-a");
+  ASSERT_TRUE(a.daemon->start()) << a.daemon->log_tail();
+  ASSERT_EQ(publish(a, 30).exit_code, 0);
+  ASSERT_EQ(publish(a, 31).exit_code, 0);
+  EXPECT_TRUE(eventually("the store's refusals are counted", [&] {
+    return a.status("remote_writes_refused") >= 1 && a.status("remote_writes_failed") >= 1;
+  })) << a.daemon->log_tail();
+  EXPECT_EQ(a.status("remote_up"), 1u);  // refusing is an answer: the store is up
+  const EngineRun local = verify(a, 31);
+  EXPECT_EQ(local.exit_code, 0) << local.output;
+  EXPECT_EQ(restored(local), full);
 }
 
 }  // namespace
