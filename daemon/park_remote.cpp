@@ -131,16 +131,34 @@ void Park::on_remote_completions() {
 
 void Park::finish_remote_probe(const RemoteCompletion& done) {
   auto c = connections_.find(static_cast<ConnectionId>(done.tag));
-  if (c == connections_.end()) return;
+  if (c == connections_.end() || done.results.empty()) return;
+  // The lease may be gone (an engine that did not wait): what the store has is still
+  // brought in for the next lookup of this chain, but no lease waits for it.
   auto it = c->second.leases.find(done.tag2);
-  if (it == c->second.leases.end() || !it->second.remote_pending) return;  // released, or over budget
-  Lease& lease = it->second;
-  lease.remote_pending = false;
+  Lease* lease = it != c->second.leases.end() ? &it->second : nullptr;
+  if (lease != nullptr) lease->remote_pending = false;
   const NamespaceInfo& info = table_.namespace_info(c->second.ns);
   const uint32_t block_tokens = info.geometry.block_tokens;
-  // The chain continues from the lease's last block (or the namespace seed).
-  Hash128 parent = lease.blocks.empty() ? info.id : table_.entry(lease.blocks.back()).key_hash;
-  uint32_t index = static_cast<uint32_t>(lease.blocks.size());
+  // The chain continues from a sealed block here (or the namespace seed): the first
+  // manifest names which, and must agree.
+  if (done.results[0].status != Status::Ok) {
+    const remote::ProbeResult& r = done.results[0];
+    if (r.status == Status::NotFound || r.status == Status::Corrupt) {
+      options_.remote->note_missed(done.keys[0].key_hash, coarse_monotonic_usec());
+    }
+    return;
+  }
+  uint32_t index = done.results[0].manifest.header.anchor_chunks;
+  Hash128 parent = info.id;
+  if (index > 0) {
+    const EntrySlot before = table_.find_block(c->second.ns, done.results[0].manifest.header.parent_hash);
+    if (before == no_slot || !table_.entry(before).sealed || table_.entry(before).dead ||
+        table_.entry(before).anchor_chunks + 1 != index) {
+      ++counters_.remote_rejected;  // not the continuation of a chain this daemon has
+      return;
+    }
+    parent = table_.entry(before).key_hash;
+  }
   for (size_t i = 0; i < done.results.size(); ++i, ++index) {
     const remote::ProbeResult& r = done.results[i];
     const Hash128 hash = done.keys[i].key_hash;
@@ -171,7 +189,9 @@ void Park::finish_remote_probe(const RemoteCompletion& done) {
     EntrySlot slot = table_.find_block(c->second.ns, hash);
     if (slot != no_slot) {
       // Published here meanwhile, or being restored for another lookup: follow it.
-      if (!table_.entry(slot).sealed) lease.inflight.emplace_back(slot, table_.entry_id(slot));
+      if (!table_.entry(slot).sealed && lease != nullptr) {
+        lease->inflight.emplace_back(slot, table_.entry_id(slot));
+      }
       parent = hash;
       continue;
     }
@@ -212,7 +232,7 @@ void Park::finish_remote_probe(const RemoteCompletion& done) {
                                      .copy = shm::guarded_copy};
     table_.pin_io(slot);  // the worker writes the extent until the read completes
     options_.remote->get(done.keys[i], r.manifest, target, slot, table_.entry_id(slot));
-    lease.inflight.emplace_back(slot, table_.entry_id(slot));
+    if (lease != nullptr) lease->inflight.emplace_back(slot, table_.entry_id(slot));
     parent = hash;
   }
 }

@@ -154,6 +154,17 @@ TEST_F(RemoteTierTest, AHeadPublishedOnAIsRestoredByteExactOnBWithoutPrefill) {
   EXPECT_EQ(restored(again), full);
   EXPECT_EQ(b_->status("remote_probes"), probes);
   EXPECT_NE(b_->metrics().find("kvpark_remote_hits_total"), std::string::npos);
+
+  // An engine that does not wait gets what is here now; the store's blocks still land
+  // for its next lookup.
+  publish_on_a(6);
+  const EngineRun first = run_engine(*b_->daemon, head_args(6, {"--session", "9", "verify"}));
+  EXPECT_EQ(first.exit_code, 0) << first.output;
+  EXPECT_TRUE(eventually("the next lookup on B restores the whole head", [&] {
+    const EngineRun next = run_engine(*b_->daemon, head_args(6, {"--session", "9", "verify"}));
+    EXPECT_EQ(next.exit_code, 0) << next.output;
+    return restored(next) == full;
+  })) << b_->daemon->log_tail();
 }
 
 TEST_F(RemoteTierTest, ANodeKilledDuringARestoreIsAMissAndNothingWrongIsServed) {
