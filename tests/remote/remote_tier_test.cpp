@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "proto/xxh3.h"
+#include "remote/record_layout.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/engine_runner.h"
 #include "tests/testing/eventually.h"
@@ -313,6 +315,63 @@ TEST(RemoteTierFull, AStoreThatRefusesWritesIsCountedAndLocalServiceGoesOn) {
   const EngineRun local = verify(a, 31);
   EXPECT_EQ(local.exit_code, 0) << local.output;
   EXPECT_EQ(restored(local), full);
+}
+
+// A value whose checksums all agree but whose token ids are not the ones its key names
+// (a buggy or hostile writer): the daemon's own chain-hash check refuses it.
+TEST(RemoteTierTokens, AValueWithOtherTokensUnderTheKeyIsRefusedByTheChainHash) {
+  if (redis_server_path().empty()) GTEST_SKIP() << "redis-server is not installed";
+  RedisProcess redis;
+  ASSERT_TRUE(redis.start()) << redis.log_tail();
+  const std::string seeds = "redis://" + redis.address();
+  Host a(seeds, "remote-tokens-a");
+  Host b(seeds, "remote-tokens-b");
+  ASSERT_TRUE(a.daemon->start()) << a.daemon->log_tail();
+  ASSERT_TRUE(b.daemon->start()) << b.daemon->log_tail();
+  ASSERT_EQ(publish(a, 40).exit_code, 0);
+  ASSERT_TRUE(eventually("A wrote the head", [&] { return a.status("remote_writes") >= blocks_per_head; }));
+  // Rewrite the chain's first block: one token id changed, chunk and manifest checksums
+  // recomputed so every checksum agrees.
+  std::istringstream keys(redis.cli({"KEYS", "kvpark:r1:*:b"}));
+  bool rewritten = false;
+  for (std::string key; std::getline(keys, key) && !rewritten;) {
+    if (key.empty()) continue;
+    std::string manifest_text;  // --raw: the value's bytes, then a newline
+    ASSERT_EQ(run_process({redis_cli_path(), "-p", std::to_string(redis.port()), "--raw", "GET", key},
+                          10'000, &manifest_text),
+              0);
+    if (!manifest_text.empty() && manifest_text.back() == '\n') manifest_text.pop_back();
+    remote::Manifest m;
+    if (remote::decode_manifest(manifest_text, m) != Status::Ok || m.header.anchor_chunks != 0) continue;
+    std::string chunk;
+    ASSERT_EQ(run_process({redis_cli_path(), "-p", std::to_string(redis.port()), "--raw", "GET",
+                           key + ":0"},
+                          10'000, &chunk),
+              0);
+    if (!chunk.empty() && chunk.back() == '\n') chunk.pop_back();
+    ASSERT_GE(chunk.size(), 4u);
+    chunk[0] ^= 1;  // token 0
+    m.chunk_checksums[0] = XXH3_64bits(chunk.data(), chunk.size());
+    const std::string manifest = remote::encode_manifest(m);
+    // Write both back byte-exact with redis-cli -x (the value from stdin).
+    const auto set_from_stdin = [&](const std::string& k, const std::string& v) {
+      const std::string path = a.disk.path + "/value";
+      std::ofstream(path, std::ios::binary) << v;
+      std::string out;
+      return run_process({"/bin/sh", "-c",
+                          redis_cli_path() + " -p " + std::to_string(redis.port()) + " -x SET '" + k +
+                              "' < " + path},
+                         10'000, &out) == 0;
+    };
+    ASSERT_TRUE(set_from_stdin(key + ":0", chunk));
+    ASSERT_TRUE(set_from_stdin(key, manifest));
+    rewritten = true;
+  }
+  ASSERT_TRUE(rewritten) << "no manifest of the chain's first block found";
+  const EngineRun run = verify(b, 40);
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_EQ(restored(run), 0u);  // the first block is refused: nothing restorable
+  EXPECT_GE(b.status("remote_rejected"), 1u) << b.daemon->log_tail();
 }
 
 }  // namespace
