@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <rapidjson/document.h>
+#include <signal.h>
 #include <stdlib.h>
 
 #include <filesystem>
@@ -315,6 +316,35 @@ TEST(RemoteTierFull, AStoreThatRefusesWritesIsCountedAndLocalServiceGoesOn) {
   const EngineRun local = verify(a, 31);
   EXPECT_EQ(local.exit_code, 0) << local.output;
   EXPECT_EQ(restored(local), full);
+}
+
+// A store that accepts connections but never answers (stopped): lookups are answered at
+// once with what is local, an engine that waits is released by the check's budget, and
+// local publishing and restoring go on.
+TEST(RemoteTierSlow, AStoreThatHangsDelaysNothingLocal) {
+  if (redis_server_path().empty()) GTEST_SKIP() << "redis-server is not installed";
+  RedisProcess redis;
+  ASSERT_TRUE(redis.start()) << redis.log_tail();
+  const std::string seeds = "redis://" + redis.address();
+  Host a(seeds, "remote-slow-a");
+  ASSERT_TRUE(a.daemon->start()) << a.daemon->log_tail();
+  ASSERT_EQ(publish(a, 50).exit_code, 0);  // the store is up: connections are made
+  ASSERT_TRUE(eventually("A wrote the head", [&] { return a.status("remote_writes") >= blocks_per_head; }));
+  ASSERT_EQ(kill(redis.pid(), SIGSTOP), 0);
+  ASSERT_EQ(publish(a, 51).exit_code, 0);
+  const EngineRun local = verify(a, 51);
+  EXPECT_EQ(local.exit_code, 0) << local.output;
+  EXPECT_EQ(restored(local), full);
+  // A head nobody has: the engine waits, the check's budget (or the socket timeout)
+  // ends the wait, and nothing is restored.
+  const EngineRun miss = verify(a, 52);
+  EXPECT_EQ(miss.exit_code, 0) << miss.output;
+  EXPECT_EQ(restored(miss), 0u);
+  EXPECT_TRUE(eventually("the hang is counted", [&] { return a.status("remote_errors") >= 1; }));
+  ASSERT_EQ(kill(redis.pid(), SIGCONT), 0);
+  const EngineRun again = verify(a, 50);
+  EXPECT_EQ(again.exit_code, 0);
+  EXPECT_EQ(restored(again), full);
 }
 
 // A value whose checksums all agree but whose token ids are not the ones its key names

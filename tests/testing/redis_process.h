@@ -37,6 +37,7 @@ class RedisProcess {
   bool start();
   void kill_hard();  // SIGKILL and reap; the port is kept for the next start()
   bool running() const { return pid_ > 0; }
+  pid_t pid() const { return pid_; }  // SIGSTOP / SIGCONT it to play a store that hangs
   int port() const { return port_; }
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
   const std::string& directory() const { return directory_; }
