@@ -123,7 +123,8 @@ void Park::on_remote_completions() {
       }
       case RemoteJobKind::Probe: finish_remote_probe(d); break;
       case RemoteJobKind::Get: finish_remote_get(d); break;
-      case RemoteJobKind::Remove: break;
+      case RemoteJobKind::Remove:
+      case RemoteJobKind::Refresh: break;
     }
   }
   answer_waiters(false);

@@ -36,6 +36,7 @@ Status RemoteTier::open(const RemoteTierOptions& options, std::unique_ptr<Remote
   tier->store_ = std::make_unique<remote::RemoteStore>(*tier->client_, tier->options_.chunk_bytes);
   tier->stats_.nodes_known = options.seeds.size();
   tier->worker_ = std::thread([t = tier.get()] { t->run(); });
+  tier->submit(Job{.kind = RemoteJobKind::Refresh}, true);
   ret = std::move(tier);
   return Status::Ok;
 }
@@ -145,9 +146,10 @@ void RemoteTier::run() {
             ++stats_.get_failures;
           }
           break;
-        case RemoteJobKind::Remove: break;
+        case RemoteJobKind::Remove:
+        case RemoteJobKind::Refresh: break;
       }
-      if (done.status == Status::Unavailable) ++stats_.errors;
+      if (done.status == Status::Unavailable && done.kind != RemoteJobKind::Refresh) ++stats_.errors;
       if (done.kind != RemoteJobKind::Remove) done_.push_back(std::move(done));
     }
     const uint64_t one = 1;
@@ -188,6 +190,10 @@ RemoteCompletion RemoteTier::execute(Job& job) {
       break;
     case RemoteJobKind::Remove:
       store_->remove(job.key, job.chunk_count);
+      break;
+    case RemoteJobKind::Refresh:
+      done.status = client_->refresh();
+      note_reached(done.status == Status::Ok);
       break;
   }
   return done;

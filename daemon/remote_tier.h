@@ -58,7 +58,7 @@ struct RemoteTierOptions {
   uint32_t chunk_bytes = 0;  // 0: remote::chunk_bytes_default
 };
 
-enum class RemoteJobKind : uint8_t { Put, Probe, Get, Remove };
+enum class RemoteJobKind : uint8_t { Put, Probe, Get, Remove, Refresh };
 
 struct RemoteCompletion {
   RemoteJobKind kind = RemoteJobKind::Put;
@@ -101,7 +101,8 @@ struct RemoteTierStats {
 
 class RemoteTier {
  public:
-  // Starts the worker; connecting happens there (a store down at start is fine).
+  // Starts the worker, whose first job reads the topology (a store down at start is
+  // fine: the tier starts down and says so once).
   static Status open(const RemoteTierOptions& options, std::unique_ptr<RemoteTier>& ret);
   ~RemoteTier();  // stops the worker after the job in hand
   RemoteTier(const RemoteTier&) = delete;
