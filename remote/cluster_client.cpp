@@ -35,10 +35,24 @@ bool parse_port(std::string_view text, uint16_t& ret_port) {
   return true;
 }
 
-// "host:port" (the last colon splits, so bare IPv6 is not supported here).
+// "host:port", "[v6]:port" or a bare host (port 6379).
 bool parse_endpoint(std::string_view text, Endpoint& ret) {
-  const size_t colon = text.rfind(':');
   Endpoint e;
+  if (text.starts_with('[')) {
+    const size_t close = text.find(']');
+    if (close == std::string_view::npos) return false;
+    e.host = std::string(text.substr(1, close - 1));
+    const std::string_view rest = text.substr(close + 1);
+    if (rest.empty()) {
+      e.port = 6379;
+    } else if (!rest.starts_with(':') || !parse_port(rest.substr(1), e.port)) {
+      return false;
+    }
+    if (e.host.empty()) return false;
+    ret = std::move(e);
+    return true;
+  }
+  const size_t colon = text.rfind(':');
   if (colon == std::string_view::npos) {
     e.host = std::string(text);
     e.port = 6379;

@@ -130,6 +130,10 @@ TEST(Endpoints, ParsesSeedLists) {
   ASSERT_EQ(e.size(), 3u);
   EXPECT_EQ(e[1], (Endpoint{"10.0.0.2", 7001}));
   EXPECT_EQ(e[2].port, 6379);
+  ASSERT_EQ(parse_endpoints("[::1]:7000,[fe80::1]", e), Status::Ok);
+  EXPECT_EQ(e[0], (Endpoint{"::1", 7000}));
+  EXPECT_EQ(e[1], (Endpoint{"fe80::1", 6379}));
+  EXPECT_EQ(parse_endpoints("[::1", e), Status::InvalidArgument);
   EXPECT_EQ(parse_endpoints("redis://", e), Status::InvalidArgument);
   EXPECT_EQ(parse_endpoints("host:0", e), Status::InvalidArgument);
   EXPECT_EQ(parse_endpoints("host:65536", e), Status::InvalidArgument);
