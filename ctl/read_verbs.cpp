@@ -60,6 +60,21 @@ int verb_status(ReadSource& source, const ReadOptions& o) {
   } else {
     printf("       Disk: off\n");
   }
+  if (flag_of(s, "remote_enabled")) {
+    printf("     Remote: %s %s (%s, %s of %s nodes up), writes %s; %s hits (%s in), "
+           "%s written (%s out), %s probes (mean %s us), restore mean %s us; %s errors, "
+           "%s corrupt, %s refused\n",
+           text_of(s, "remote_seeds").c_str(), flag_of(s, "remote_up") ? "up" : "DOWN",
+           flag_of(s, "remote_cluster") ? "cluster" : "single", count(s, "remote_nodes_up").c_str(),
+           count(s, "remote_nodes_known").c_str(), text_of(s, "remote_write").c_str(),
+           count(s, "remote_hits").c_str(), format_bytes(number_of(s, "remote_bytes_in")).c_str(),
+           count(s, "remote_writes").c_str(), format_bytes(number_of(s, "remote_bytes_out")).c_str(),
+           count(s, "remote_probes").c_str(), count(s, "remote_probe_usec_mean").c_str(),
+           count(s, "remote_get_usec_mean").c_str(), count(s, "remote_errors").c_str(),
+           count(s, "remote_corrupt").c_str(), count(s, "remote_writes_refused").c_str());
+  } else {
+    printf("     Remote: off\n");
+  }
   printf("    Entries: %s (%s blocks, %s snapshots, %s pinned) in %s namespaces\n",
          count(s, "entries").c_str(), count(s, "blocks").c_str(), count(s, "snapshots").c_str(),
          count(s, "pinned").c_str(), count(s, "namespaces").c_str());

@@ -24,6 +24,8 @@
 #include "proto/limits.h"
 #include "proto/paths.h"
 #include "proto/size.h"
+#include "remote/cluster_client.h"
+#include "remote/remote_limits.h"
 
 namespace kvpark::daemon {
 namespace {
@@ -54,6 +56,10 @@ constexpr KeyInfo config_keys[] = {
     {"disk_write_budget_per_day", true},
     {"spill_on_shutdown", true},
     {"state_dir", false},
+    {"remote", false},
+    {"remote_user", false},
+    {"remote_password_file", false},
+    {"remote_write", false},
 };
 
 // set-limit names and the keys they change; only these may be in the overrides file.
@@ -288,6 +294,28 @@ bool set_config_value(DaemonOptions& o, std::string_view key, std::string_view v
       directory = text;
     else
       return bad("'" + text + "' is not 'off' or an absolute path");
+  } else if (key == "remote") {
+    std::vector<remote::Endpoint> seeds;
+    if (text == "off")
+      o.remote.clear();
+    else if (remote::parse_endpoints(text, seeds) == Status::Ok)
+      o.remote = text;
+    else
+      return bad("'" + text + "' is not 'off' or redis://host:port[,host:port...] (at most " +
+                 std::to_string(remote::seeds_max) + " seeds)");
+  } else if (key == "remote_user") {
+    o.remote_user = text == "off" ? "" : text;
+  } else if (key == "remote_password_file") {
+    if (text == "off")
+      o.remote_password_file.clear();
+    else if (text.front() == '/')
+      o.remote_password_file = text;
+    else
+      return bad("'" + text + "' is not 'off' or an absolute path");
+  } else if (key == "remote_write") {
+    if (text != "shared" && text != "all" && text != "off")
+      return bad("'" + text + "' is not one of shared, all, off");
+    o.remote_write = text;
   } else if (key == "disk_capacity") {
     if (!set_size(value, 0, o.disk_capacity_bytes, error)) return bad(error);
   } else if (key == "disk_write_budget_per_day") {
@@ -505,6 +533,10 @@ std::string format_config(const DaemonOptions& o) {
   line("disk_write_budget_per_day", format_size(o.disk_write_budget_bytes_per_day));
   line("spill_on_shutdown", o.spill_on_shutdown ? "true" : "false");
   line("state_dir", o.state_directory.empty() ? "off" : o.state_directory);
+  line("remote", o.remote.empty() ? "off" : o.remote);
+  line("remote_user", o.remote_user.empty() ? "off" : o.remote_user);
+  line("remote_password_file", o.remote_password_file.empty() ? "off" : o.remote_password_file);
+  line("remote_write", o.remote_write);
   out += "# watchdog (from $WATCHDOG_USEC): " +
          (o.watchdog_usec == 0 ? std::string("off") : std::to_string(o.watchdog_usec) + " usec") +
          "\n";

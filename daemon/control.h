@@ -34,6 +34,11 @@ struct LatencyHistogram {
   }
 };
 
+// Mean of a histogram in microseconds (0 when empty), for status lines.
+inline uint64_t remote_mean_usec(const LatencyHistogram& h) {
+  return h.count == 0 ? 0 : static_cast<uint64_t>(h.sum_seconds * 1e6 / static_cast<double>(h.count));
+}
+
 struct StatusInfo {
   std::string version;
   uint64_t incarnation = 0;
@@ -101,6 +106,32 @@ struct StatusInfo {
   uint64_t adoption_dropped_tail = 0;       // a snapshot's tail tokens were altered
   LatencyHistogram spill_seconds;    // one entry, host -> disk, until durable
   LatencyHistogram restore_seconds;  // one entry, disk -> host, verified
+  // Remote tier (zero / false when it is off; docs/remote.md).
+  bool remote_enabled = false;
+  bool remote_up = false;          // the last job reached the store
+  bool remote_cluster = false;     // Redis Cluster (else one Redis)
+  std::string remote_seeds;
+  std::string remote_write;        // shared | all | off
+  uint64_t remote_nodes_known = 0;
+  uint64_t remote_nodes_up = 0;
+  uint64_t remote_hits = 0;        // entries restored from the store, verified
+  uint64_t remote_hit_bytes = 0;
+  uint64_t remote_probes = 0;      // existence checks (one per lookup that asked)
+  uint64_t remote_probe_keys = 0;
+  uint64_t remote_writes = 0;      // entries written behind
+  uint64_t remote_writes_present = 0;  // already in the store
+  uint64_t remote_writes_failed = 0;
+  uint64_t remote_writes_dropped = 0;  // the write-behind queue was full
+  uint64_t remote_writes_refused = 0;  // values the store refused (e.g. OOM)
+  uint64_t remote_bytes_in = 0;
+  uint64_t remote_bytes_out = 0;
+  uint64_t remote_errors = 0;      // jobs that could not reach the store
+  uint64_t remote_corrupt = 0;     // values that failed a check: missed and deleted
+  uint64_t remote_rejected = 0;    // fetched entries the daemon's own checks refused
+  uint64_t remote_redirects = 0;   // MOVED / ASK followed
+  uint64_t remote_read_bytes_per_second = 0;  // measured by restores; 0: not yet
+  LatencyHistogram remote_probe_seconds;  // one existence check of a lookup's chain
+  LatencyHistogram remote_get_seconds;    // one entry, store -> host, verified
 };
 
 struct NamespaceSummary {

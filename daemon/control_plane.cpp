@@ -8,6 +8,7 @@
 #include <ctime>
 
 #include "daemon/disk_tier.h"
+#include "daemon/remote_tier.h"
 #include "daemon/runtime_limits.h"
 
 namespace kvpark::daemon {
@@ -89,6 +90,34 @@ StatusInfo ControlPlane::status_in_loop() const {
     s.disk_write_budget_bytes_per_day = disk->write_budget_bytes_per_day();
     s.disk_written_today_bytes = disk->written_today_bytes();
     s.disk_io_errors = d.io_errors;
+  }
+  if (RemoteTier* remote = park_.remote()) {
+    const RemoteTierStats r = remote->stats();
+    s.remote_enabled = true;
+    s.remote_up = r.up;
+    s.remote_cluster = r.cluster;
+    s.remote_seeds = remote->seeds_text();
+    s.remote_write = remote_write_name(remote->write_policy());
+    s.remote_nodes_known = r.nodes_known;
+    s.remote_nodes_up = r.nodes_up;
+    s.remote_hits = c.remote_promotions;
+    s.remote_hit_bytes = c.remote_promotion_bytes;
+    s.remote_probes = r.probes;
+    s.remote_probe_keys = r.probe_keys;
+    s.remote_writes = r.puts;
+    s.remote_writes_present = r.puts_present;
+    s.remote_writes_failed = r.puts_failed;
+    s.remote_writes_dropped = r.puts_dropped;
+    s.remote_writes_refused = r.writes_refused;
+    s.remote_bytes_in = r.bytes_in;
+    s.remote_bytes_out = r.bytes_out;
+    s.remote_errors = r.errors;
+    s.remote_corrupt = r.corrupt_values;
+    s.remote_rejected = c.remote_rejected;
+    s.remote_redirects = r.redirects;
+    s.remote_read_bytes_per_second = static_cast<uint64_t>(remote->read_bytes_per_second());
+    s.remote_probe_seconds = r.probe_seconds;
+    s.remote_get_seconds = r.get_seconds;
   }
   return s;
 }

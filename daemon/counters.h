@@ -32,6 +32,9 @@ struct Counters {
   uint64_t recompute_instead = 0;  // disk entries not promoted: recomputing is faster
   LatencyHistogram spill_seconds;
   LatencyHistogram promotion_seconds;
+  uint64_t remote_promotions = 0;  // remote -> host, verified and sealed
+  uint64_t remote_promotion_bytes = 0;
+  uint64_t remote_rejected = 0;    // fetched but failed the daemon's checks (chain hash, header)
 };
 
 }  // namespace kvpark::daemon

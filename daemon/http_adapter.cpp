@@ -151,6 +151,24 @@ void write_status(JsonWriter& w, const StatusInfo& s) {
       {"adoption_dropped_extent", s.adoption_dropped_extent},
       {"adoption_dropped_header", s.adoption_dropped_header},
       {"adoption_dropped_tail", s.adoption_dropped_tail},
+      {"remote_nodes_known", s.remote_nodes_known},
+      {"remote_nodes_up", s.remote_nodes_up},
+      {"remote_hits", s.remote_hits},
+      {"remote_hit_bytes", s.remote_hit_bytes},
+      {"remote_probes", s.remote_probes},
+      {"remote_probe_keys", s.remote_probe_keys},
+      {"remote_writes", s.remote_writes},
+      {"remote_writes_present", s.remote_writes_present},
+      {"remote_writes_failed", s.remote_writes_failed},
+      {"remote_writes_dropped", s.remote_writes_dropped},
+      {"remote_writes_refused", s.remote_writes_refused},
+      {"remote_bytes_in", s.remote_bytes_in},
+      {"remote_bytes_out", s.remote_bytes_out},
+      {"remote_errors", s.remote_errors},
+      {"remote_corrupt", s.remote_corrupt},
+      {"remote_rejected", s.remote_rejected},
+      {"remote_redirects", s.remote_redirects},
+      {"remote_read_bytes_per_second", s.remote_read_bytes_per_second},
   };
   for (const auto& [key, value] : numbers) {
     w.Key(key);
@@ -162,6 +180,20 @@ void write_status(JsonWriter& w, const StatusInfo& s) {
   w.Bool(s.disk_read_only);
   w.Key("disk_directory");
   w.String(s.disk_directory.c_str());
+  w.Key("remote_enabled");
+  w.Bool(s.remote_enabled);
+  w.Key("remote_up");
+  w.Bool(s.remote_up);
+  w.Key("remote_cluster");
+  w.Bool(s.remote_cluster);
+  w.Key("remote_seeds");
+  w.String(s.remote_seeds.c_str());
+  w.Key("remote_write");
+  w.String(s.remote_write.c_str());
+  w.Key("remote_probe_usec_mean");
+  w.Uint64(remote_mean_usec(s.remote_probe_seconds));
+  w.Key("remote_get_usec_mean");
+  w.Uint64(remote_mean_usec(s.remote_get_seconds));
   w.Key("arena_adopted");
   w.Bool(s.arena_adopted);
   w.Key("adoption_hold");
@@ -385,6 +417,47 @@ std::string render_metrics(const StatusInfo& s, const std::vector<NamespaceSumma
   m.one("kvpark_corrupt_payloads_total", "counter",
         "Host payloads engines found altered at restore (dropped, never served).", s.corrupt_payloads);
   m.one("kvpark_disk_io_errors_total", "counter", "Disk tier I/O errors.", s.disk_io_errors);
+  if (s.remote_enabled) {
+    m.one("kvpark_remote_up", "gauge", "1 when the remote store answered the last job.",
+          s.remote_up ? 1 : 0);
+    m.one("kvpark_remote_nodes_known", "gauge", "Remote store nodes the client knows.",
+          s.remote_nodes_known);
+    m.one("kvpark_remote_nodes_up", "gauge", "Remote store nodes not backing off.", s.remote_nodes_up);
+    m.one("kvpark_remote_hits_total", "counter", "Entries restored from the remote store, verified.",
+          s.remote_hits);
+    m.one("kvpark_remote_hit_bytes_total", "counter", "Arena bytes restored from the remote store.",
+          s.remote_hit_bytes);
+    m.one("kvpark_remote_probes_total", "counter", "Existence checks of lookups' missing chains.",
+          s.remote_probes);
+    m.one("kvpark_remote_writes_total", "counter", "Entries written behind to the remote store.",
+          s.remote_writes);
+    m.one("kvpark_remote_writes_failed_total", "counter",
+          "Write-behinds that could not reach the store or were refused.", s.remote_writes_failed);
+    m.one("kvpark_remote_writes_dropped_total", "counter",
+          "Write-behinds skipped: the queue was full.", s.remote_writes_dropped);
+    m.one("kvpark_remote_writes_refused_total", "counter",
+          "Values the remote store refused (e.g. OOM under maxmemory).", s.remote_writes_refused);
+    m.one("kvpark_remote_read_bytes_total", "counter", "Bytes read from the remote store.",
+          s.remote_bytes_in);
+    m.one("kvpark_remote_written_bytes_total", "counter", "Bytes written to the remote store.",
+          s.remote_bytes_out);
+    m.one("kvpark_remote_errors_total", "counter", "Remote jobs that could not reach the store.",
+          s.remote_errors);
+    m.one("kvpark_remote_corrupt_total", "counter",
+          "Remote values that failed a check (missed and deleted).", s.remote_corrupt);
+    m.one("kvpark_remote_rejected_total", "counter",
+          "Remote entries the daemon's own checks refused (chain hash, geometry).", s.remote_rejected);
+    m.one("kvpark_remote_read_bytes_per_second", "gauge",
+          "Remote read bandwidth restores measured (the load-versus-recompute input).",
+          s.remote_read_bytes_per_second);
+    m.one("kvpark_remote_redirects_total", "counter", "Redis Cluster MOVED/ASK redirections followed.",
+          s.remote_redirects);
+    m.histogram("kvpark_remote_probe_duration_seconds",
+                "Time of one existence check of a lookup's missing chain.", s.remote_probe_seconds);
+    m.histogram("kvpark_remote_restore_duration_seconds",
+                "Time to bring one entry from the remote store into the arena, verified.",
+                s.remote_get_seconds);
+  }
   m.one("kvpark_arena_adopted", "gauge",
         "1 when this instance adopted the previous instance's arena (the service manager kept it).",
         s.arena_adopted ? 1 : 0);

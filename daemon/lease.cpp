@@ -20,7 +20,7 @@ bool lease_settled(const EntryTable& table, const Lease& lease) {
     const EntrySlot slot = table.slot_for_id(inflight.second);
     return slot == no_slot || table.entry(slot).sealed;  // sealed, or aborted and gone
   };
-  return std::all_of(lease.blocks.begin(), lease.blocks.end(), settled) &&
+  return !lease.remote_pending && std::all_of(lease.blocks.begin(), lease.blocks.end(), settled) &&
          std::all_of(lease.snapshots.begin(), lease.snapshots.end(), settled) &&
          std::all_of(lease.inflight.begin(), lease.inflight.end(), written);
 }

@@ -26,6 +26,7 @@ struct Lease {
   std::vector<std::pair<EntrySlot, uint64_t>> inflight;
   uint32_t inflight_tokens = 0;
   uint32_t capture_hint_tokens = 0;
+  bool remote_pending = false;  // the remote tier's existence check is still out
 };
 
 // shared_stable_prefix when the entry is shared or another session's, else

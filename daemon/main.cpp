@@ -89,6 +89,8 @@ int main(int argc, char** argv) {
   std::unique_ptr<daemon::DiskTier> disk =
       daemon::open_disk_tier(options, *arena, recovery, disk_failure);
 
+  std::unique_ptr<daemon::RemoteTier> remote = daemon::open_remote_tier(options);
+
   daemon::EntryTable table(arena->data_bytes(), limits::extent_align_bytes);
   table.set_state(entry_state.get());
   // Clients check the arena's identity at HELLO: it outlives daemon incarnations.
@@ -100,6 +102,7 @@ int main(int argc, char** argv) {
                      .reservation_bytes_max = options.reservation_bytes_max,
                      .connections_max = limits::connections_max,
                      .disk = disk.get(),
+                     .remote = remote.get(),
                      .state = entry_state.get()},
                     table);
   daemon::AdoptionReport adoption;
@@ -150,6 +153,7 @@ int main(int argc, char** argv) {
   auto reload = [&] { daemon::reload_on_signal(reload_fd, options, park, notifier); };
   if (!server.watch(loop.event_fd(), [&loop] { loop.drain(); }) ||
       (disk && !server.watch(disk->store().notify_fd(), [&park] { park.on_disk_completions(); })) ||
+      (remote && !server.watch(remote->notify_fd(), [&park] { park.on_remote_completions(); })) ||
       !server.watch(reload_fd, reload)) {
     log_error("kvparkd: cannot watch the loop's descriptors: %s", strerror(errno));
     return exit_failure;

@@ -35,6 +35,10 @@ struct DaemonOptions {
   uint64_t disk_capacity_bytes = 0;    // 0: the daemon sizes the tier from free space
   uint64_t disk_write_budget_bytes_per_day = 0;  // 0: no budget
   bool spill_on_shutdown = true;       // write valuable host-only entries to disk at stop
+  std::string remote;                  // "redis://host:port[,host:port...]"; empty: no remote tier
+  std::string remote_user;             // ACL user; empty: AUTH with the password alone
+  std::string remote_password_file;    // its first line is the password; empty: no AUTH
+  std::string remote_write = "shared"; // shared | all | off: which sealed blocks are written behind
   uint64_t watchdog_usec = 0;          // from $WATCHDOG_USEC (systemd); 0: no watchdog
 
   // Where the values came from, for --print-config and reload.

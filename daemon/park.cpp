@@ -361,6 +361,7 @@ Status Park::seal(ConnectionId id, const wire::ReservationRequest& req) {
     for (EntrySlot slot : r.slots) {
       if (write_through(table_.entry(slot))) (void)spill_chain(slot, 0);
     }
+    for (EntrySlot slot : r.slots) remote_write_behind(slot);
     keep_low_water();  // demote now rather than at the next tick: bursts outrun ticks
   } else {
     ++counters_.seal_corrupt;
@@ -452,6 +453,7 @@ void Park::tick_at(uint64_t now_usec) {
       end_adoption_hold("the grace for leases of the previous instance passed");
     }
   }
+  expire_remote_probes();
   answer_waiters(true);
   keep_low_water();
   advance_flush();

@@ -34,6 +34,9 @@
 
 namespace kvpark::daemon {
 
+class RemoteTier;
+struct RemoteCompletion;
+
 struct ParkOptions {
   uint8_t* arena_data = nullptr;  // the daemon's mapping of the data region
   uint64_t arena_data_bytes = 0;  // the data object, for HELLO replies
@@ -43,6 +46,7 @@ struct ParkOptions {
   uint64_t reservation_bytes_max = 0;  // one reservation's extents, bytes
   size_t connections_max = 0;
   DiskTier* disk = nullptr;            // null: host tier only
+  RemoteTier* remote = nullptr;        // null: no remote tier (park_remote.cpp)
   EntryState* state = nullptr;         // null: no state segment (nothing to adopt later)
 };
 
@@ -112,6 +116,10 @@ class Park {
   const FlushState& flush_state() const { return disk_.flush_state(); }
   bool disk_idle() const { return disk_.idle(); }
 
+  // Remote tier (park_remote.cpp; no-ops without one).
+  RemoteTier* remote() const { return options_.remote; }
+  void on_remote_completions();  // the remote tier's notify fd is readable
+
   const Counters& counters() const { return counters_; }
   size_t spills_waiting_for_predecessor() const { return disk_.spills_waiting_for_predecessor(); }
   size_t connection_count() const { return connections_.size(); }
@@ -166,6 +174,19 @@ class Park {
   void keep_low_water() { disk_.keep_low_water(); }
   void advance_flush() { disk_.advance_flush(); }
   static bool write_through(const Entry& e) { return TieringPolicy::write_through(e); }
+
+  // Remote (park_remote.cpp).
+  // A sealed entry the write policy sends to the remote store: written behind, pinned
+  // until the write completes.
+  void remote_write_behind(EntrySlot slot);
+  // After a lookup's block walk: whether the remote store should be asked for the
+  // chain past it; marks the lease pending (and in flight, so the engine may WAIT).
+  bool remote_should_probe(const Connection& c, const wire::LookupRequest& req, Lease& lease);
+  void remote_start_probe(ConnectionId id, uint64_t lease_id, const Connection& c,
+                          const wire::LookupRequest& req, const Lease& lease);
+  void finish_remote_probe(const RemoteCompletion& done);
+  void finish_remote_get(const RemoteCompletion& done);
+  void expire_remote_probes();
 
   void end_adoption_hold(const char* why);
 

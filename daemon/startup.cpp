@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <iterator>
 
 #include "daemon/adoption.h"
@@ -172,6 +173,35 @@ void LoopTicker::run(void* context) {
                       " entries, arena " + std::to_string(s.arena_used_bytes >> 20) + " of " +
                       std::to_string(s.arena_data_bytes >> 20) + " MiB used");
   }
+}
+
+std::unique_ptr<RemoteTier> open_remote_tier(const DaemonOptions& options) {
+  std::unique_ptr<RemoteTier> tier;
+  if (options.remote.empty()) return tier;
+  RemoteTierOptions remote_options{
+      .user = options.remote_user,
+      .write_policy = options.remote_write == "all"   ? RemoteWritePolicy::All
+                      : options.remote_write == "off" ? RemoteWritePolicy::Off
+                                                      : RemoteWritePolicy::Shared};
+  if (remote::parse_endpoints(options.remote, remote_options.seeds) != Status::Ok) return tier;
+  if (!options.remote_password_file.empty()) {
+    std::ifstream in(options.remote_password_file);
+    if (!in || !std::getline(in, remote_options.password)) {
+      log_error("kvparkd: remote tier off: cannot read its password from %s: %s",
+                options.remote_password_file.c_str(), strerror(errno));
+      return tier;
+    }
+    while (!remote_options.password.empty() && (remote_options.password.back() == '\r')) {
+      remote_options.password.pop_back();
+    }
+  }
+  if (RemoteTier::open(remote_options, tier) != Status::Ok) {
+    log_error("kvparkd: remote tier off: cannot start its worker: %s", strerror(errno));
+    return tier;
+  }
+  log_info("kvparkd: remote tier %s, writing %s entries behind", tier->seeds_text().c_str(),
+           remote_write_name(remote_options.write_policy));
+  return tier;
 }
 
 std::unique_ptr<DiskTier> open_disk_tier(const DaemonOptions& options, shm::ArenaOwner& arena,

@@ -14,6 +14,7 @@
 #include "daemon/notify.h"
 #include "daemon/options.h"
 #include "daemon/park.h"
+#include "daemon/remote_tier.h"
 #include "daemon/server.h"
 #include "iouring/disk_store.h"
 #include "shm/arena.h"
@@ -58,6 +59,9 @@ int claim_socket(const DaemonOptions& options, SocketClaim& ret_claim);
 bool open_host_tier(const DaemonOptions& options, std::unique_ptr<shm::ArenaOwner>& ret_arena,
                     std::unique_ptr<shm::StateSegment>& ret_state, bool& ret_adopted,
                     std::string& ret_fresh_reason);
+// The remote tier, if configured; null (logged) when it cannot start. A store that is
+// down is fine: the tier starts and picks the store up when it answers.
+std::unique_ptr<RemoteTier> open_remote_tier(const DaemonOptions& options);
 // The disk tier, if configured; null (logged, and why in ret_failure) when it cannot
 // start: the host tier serves alone then.
 std::unique_ptr<DiskTier> open_disk_tier(const DaemonOptions& options, shm::ArenaOwner& arena,

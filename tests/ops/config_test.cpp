@@ -116,6 +116,10 @@ TEST(ConfigFile, BadValuesNameTheirLine) {
       {"attach_group =\n", "kvparkd.conf:1: empty value for 'attach_group'"},
       {"just words\n", "kvparkd.conf:1: expected 'key = value'"},
       {"[kvparkd]\n", "kvparkd.conf:1: sections are not used"},
+      {"remote = redis://host:0\n", "kvparkd.conf:1: bad value for 'remote'"},
+      {"remote = redis://\n", "kvparkd.conf:1: bad value for 'remote'"},
+      {"remote_write = some\n", "kvparkd.conf:1: bad value for 'remote_write'"},
+      {"remote_password_file = secret.txt\n", "kvparkd.conf:1: bad value for 'remote_password_file'"},
   };
   for (const auto& [text, prefix] : cases) {
     const std::string error = apply_error(text);
@@ -150,6 +154,22 @@ TEST(ConfigFile, HttpOffAndDiskOffMeanEmpty) {
   const DaemonOptions o = apply_ok("http_listen = off\ndisk_dir = off\n");
   EXPECT_TRUE(o.http_listen.empty());
   EXPECT_TRUE(o.disk_directory.empty());
+}
+
+TEST(ConfigFile, RemoteTierKeysParseAndPrintBack) {
+  const DaemonOptions o = apply_ok(
+      "remote = redis://10.0.0.1:7000,10.0.0.2:7001\nremote_user = kvpark\n"
+      "remote_password_file = /etc/kvpark/redis-password\nremote_write = all\n");
+  EXPECT_EQ(o.remote, "redis://10.0.0.1:7000,10.0.0.2:7001");
+  EXPECT_EQ(o.remote_user, "kvpark");
+  EXPECT_EQ(o.remote_password_file, "/etc/kvpark/redis-password");
+  EXPECT_EQ(o.remote_write, "all");
+  const std::string printed = format_config(o);
+  EXPECT_NE(printed.find("remote = redis://10.0.0.1:7000,10.0.0.2:7001\n"), std::string::npos);
+  EXPECT_NE(printed.find("remote_write = all\n"), std::string::npos);
+  const DaemonOptions off = apply_ok("remote = off\n");
+  EXPECT_TRUE(off.remote.empty());
+  EXPECT_EQ(off.remote_write, "shared");  // the default
 }
 
 TEST(ConfigFile, MissingDefaultFileIsFineMissingExplicitFileIsNot) {

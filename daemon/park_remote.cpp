@@ -1,0 +1,272 @@
+// Park's remote policy: write-behind of sealed entries, the existence check of a
+// lookup's missing chain, and promotion of what the store has into the arena
+// (remote -> host, then to disk by the disk policy). See docs/remote.md.
+//
+// A promotion reserves each found block in the arena for the remote pseudo-connection
+// (remote_connection_id): lookups of other engines see it in flight (single flight),
+// the lease that asked lists it as in flight, and it is sealed only once its bytes
+// passed every check: each chunk's and the payload's checksum (the worker), then its
+// chain hash over its token ids, which proves the tokens are the ones the key names.
+// A failure erases the reservation: a miss, never a wrong byte served.
+#include <cassert>
+#include <cstring>
+
+#include "daemon/clock.h"
+#include "daemon/disk_tier.h"
+#include "daemon/entry_header.h"
+#include "daemon/log.h"
+#include "daemon/park.h"
+#include "daemon/remote_tier.h"
+#include "remote/record_layout.h"
+#include "remote/remote_limits.h"
+#include "shm/arena_guard.h"
+
+namespace kvpark::daemon {
+namespace {
+
+remote::EntryKey block_key(const NamespaceInfo& ns, const Hash128& hash) {
+  return remote::EntryKey{.ns = ns.id, .key_hash = hash};
+}
+
+}  // namespace
+
+void Park::remote_write_behind(EntrySlot slot) {
+  RemoteTier* tier = options_.remote;
+  if (tier == nullptr || tier->write_policy() == RemoteWritePolicy::Off) return;
+  const Entry& e = table_.entry(slot);
+  // Snapshots are not read back from the store yet (docs/remote.md): blocks only.
+  if (e.kind != EntryKind::Block || !table_.host_readable(e) || e.dead) return;
+  const bool shared = e.entry_class == EntryClass::Shared || e.evidence == Evidence::ObservedRecurrence;
+  if (tier->write_policy() == RemoteWritePolicy::Shared && !shared) return;
+  if (!tier->probing_useful()) return;  // down: skipped, not queued
+  const NamespaceInfo& ns = table_.namespace_info(e.ns);
+  const remote::EntryKey key = block_key(ns, e.key_hash);
+  remote::ManifestHeader h = remote::manifest_header_for(key);
+  h.entry_class = static_cast<uint8_t>(e.entry_class);
+  h.evidence = static_cast<uint8_t>(e.evidence);
+  h.snapshot_required = ns.geometry.snapshot_required ? 1 : 0;
+  h.block_tokens = ns.geometry.block_tokens;
+  h.chain_tokens = ns.chain_tokens;
+  h.position = e.position;
+  h.anchor_chunks = e.anchor_chunks;
+  h.block_payload_bytes = ns.geometry.block_payload_bytes;
+  h.payload_checksum = e.payload_checksum;
+  h.parent_hash = e.parent_hash;
+  const uint8_t* extent = options_.arena_data + e.extent_offset;
+  const remote::ImageView image{
+      .tokens = extent + limits::entry_header_bytes,
+      .tokens_bytes = uint64_t{ns.geometry.block_tokens} * sizeof(int32_t),
+      .payload = extent + shm::payload_offset_for(ns.geometry.block_tokens),
+      .payload_bytes = ns.geometry.block_payload_bytes,
+      .copy = shm::guarded_copy};
+  table_.pin_io(slot);  // the worker reads the extent until the write completes
+  if (!tier->put(key, h, image, slot, table_.entry_id(slot))) table_.unpin_io(slot);
+}
+
+bool Park::remote_should_probe(const Connection& c, const wire::LookupRequest& req, Lease& lease) {
+  RemoteTier* tier = options_.remote;
+  if (tier == nullptr) return false;
+  const NamespaceInfo& info = table_.namespace_info(c.ns);
+  const uint32_t block_tokens = info.geometry.block_tokens;
+  // Snapshot namespaces are not read from the store yet; and single flight first: an
+  // engine already writing what follows will publish it here.
+  if (block_tokens == 0 || info.geometry.snapshot_required || !lease.inflight.empty()) return false;
+  const size_t blocks_max = std::min<size_t>((req.prompt_tokens - 1) / block_tokens, req.chunk_hashes.size());
+  const size_t first = lease.blocks.size();
+  if (first >= blocks_max) return false;  // everything restorable is here
+  // A block here but not sealed (another engine writes it) or known missing a moment
+  // ago: nothing to ask.
+  if (table_.find_block(c.ns, req.chunk_hashes[first]) != no_slot) return false;
+  if (tier->missed_recently(req.chunk_hashes[first], coarse_monotonic_usec())) return false;
+  if (!tier->probing_useful()) return false;
+  lease.remote_pending = true;
+  lease.inflight_tokens = static_cast<uint32_t>((blocks_max - first) * block_tokens);
+  return true;
+}
+
+void Park::remote_start_probe(ConnectionId id, uint64_t lease_id, const Connection& c,
+                              const wire::LookupRequest& req, const Lease& lease) {
+  const NamespaceInfo& info = table_.namespace_info(c.ns);
+  const size_t blocks_max =
+      std::min<size_t>((req.prompt_tokens - 1) / info.geometry.block_tokens, req.chunk_hashes.size());
+  std::vector<remote::EntryKey> keys;
+  const size_t last = std::min(blocks_max, lease.blocks.size() + remote::probe_keys_max);
+  for (size_t i = lease.blocks.size(); i < last; ++i) keys.push_back(block_key(info, req.chunk_hashes[i]));
+  options_.remote->note_probe(id, lease_id, monotonic_usec());
+  options_.remote->probe(std::move(keys), id, lease_id);
+}
+
+void Park::expire_remote_probes() {
+  RemoteTier* tier = options_.remote;
+  if (tier == nullptr) return;
+  std::vector<std::pair<uint64_t, uint64_t>> expired;
+  tier->take_expired_probes(monotonic_usec(), expired);
+  for (const auto& [connection, lease_id] : expired) {
+    auto c = connections_.find(static_cast<ConnectionId>(connection));
+    if (c == connections_.end()) continue;
+    auto lease = c->second.leases.find(lease_id);
+    if (lease != c->second.leases.end()) lease->second.remote_pending = false;  // over budget: a miss
+  }
+}
+
+void Park::on_remote_completions() {
+  RemoteTier* tier = options_.remote;
+  if (tier == nullptr) return;
+  std::vector<RemoteCompletion> done;
+  tier->take_completions(done);
+  for (const RemoteCompletion& d : done) {
+    switch (d.kind) {
+      case RemoteJobKind::Put: {
+        const auto slot = static_cast<EntrySlot>(d.tag);
+        assert(table_.entry_id(slot) == d.tag2 && "pinned entries keep their slot");
+        table_.unpin_io(slot);
+        break;
+      }
+      case RemoteJobKind::Probe: finish_remote_probe(d); break;
+      case RemoteJobKind::Get: finish_remote_get(d); break;
+      case RemoteJobKind::Remove:
+      case RemoteJobKind::Refresh: break;
+    }
+  }
+  answer_waiters(false);
+}
+
+void Park::finish_remote_probe(const RemoteCompletion& done) {
+  auto c = connections_.find(static_cast<ConnectionId>(done.tag));
+  if (c == connections_.end() || done.results.empty()) return;
+  // The lease may be gone (an engine that did not wait): what the store has is still
+  // brought in for the next lookup of this chain, but no lease waits for it.
+  auto it = c->second.leases.find(done.tag2);
+  Lease* lease = it != c->second.leases.end() ? &it->second : nullptr;
+  if (lease != nullptr) lease->remote_pending = false;
+  const NamespaceInfo& info = table_.namespace_info(c->second.ns);
+  const uint32_t block_tokens = info.geometry.block_tokens;
+  // The chain continues from a sealed block here (or the namespace seed): the first
+  // manifest names which, and must agree.
+  if (done.results[0].status != Status::Ok) {
+    const remote::ProbeResult& r = done.results[0];
+    if (r.status == Status::NotFound || r.status == Status::Corrupt) {
+      options_.remote->note_missed(done.keys[0].key_hash, coarse_monotonic_usec());
+    }
+    return;
+  }
+  uint32_t index = done.results[0].manifest.header.anchor_chunks;
+  Hash128 parent = info.id;
+  if (index > 0) {
+    const EntrySlot before = table_.find_block(c->second.ns, done.results[0].manifest.header.parent_hash);
+    if (before == no_slot || !table_.entry(before).sealed || table_.entry(before).dead ||
+        table_.entry(before).anchor_chunks + 1 != index) {
+      ++counters_.remote_rejected;  // not the continuation of a chain this daemon has
+      return;
+    }
+    parent = table_.entry(before).key_hash;
+  }
+  for (size_t i = 0; i < done.results.size(); ++i, ++index) {
+    const remote::ProbeResult& r = done.results[i];
+    const Hash128 hash = done.keys[i].key_hash;
+    if (r.status != Status::Ok) {
+      if (r.status == Status::NotFound || r.status == Status::Corrupt) {
+        options_.remote->note_missed(hash, coarse_monotonic_usec());
+      }
+      break;
+    }
+    const remote::ManifestHeader& h = r.manifest.header;
+    // A value under the right key but not of this chain or geometry is a miss.
+    if (h.kind != static_cast<uint8_t>(EntryKind::Block) || h.parent_hash != parent ||
+        h.anchor_chunks != index || h.block_tokens != block_tokens ||
+        h.token_count != block_tokens || h.chain_tokens != info.chain_tokens ||
+        h.payload_bytes != info.geometry.block_payload_bytes ||
+        h.position != (index + 1) * block_tokens || h.entry_class > entry_class_max ||
+        h.evidence > evidence_max) {
+      ++counters_.remote_rejected;
+      break;
+    }
+    // Load versus recompute, by the store's measured bandwidth and the engine's rate.
+    const double rate = info.prefill_tokens_per_second != 0 ? info.prefill_tokens_per_second
+                                                             : prefill_tokens_per_second_default;
+    if (!options_.remote->load_beats_recompute(r.manifest.image_bytes(), block_tokens / rate)) {
+      ++counters_.recompute_instead;
+      break;
+    }
+    EntrySlot slot = table_.find_block(c->second.ns, hash);
+    if (slot != no_slot) {
+      // Published here meanwhile, or being restored for another lookup: follow it.
+      if (!table_.entry(slot).sealed && lease != nullptr) {
+        lease->inflight.emplace_back(slot, table_.entry_id(slot));
+      }
+      parent = hash;
+      continue;
+    }
+    const NewEntry n{.ns = c->second.ns,
+                     .kind = EntryKind::Block,
+                     .key_hash = hash,
+                     .parent_hash = parent,
+                     .extent_bytes = shm::extent_bytes_for(block_tokens, h.payload_bytes),
+                     .position = h.position,
+                     .anchor_chunks = index,
+                     .entry_class = static_cast<EntryClass>(h.entry_class),
+                     .evidence = static_cast<Evidence>(h.evidence),
+                     .reserved_by = remote_connection_id};
+    if (table_.insert_reserved(n, slot) != Status::Ok) break;  // no room: the rest is prefilled
+    const Entry& e = table_.entry(slot);
+    shm::EntryHeader header{};
+    header.magic = shm::entry_magic;
+    header.format_version = shm::entry_format_version;
+    header.kind = static_cast<uint8_t>(EntryKind::Block);
+    header.namespace_id = info.id;
+    header.key_hash = hash;
+    header.payload_bytes = h.payload_bytes;
+    header.payload_offset = shm::payload_offset_for(block_tokens);
+    header.token_count = block_tokens;
+    header.position = e.position;
+    header.anchor_chunks = e.anchor_chunks;
+    header.incarnation = options_.incarnation;
+    uint8_t* extent = options_.arena_data + e.extent_offset;
+    if (!shm::guarded_copy(extent, &header, sizeof header)) {
+      log_arena_fault(e.extent_offset);
+      table_.erase(slot);
+      break;
+    }
+    const remote::ImageTarget target{.tokens = extent + limits::entry_header_bytes,
+                                     .tokens_bytes = uint64_t{block_tokens} * sizeof(int32_t),
+                                     .payload = extent + header.payload_offset,
+                                     .payload_bytes = h.payload_bytes,
+                                     .copy = shm::guarded_copy};
+    table_.pin_io(slot);  // the worker writes the extent until the read completes
+    options_.remote->get(done.keys[i], r.manifest, target, slot, table_.entry_id(slot));
+    if (lease != nullptr) lease->inflight.emplace_back(slot, table_.entry_id(slot));
+    parent = hash;
+  }
+}
+
+void Park::finish_remote_get(const RemoteCompletion& done) {
+  const auto slot = static_cast<EntrySlot>(done.tag);
+  assert(table_.entry_id(slot) == done.tag2 && "pinned entries keep their slot");
+  table_.unpin_io(slot);
+  const Entry& e = table_.entry(slot);
+  assert(!e.sealed && e.reserved_by == remote_connection_id);
+  bool good = done.status == Status::Ok;
+  if (good) {
+    // The tokens are the ones the key names: h = XXH3-128(parent || tokens).
+    const NamespaceInfo& info = table_.namespace_info(e.ns);
+    std::vector<int32_t> tokens(info.geometry.block_tokens);
+    good = shm::guarded_copy(tokens.data(), options_.arena_data + e.extent_offset + limits::entry_header_bytes,
+                             tokens.size() * sizeof(int32_t)) &&
+           remote::block_chain_hash(e.parent_hash, tokens) == e.key_hash;
+    if (!good) {
+      ++counters_.remote_rejected;
+      log_warning_limited("kvparkd: a remote entry's token ids do not hash to its key; dropped");
+    }
+  }
+  if (!good) {
+    table_.erase(slot);  // followers see it gone and prefill
+    return;
+  }
+  table_.seal(slot, done.payload_checksum, coarse_monotonic_usec());
+  ++counters_.remote_promotions;
+  counters_.remote_promotion_bytes += e.extent_bytes;
+  // On to disk by the disk policy, as if published here.
+  if (write_through(table_.entry(slot))) (void)spill_chain(slot, 0);
+}
+
+}  // namespace kvpark::daemon

@@ -1,0 +1,275 @@
+// The remote tier's worker thread and job queues (see remote_tier.h).
+#include "daemon/remote_tier.h"
+
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cassert>
+
+#include "daemon/clock.h"
+#include "daemon/log.h"
+#include "remote/remote_limits.h"
+
+namespace kvpark::daemon {
+
+const char* remote_write_name(RemoteWritePolicy policy) {
+  switch (policy) {
+    case RemoteWritePolicy::Off: return "off";
+    case RemoteWritePolicy::Shared: return "shared";
+    case RemoteWritePolicy::All: return "all";
+  }
+  return "shared";
+}
+
+RemoteTier::RemoteTier(const RemoteTierOptions& options) : options_(options) {}
+
+Status RemoteTier::open(const RemoteTierOptions& options, std::unique_ptr<RemoteTier>& ret) {
+  auto tier = std::unique_ptr<RemoteTier>(new RemoteTier(options));
+  if (tier->options_.chunk_bytes == 0) tier->options_.chunk_bytes = remote::chunk_bytes_default;
+  tier->notify_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (tier->notify_fd_ < 0) return Status::IoError;
+  remote::ClientOptions client_options{.seeds = options.seeds,
+                                       .user = options.user,
+                                       .password = options.password};
+  tier->client_ = std::make_unique<remote::ClusterClient>(std::move(client_options));
+  tier->store_ = std::make_unique<remote::RemoteStore>(*tier->client_, tier->options_.chunk_bytes);
+  tier->stats_.nodes_known = options.seeds.size();
+  tier->worker_ = std::thread([t = tier.get()] { t->run(); });
+  tier->submit(Job{.kind = RemoteJobKind::Refresh}, true);
+  ret = std::move(tier);
+  return Status::Ok;
+}
+
+RemoteTier::~RemoteTier() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  if (worker_.joinable()) worker_.join();
+  if (notify_fd_ >= 0) close(notify_fd_);
+}
+
+bool RemoteTier::probing_useful() const {
+  return up_.load(std::memory_order_relaxed) ||
+         monotonic_usec() - last_failure_usec_.load(std::memory_order_relaxed) >= remote_down_retry_usec;
+}
+
+void RemoteTier::submit(Job&& job, bool foreground) {
+  job.start_usec = monotonic_usec();
+  {
+    std::lock_guard lock(mutex_);
+    (foreground ? foreground_ : background_).push_back(std::move(job));
+  }
+  wake_.notify_one();
+}
+
+bool RemoteTier::put(const remote::EntryKey& key, const remote::ManifestHeader& header,
+                     const remote::ImageView& image, uint64_t tag, uint64_t tag2) {
+  {
+    std::lock_guard lock(mutex_);
+    if (background_.size() >= remote_puts_queued_max) {
+      ++stats_.puts_dropped;
+      return false;
+    }
+  }
+  submit(Job{.kind = RemoteJobKind::Put, .key = key, .header = header, .image = image, .tag = tag,
+             .tag2 = tag2},
+         false);
+  return true;
+}
+
+void RemoteTier::probe(std::vector<remote::EntryKey> keys, uint64_t tag, uint64_t tag2) {
+  submit(Job{.kind = RemoteJobKind::Probe, .keys = std::move(keys), .tag = tag, .tag2 = tag2}, true);
+}
+
+void RemoteTier::get(const remote::EntryKey& key, const remote::Manifest& manifest,
+                     const remote::ImageTarget& target, uint64_t tag, uint64_t tag2) {
+  submit(Job{.kind = RemoteJobKind::Get, .key = key, .manifest = manifest, .target = target,
+             .tag = tag, .tag2 = tag2},
+         true);
+}
+
+void RemoteTier::remove(const remote::EntryKey& key, uint32_t chunk_count) {
+  submit(Job{.kind = RemoteJobKind::Remove, .key = key, .chunk_count = chunk_count}, false);
+}
+
+size_t RemoteTier::puts_queued() const {
+  std::lock_guard lock(mutex_);
+  return background_.size();
+}
+
+void RemoteTier::run() {
+  for (;;) {
+    Job job;
+    {
+      std::unique_lock lock(mutex_);
+      wake_.wait(lock, [&] { return stopping_ || !foreground_.empty() || !background_.empty(); });
+      if (stopping_) return;
+      std::deque<Job>& queue = !foreground_.empty() ? foreground_ : background_;
+      job = std::move(queue.front());
+      queue.pop_front();
+    }
+    const uint64_t exec_start = monotonic_usec();
+    RemoteCompletion done = execute(job);
+    done.exec_usec = monotonic_usec() - exec_start;
+    {
+      std::lock_guard lock(mutex_);
+      const remote::StoreCounters& c = store_->counters();
+      stats_.bytes_out = c.bytes_written;
+      stats_.bytes_in = c.bytes_read;
+      stats_.writes_refused = c.writes_refused;
+      stats_.corrupt_values = c.corrupt_values;
+      stats_.redirects = client_->redirects();
+      stats_.nodes_known = client_->nodes_known();
+      stats_.nodes_up = client_->nodes_up();
+      stats_.cluster = client_->cluster_mode();
+      const double seconds = static_cast<double>(monotonic_usec() - job.start_usec) / 1e6;
+      switch (done.kind) {
+        case RemoteJobKind::Put:
+          ++(done.status == Status::Ok               ? stats_.puts
+             : done.status == Status::AlreadyPresent ? stats_.puts_present
+                                                     : stats_.puts_failed);
+          break;
+        case RemoteJobKind::Probe:
+          ++stats_.probes;
+          stats_.probe_keys += done.keys.size();
+          for (const remote::ProbeResult& r : done.results) stats_.probe_hits += r.status == Status::Ok;
+          stats_.probe_seconds.observe(seconds);
+          break;
+        case RemoteJobKind::Get:
+          if (done.status == Status::Ok) {
+            ++stats_.gets;
+            stats_.get_seconds.observe(seconds);
+          } else if (done.status != Status::Corrupt) {
+            ++stats_.get_failures;
+          }
+          break;
+        case RemoteJobKind::Remove:
+        case RemoteJobKind::Refresh: break;
+      }
+      if (done.status == Status::Unavailable && done.kind != RemoteJobKind::Refresh) ++stats_.errors;
+      if (done.kind != RemoteJobKind::Remove) done_.push_back(std::move(done));
+    }
+    const uint64_t one = 1;
+    (void)!write(notify_fd_, &one, sizeof one);
+  }
+}
+
+void RemoteTier::note_reached(bool reached) {
+  // A cluster with some masters still connected is degraded (their keys are served,
+  // the others miss), not down.
+  reached = reached || (client_->cluster_mode() && client_->nodes_connected() > 0);
+  up_.store(reached, std::memory_order_relaxed);
+  if (!reached) last_failure_usec_.store(monotonic_usec(), std::memory_order_relaxed);
+}
+
+RemoteCompletion RemoteTier::execute(Job& job) {
+  RemoteCompletion done{.kind = job.kind, .tag = job.tag, .tag2 = job.tag2, .start_usec = job.start_usec};
+  switch (job.kind) {
+    case RemoteJobKind::Put:
+      done.status = store_->put(job.key, job.header, job.image);
+      done.bytes = job.image.tokens_bytes + job.image.payload_bytes;
+      note_reached(done.status != Status::Unavailable);
+      break;
+    case RemoteJobKind::Probe: {
+      store_->probe(job.keys, done.results);
+      bool reached = job.keys.empty();
+      for (const remote::ProbeResult& r : done.results) reached = reached || r.status != Status::Unavailable;
+      note_reached(reached);
+      done.status = reached ? Status::Ok : Status::Unavailable;
+      done.keys = std::move(job.keys);
+      break;
+    }
+    case RemoteJobKind::Get:
+      done.status = store_->get(job.key, job.manifest, job.target);
+      done.bytes = job.manifest.image_bytes();
+      done.payload_checksum = job.manifest.header.payload_checksum;
+      note_reached(done.status != Status::Unavailable);
+      break;
+    case RemoteJobKind::Remove:
+      store_->remove(job.key, job.chunk_count);
+      break;
+    case RemoteJobKind::Refresh:
+      done.status = client_->refresh();
+      note_reached(done.status == Status::Ok);
+      break;
+  }
+  return done;
+}
+
+void RemoteTier::take_completions(std::vector<RemoteCompletion>& ret) {
+  uint64_t count = 0;
+  (void)!read(notify_fd_, &count, sizeof count);
+  ret.clear();
+  {
+    std::lock_guard lock(mutex_);
+    ret.swap(done_);
+  }
+  for (const RemoteCompletion& d : ret) {
+    // Below a MiB a restore says more about latency than bandwidth.
+    if (d.kind != RemoteJobKind::Get || d.status != Status::Ok || d.bytes < (1u << 20)) continue;
+    const double sample = static_cast<double>(d.bytes) * 1e6 / static_cast<double>(std::max<uint64_t>(d.exec_usec, 1));
+    read_bytes_per_second_ = read_bytes_per_second_ <= 0 ? sample : 0.7 * read_bytes_per_second_ + 0.3 * sample;
+  }
+  const bool up = up_.load(std::memory_order_relaxed);
+  if (!ret.empty() && (!logged_once_ || up != logged_up_)) {
+    // One line per state change, not per failed job.
+    if (up) {
+      log_notice("kvparkd: remote tier %s reachable", seeds_text().c_str());
+    } else {
+      log_warning("kvparkd: remote tier %s unreachable; lookups miss it, writes are skipped, "
+                  "retrying every %llu ms",
+                  seeds_text().c_str(), static_cast<unsigned long long>(remote_down_retry_usec / 1000));
+    }
+    std::lock_guard lock(mutex_);
+    ++stats_.state_changes;
+    logged_up_ = up;
+    logged_once_ = true;
+  }
+}
+
+RemoteTierStats RemoteTier::stats() const {
+  std::lock_guard lock(mutex_);
+  RemoteTierStats s = stats_;
+  s.up = up_.load(std::memory_order_relaxed);
+  return s;
+}
+
+bool RemoteTier::missed_recently(const Hash128& hash, uint64_t now_usec) const {
+  auto it = missed_.find(hash);
+  return it != missed_.end() && now_usec - it->second < remote_miss_memory_usec;
+}
+
+void RemoteTier::note_missed(const Hash128& hash, uint64_t now_usec) {
+  if (missed_.size() >= remote_misses_remembered_max) {
+    std::erase_if(missed_, [&](const auto& m) { return now_usec - m.second >= remote_miss_memory_usec; });
+    if (missed_.size() >= remote_misses_remembered_max) missed_.clear();
+  }
+  missed_[hash] = now_usec;
+}
+
+void RemoteTier::note_probe(uint64_t tag, uint64_t tag2, uint64_t now_usec) {
+  probes_out_.push_back({.tag = tag, .tag2 = tag2, .deadline_usec = now_usec + remote_probe_budget_usec});
+}
+
+void RemoteTier::take_expired_probes(uint64_t now_usec,
+                                     std::vector<std::pair<uint64_t, uint64_t>>& ret) {
+  ret.clear();
+  while (!probes_out_.empty() && probes_out_.front().deadline_usec <= now_usec) {
+    ret.emplace_back(probes_out_.front().tag, probes_out_.front().tag2);
+    probes_out_.pop_front();
+  }
+}
+
+std::string RemoteTier::seeds_text() const {
+  std::string s = "redis://";
+  for (size_t i = 0; i < options_.seeds.size(); ++i) {
+    if (i > 0) s += ",";
+    s += options_.seeds[i].host + ":" + std::to_string(options_.seeds[i].port);
+  }
+  return s;
+}
+
+}  // namespace kvpark::daemon

@@ -1,0 +1,224 @@
+// Write, probe, read and delete entries (see remote_store.h).
+#include "remote/remote_store.h"
+
+#include <hiredis/hiredis.h>
+
+#include <algorithm>
+#include <cassert>
+#include <cstring>
+#include <string>
+
+#include "proto/xxh3.h"
+#include "remote/remote_limits.h"
+
+namespace kvpark::remote {
+namespace {
+
+// The unit of the fused copy-and-checksum of a read (fits in L1 with its source).
+constexpr uint64_t copy_piece_bytes = 16 * 1024;
+
+}  // namespace
+
+RemoteStore::RemoteStore(ClusterClient& client, uint32_t chunk_bytes)
+    : client_(client), chunk_bytes_(chunk_bytes) {
+  assert(chunk_bytes >= chunk_bytes_min && chunk_bytes <= chunk_bytes_max);
+}
+
+Status RemoteStore::put(const EntryKey& key, ManifestHeader header, const ImageView& image) {
+  const std::string mkey = manifest_key(key);
+  std::vector<Reply> replies;
+  {
+    const Command exists{{"EXISTS", mkey}};
+    client_.execute({&exists, 1}, replies);
+    if (replies[0].status != Status::Ok) return replies[0].status;
+    if (replies[0].integer() == 1) return Status::AlreadyPresent;
+  }
+  const uint64_t image_bytes = image.tokens_bytes + image.payload_bytes;
+  const uint32_t chunks = chunk_count_for(image_bytes, chunk_bytes_);
+  if (chunks > chunks_per_entry_max) return Status::LimitExceeded;
+  Manifest manifest;
+  manifest.header = header;
+  manifest.header.chunk_bytes = chunk_bytes_;
+  manifest.header.chunk_count = chunks;
+  manifest.header.token_count = static_cast<uint32_t>(image.tokens_bytes / sizeof(int32_t));
+  manifest.header.payload_bytes = image.payload_bytes;
+  manifest.chunk_checksums.resize(chunks);
+  // A chunk that straddles tokens and payload is assembled in a buffer; the rest
+  // are sent straight from the caller's memory.
+  std::vector<std::string> keys(chunks_in_flight_max);
+  std::vector<std::string> joined(chunks_in_flight_max);
+  std::vector<Command> batch;
+  for (uint32_t first = 0; first < chunks; first += chunks_in_flight_max) {
+    const uint32_t n = std::min(chunks_in_flight_max, chunks - first);
+    batch.clear();
+    for (uint32_t j = 0; j < n; ++j) {
+      const uint32_t index = first + j;
+      const uint64_t offset = uint64_t{index} * chunk_bytes_;
+      const uint64_t bytes = std::min<uint64_t>(chunk_bytes_, image_bytes - offset);
+      keys[j] = chunk_key(key, index);
+      std::string_view value;
+      int runs = 0;
+      for_image_range(image.tokens, image.tokens_bytes, image.payload, offset, bytes,
+                      [&](const uint8_t* p, uint64_t len) {
+                        value = std::string_view(reinterpret_cast<const char*>(p), len);
+                        ++runs;
+                      });
+      if (runs > 1 || image.copy != nullptr) {
+        // A chunk straddling tokens and payload, or memory that must be read through
+        // `copy`: assembled in a buffer of our own.
+        joined[j].resize(bytes);
+        uint64_t filled = 0;
+        bool copied = true;
+        for_image_range(image.tokens, image.tokens_bytes, image.payload, offset, bytes,
+                        [&](const uint8_t* p, uint64_t len) {
+                          if (image.copy != nullptr) {
+                            copied = copied && image.copy(joined[j].data() + filled, p, len);
+                          } else {
+                            std::memcpy(joined[j].data() + filled, p, len);
+                          }
+                          filled += len;
+                        });
+        if (!copied) return Status::Corrupt;
+        value = joined[j];
+      }
+      manifest.chunk_checksums[index] = XXH3_64bits(value.data(), value.size());
+      batch.push_back(Command{{"SET", keys[j], value}});
+      counters_.bytes_written += value.size();
+    }
+    client_.execute(batch, replies);
+    for (const Reply& r : replies) {
+      if (r.status == Status::Ok) continue;
+      if (r.status == Status::IoError) ++counters_.writes_refused;
+      return r.status;  // no manifest: nobody will read the chunks written so far
+    }
+  }
+  const std::string value = encode_manifest(manifest);
+  const Command set{{"SET", mkey, value}};
+  client_.execute({&set, 1}, replies);
+  if (replies[0].status == Status::IoError) ++counters_.writes_refused;
+  if (replies[0].status == Status::Ok) counters_.bytes_written += value.size();
+  return replies[0].status;
+}
+
+void RemoteStore::probe(std::span<const EntryKey> keys, std::vector<ProbeResult>& ret_results) {
+  ret_results.clear();
+  ret_results.resize(keys.size());
+  std::vector<std::string> names(keys.size());
+  std::vector<Command> batch(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    names[i] = manifest_key(keys[i]);
+    batch[i].argv = {"GET", names[i]};
+  }
+  std::vector<Reply> replies;
+  client_.execute(batch, replies);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    ProbeResult& out = ret_results[i];
+    const Reply& r = replies[i];
+    if (r.status != Status::Ok) {
+      out.status = Status::Unavailable;
+      continue;
+    }
+    if (r.is_nil()) {
+      out.status = Status::NotFound;
+      continue;
+    }
+    counters_.bytes_read += r.string().size();
+    if (!r.is_string() || decode_manifest(r.string(), out.manifest) != Status::Ok ||
+        !manifest_names(out.manifest, keys[i])) {
+      // Damaged, truncated or foreign: never served, and deleted so a writer repairs it.
+      ++counters_.corrupt_values;
+      out.status = Status::Corrupt;
+      remove(keys[i], 0);
+      continue;
+    }
+    out.status = Status::Ok;
+  }
+}
+
+Status RemoteStore::get(const EntryKey& key, const Manifest& manifest, const ImageTarget& target) {
+  const ManifestHeader& h = manifest.header;
+  if (target.tokens_bytes != uint64_t{h.token_count} * sizeof(int32_t) ||
+      target.payload_bytes != h.payload_bytes) {
+    return Status::InvalidArgument;
+  }
+  const uint64_t image_bytes = manifest.image_bytes();
+  std::vector<std::string> keys(chunks_in_flight_max);
+  std::vector<Command> batch;
+  std::vector<Reply> replies;
+  Status result = Status::Ok;
+  for (uint32_t first = 0; first < h.chunk_count && result == Status::Ok;
+       first += chunks_in_flight_max) {
+    const uint32_t n = std::min(chunks_in_flight_max, h.chunk_count - first);
+    batch.clear();
+    for (uint32_t j = 0; j < n; ++j) {
+      keys[j] = chunk_key(key, first + j);
+      batch.push_back(Command{{"GET", keys[j]}});
+    }
+    client_.execute(batch, replies);
+    for (uint32_t j = 0; j < n && result == Status::Ok; ++j) {
+      const uint32_t index = first + j;
+      const Reply& r = replies[j];
+      if (r.status != Status::Ok) {
+        result = Status::Unavailable;
+        break;
+      }
+      if (r.is_nil()) {
+        result = Status::NotFound;  // evicted by the store: the entry is incomplete
+        break;
+      }
+      const std::string_view value = r.string();
+      counters_.bytes_read += value.size();
+      const uint64_t offset = uint64_t{index} * h.chunk_bytes;
+      const uint64_t bytes = std::min<uint64_t>(h.chunk_bytes, image_bytes - offset);
+      if (!r.is_string() || value.size() != bytes) {
+        result = Status::Corrupt;
+        break;
+      }
+      // Copy and checksum fused: each piece is hashed right after it is copied, while
+      // the source is still in cache (one pass over the value, not two).
+      XXH3_state_t sum;
+      XXH3_64bits_reset(&sum);
+      uint64_t consumed = 0;
+      bool copied = true;
+      for_image_range(target.tokens, target.tokens_bytes, target.payload, offset, bytes,
+                      [&](uint8_t* p, uint64_t len) {
+                        for (uint64_t done = 0; done < len && copied; done += copy_piece_bytes) {
+                          const uint64_t piece = std::min<uint64_t>(copy_piece_bytes, len - done);
+                          const char* src = value.data() + consumed + done;
+                          if (target.copy != nullptr) {
+                            copied = target.copy(p + done, src, piece);
+                          } else {
+                            std::memcpy(p + done, src, piece);
+                          }
+                          XXH3_64bits_update(&sum, src, piece);
+                        }
+                        consumed += len;
+                      });
+      if (copied && XXH3_64bits_digest(&sum) != manifest.chunk_checksums[index]) {
+        result = Status::Corrupt;  // what was copied is never sealed: the entry is erased
+        break;
+      }
+      if (!copied) {
+        result = Status::IoError;  // the destination failed, not the store
+        break;
+      }
+    }
+  }
+  if (result == Status::Corrupt || result == Status::NotFound) {
+    if (result == Status::Corrupt) ++counters_.corrupt_values;
+    remove(key, h.chunk_count);  // incomplete or damaged: nobody should find it again
+  }
+  return result;
+}
+
+void RemoteStore::remove(const EntryKey& key, uint32_t chunk_count) {
+  std::vector<std::string> names;
+  names.push_back(manifest_key(key));
+  for (uint32_t i = 0; i < chunk_count; ++i) names.push_back(chunk_key(key, i));
+  std::vector<Command> batch;
+  for (const std::string& n : names) batch.push_back(Command{{"DEL", n}});
+  std::vector<Reply> replies;
+  client_.execute(batch, replies);
+}
+
+}  // namespace kvpark::remote

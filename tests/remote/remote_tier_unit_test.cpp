@@ -1,0 +1,59 @@
+// daemon/remote_tier.h without a daemon: its queue limit and its state, against a real
+// redis-server that is stopped (SIGSTOP: it accepts connections and never answers).
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <memory>
+#include <vector>
+
+#include "daemon/remote_tier.h"
+#include "remote/record_layout.h"
+#include "tests/testing/eventually.h"
+#include "tests/testing/redis_process.h"
+
+namespace kvpark::daemon {
+namespace {
+
+TEST(RemoteTier, WriteBehindQueueRefusesPastItsLimit) {
+  if (testing::redis_server_path().empty()) GTEST_SKIP() << "redis-server is not installed";
+  testing::RedisProcess redis;
+  ASSERT_TRUE(redis.start()) << redis.log_tail();
+  RemoteTierOptions options;
+  ASSERT_EQ(remote::parse_endpoints(redis.address(), options.seeds), Status::Ok);
+  std::unique_ptr<RemoteTier> tier;
+  ASSERT_EQ(RemoteTier::open(options, tier), Status::Ok);
+  ASSERT_TRUE(testing::eventually("the tier reads the topology", [&] {
+    std::vector<RemoteCompletion> done;
+    tier->take_completions(done);
+    return tier->stats().up;
+  }));
+  ASSERT_EQ(kill(redis.pid(), SIGSTOP), 0);  // the worker's next job hangs on it
+  static const std::vector<uint8_t> payload(4096, 7);
+  static const std::vector<int32_t> tokens(64, 1);
+  const remote::ImageView image{.tokens = reinterpret_cast<const uint8_t*>(tokens.data()),
+                                .tokens_bytes = tokens.size() * sizeof(int32_t),
+                                .payload = payload.data(),
+                                .payload_bytes = payload.size()};
+  size_t accepted = 0;
+  for (uint64_t i = 0; i < remote_puts_queued_max + 2; ++i) {
+    const remote::EntryKey key{.ns = {1, 2}, .key_hash = {i, i}};
+    if (!tier->put(key, remote::manifest_header_for(key), image, i, i)) break;
+    ++accepted;
+  }
+  // The worker may have taken the first one off the queue before it hung.
+  EXPECT_GE(accepted, remote_puts_queued_max);
+  EXPECT_LE(accepted, remote_puts_queued_max + 1);
+  EXPECT_EQ(tier->stats().puts_dropped, 1u);
+  ASSERT_EQ(kill(redis.pid(), SIGCONT), 0);
+  // Everything accepted completes (written or failed), nothing is lost.
+  size_t completed = 0;
+  EXPECT_TRUE(testing::eventually("every accepted write completes", [&] {
+    std::vector<RemoteCompletion> done;
+    tier->take_completions(done);
+    for (const RemoteCompletion& d : done) completed += d.kind == RemoteJobKind::Put;
+    return completed == accepted;
+  }));
+}
+
+}  // namespace
+}  // namespace kvpark::daemon
