@@ -28,7 +28,7 @@ namespace {
 
 constexpr int lookup_attempts_max = 100;     // daemon restarts: 100 x 50 ms
 constexpr int follow_rounds_max = 4;         // single-flight waits per lookup
-constexpr int lead_attempts_max = 3;         // lookups when another engine wins the head
+constexpr int lead_attempts_min = 3;  // lookups when another engine wins the head, at least
 constexpr uint32_t reserve_blocks_chunk = 1024;  // proto limit: blocks per RESERVE
 
 double now_ms() {
@@ -179,6 +179,7 @@ Result serve(Engine& e, const Event& event, const Job& job) {
   uint32_t cached = 0;
   double waited_real = 0;
   bool first_lookup = true;
+  double lead_deadline_ms = 0;
   for (int attempt = 0;; ++attempt) {
     kvpark_status s = lookup(e, q, &plan);
     if (s != KVPARK_OK) return set_error(r, "lookup", s), r;
@@ -247,10 +248,18 @@ Result serve(Engine& e, const Event& event, const Job& job) {
       break;
     }
     head_snapshot = nullptr;
-    if ((s != KVPARK_IN_FLIGHT && s != KVPARK_ALREADY_PRESENT) || attempt + 1 >= lead_attempts_max) {
-      if (s != KVPARK_IN_FLIGHT && s != KVPARK_ALREADY_PRESENT) ++r.publish_failures;
+    if (s != KVPARK_IN_FLIGHT && s != KVPARK_ALREADY_PRESENT) {
+      ++r.publish_failures;
       break;
     }
+    // The leader holds the head's snapshot but may not have reserved its blocks yet
+    // (a loaded machine can run it late between the two): keep looking for as long as
+    // prefilling the head ourselves would take, unscaled, like a follower's wait.
+    if (attempt == 0) {
+      const double modeled = double(head.position - cached) * 1000.0 / cfg.prefill_tokens_per_second;
+      lead_deadline_ms = now_ms() + std::max(modeled, modeled * cfg.time_scale);
+    }
+    if (attempt + 1 >= lead_attempts_min && now_ms() >= lead_deadline_ms) break;
     // Another engine leads (or just sealed): look up again and follow it.
     kvpark_plan_release(plan);
     plan = nullptr;
