@@ -173,9 +173,11 @@ int main(int argc, char** argv) {
            http_bound.c_str(), options.arena_name.c_str(),
            static_cast<unsigned long long>(arena->data_bytes() >> 20), shm::arena_pages_name(arena->pages()),
            hex64(incarnation).c_str());
+  // Serving before READY=1: whoever READY=1 wakes (systemd's ordering, a health
+  // probe) must find /health ready, not starting.
+  control.set_serving(true);
   notifier.ready("serving on " + options.socket_path +
                  (http_bound.empty() ? "" : ", http on " + http_bound));
-  control.set_serving(true);
   daemon::LoopTicker ticker{.park = park, .control = control, .notifier = notifier};
   if (server.run(daemon::watchdog_tick_msec(options.watchdog_usec, tick_msec), daemon::LoopTicker::run,
                  &ticker) != Status::Ok) {
