@@ -33,6 +33,7 @@
 #include "daemon/entry.h"
 #include "daemon/entry_state.h"
 #include "daemon/eviction_order.h"
+#include "daemon/huge_page_allocator.h"
 #include "proto/status.h"
 #include "proto/types.h"
 #include "shm/extent_allocator.h"
@@ -202,11 +203,18 @@ class EntryTable {
   std::unique_ptr<shm::ExtentClaims> adoption_claims_;  // between begin and finish_adoption
   std::vector<NamespaceInfo> namespaces_;
   std::unordered_map<NamespaceId, NamespaceIndex, Hash128Hasher> namespace_by_id_;
-  std::vector<Entry> slots_;
-  std::vector<uint32_t> generations_;  // bumped when a slot is freed
-  std::vector<EntrySlot> free_slots_;
+  // The slab, its generations and the block index are the table's bulk (about 250
+  // bytes an entry): on huge pages, so building them for 1M entries at adoption is not
+  // a million page faults (huge_page_allocator.h). The pool outlives the index.
+  HugePageVector<Entry> slots_;
+  HugePageVector<uint32_t> generations_;  // bumped when a slot is freed
+  HugePageVector<EntrySlot> free_slots_;
   EvictionOrder order_{slots_};
-  std::unordered_map<BlockKey, EntrySlot, BlockKeyHasher> blocks_;
+  NodePool index_nodes_;
+  using BlockIndex = std::unordered_map<BlockKey, EntrySlot, BlockKeyHasher, std::equal_to<BlockKey>,
+                                        HugePageAllocator<std::pair<const BlockKey, EntrySlot>>>;
+  BlockIndex blocks_{0, BlockKeyHasher{}, std::equal_to<BlockKey>{},
+                     BlockIndex::allocator_type(&index_nodes_)};
   std::unordered_map<BlockKey, std::vector<EntrySlot>, BlockKeyHasher> snapshots_;  // by anchor
   uint64_t disk_bytes_ = 0;
   uint64_t disk_entries_ = 0;

@@ -14,12 +14,13 @@
 #include <vector>
 
 #include "daemon/entry.h"
+#include "daemon/huge_page_allocator.h"
 
 namespace kvpark::daemon {
 
 class EvictionOrder {
  public:
-  explicit EvictionOrder(std::vector<Entry>& slots) : slots_(slots) {}
+  explicit EvictionOrder(HugePageVector<Entry>& slots) : slots_(slots) {}
   EvictionOrder(const EvictionOrder&) = delete;
   EvictionOrder& operator=(const EvictionOrder&) = delete;
 
@@ -43,7 +44,7 @@ class EvictionOrder {
   void host_push_front(EntrySlot slot);
   void disk_push_front(EntrySlot slot);
 
-  std::vector<Entry>& slots_;  // the entry table's slab
+  HugePageVector<Entry>& slots_;  // the entry table's slab
   EntrySlot lru_head_ = no_slot;  // most recent
   EntrySlot lru_tail_ = no_slot;  // next to evict
   EntrySlot disk_head_ = no_slot;

@@ -1,0 +1,73 @@
+// Huge-page mappings and the node pool (see huge_page_allocator.h).
+#include "daemon/huge_page_allocator.h"
+
+#include <sys/mman.h>
+
+#include <cassert>
+
+namespace kvpark::daemon {
+namespace {
+
+size_t rounded(size_t bytes) { return (bytes + huge_page_bytes - 1) / huge_page_bytes * huge_page_bytes; }
+
+}  // namespace
+
+void* map_huge_pages(size_t bytes) {
+  const size_t size = rounded(bytes);
+  // Map a page more than needed, then trim both ends to a 2 MiB boundary: mmap
+  // aligns to 4 KiB only, and a huge page must lie on a 2 MiB boundary.
+  void* raw = mmap(nullptr, size + huge_page_bytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (raw == MAP_FAILED) throw std::bad_alloc();
+  const auto begin = reinterpret_cast<uintptr_t>(raw);
+  const uintptr_t aligned = (begin + huge_page_bytes - 1) & ~uintptr_t{huge_page_bytes - 1};
+  if (aligned > begin) munmap(raw, aligned - begin);
+  const uintptr_t end = begin + size + huge_page_bytes;
+  if (end > aligned + size) munmap(reinterpret_cast<void*>(aligned + size), end - (aligned + size));
+  // Best effort: with THP off or unavailable the mapping stays on 4 KiB pages.
+  (void)madvise(reinterpret_cast<void*>(aligned), size, MADV_HUGEPAGE);
+  return reinterpret_cast<void*>(aligned);
+}
+
+void unmap_huge_pages(void* p, size_t bytes) {
+  if (p != nullptr) munmap(p, rounded(bytes));
+}
+
+NodePool::~NodePool() {
+  for (void* chunk : chunks_) unmap_huge_pages(chunk, huge_page_bytes);
+}
+
+void* NodePool::allocate(size_t bytes) {
+  assert(bytes > 0 && bytes <= pool_object_bytes_max);
+  const size_t cls = size_class(bytes);
+  if (FreeObject* f = free_[cls]; f != nullptr) {
+    free_[cls] = f->next;
+    return f;
+  }
+  const size_t size = cls * pool_granule_bytes;
+  if (left_ < size) {
+    // What is left of the old chunk (less than one object) is not used again.
+    void* chunk = map_huge_pages(huge_page_bytes);
+    try {
+      chunks_.push_back(chunk);
+    } catch (...) {
+      unmap_huge_pages(chunk, huge_page_bytes);
+      throw;
+    }
+    next_ = static_cast<uint8_t*>(chunk);
+    left_ = huge_page_bytes;
+  }
+  void* p = next_;
+  next_ += size;
+  left_ -= size;
+  return p;
+}
+
+void NodePool::deallocate(void* p, size_t bytes) noexcept {
+  auto* f = static_cast<FreeObject*>(p);
+  const size_t cls = size_class(bytes);
+  f->next = free_[cls];
+  free_[cls] = f;
+}
+
+}  // namespace kvpark::daemon
