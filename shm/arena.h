@@ -96,8 +96,8 @@ class ArenaMapping {
     return offset <= data_bytes() && bytes <= data_bytes() - offset;
   }
   // Before a large copy through this mapping: fills the page tables of the 2 MiB
-  // regions [p, p+bytes) touches that this mapping has not filled yet, in one
-  // MADV_POPULATE_WRITE each, instead of one page fault per page during the copy
+  // regions [p, p+bytes) touches that this mapping has not filled yet, one
+  // MADV_POPULATE_WRITE per run of them, instead of one page fault per page during the copy
   // (a fresh mapping after an engine restart; faults are dear in a VM). Attaching
   // still maps nothing. Copies under limits::prefault_min_bytes are left to faults.
   void prefault(const void* p, uint64_t bytes);
