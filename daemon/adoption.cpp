@@ -20,6 +20,9 @@ namespace {
 constexpr uint64_t adopted_hits_max = uint64_t{1} << 32;
 // Records are read in batches of this many (about 600 KiB, reused).
 constexpr uint64_t records_per_read = 4096;
+// How far ahead the index cells of coming records are prefetched: enough to cover a
+// memory access at the loop's pace of a few hundred nanoseconds a record.
+constexpr uint64_t index_prefetch_records = 8;
 
 const char* huge_pages_name(uint32_t setting) {
   switch (static_cast<shm::HugePages>(setting)) {
@@ -154,6 +157,15 @@ AdoptionReport adopt_entries(EntryState& state, const uint8_t* arena_data, uint6
   for (uint64_t i = 0; i < high_water; ++i) {
     if (i % records_per_read == 0) {
       batch_read = segment.read_records(i, std::min(records_per_read, high_water - i), batch.data());
+    }
+    // The index cell of a record a few ahead, so its insert finds it in the cache
+    // (the cells of 1M entries are far larger than any cache: a miss each otherwise).
+    if (const uint64_t ahead = i + index_prefetch_records;
+        ahead < high_water && ahead / records_per_read == i / records_per_read) {
+      const shm::StateRecordBody& next = batch[ahead % records_per_read].body;
+      if (auto it = by_id.find(next.namespace_id); it != by_id.end()) {
+        table.prefetch_block(it->second, next.key_hash);
+      }
     }
     const shm::StateRecord& record = batch[i % records_per_read];
     // A batch that cannot be read is dropped as damaged: nothing unread is trusted.

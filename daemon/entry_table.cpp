@@ -45,8 +45,7 @@ Status EntryTable::register_namespace(const NamespaceId& id, const Geometry& g,
 }
 
 EntrySlot EntryTable::find_block(NamespaceIndex ns, const Hash128& hash) const {
-  auto it = blocks_.find({ns, hash});
-  return it == blocks_.end() ? no_slot : it->second;
+  return blocks_.find(ns, hash);
 }
 
 EntrySlot EntryTable::find_snapshot(NamespaceIndex ns, const Hash128& anchor,
@@ -113,8 +112,9 @@ EntrySlot EntryTable::new_slot(const NewEntry& n) {
 void EntryTable::index(EntrySlot slot) {
   const Entry& e = slots_[slot];
   if (e.kind == EntryKind::Block) {
-    auto [it, inserted] = blocks_.emplace(BlockKey{e.ns, e.key_hash}, slot);
+    const bool inserted = blocks_.insert(e.ns, e.key_hash, slot);
     assert(inserted && "caller checks find_block first");
+    (void)inserted;
   } else {
     snapshots_[{e.ns, e.key_hash}].push_back(slot);
     ++namespaces_[e.ns].indexed_snapshots;
@@ -194,19 +194,10 @@ Status EntryTable::insert_adopted(const NewEntry& n, uint64_t extent_offset, uin
                                   uint64_t hits, uint64_t last_use_usec, bool pinned,
                                   EntrySlot& ret_slot) {
   assert(adoption_claims_);
-  // A block's key is indexed by the same lookup that finds a duplicate.
-  auto block = blocks_.end();
-  if (n.kind == EntryKind::Block) {
-    bool inserted = false;
-    std::tie(block, inserted) = blocks_.try_emplace(BlockKey{n.ns, n.key_hash}, no_slot);
-    if (!inserted) return Status::Corrupt;
-  } else if (find_snapshot(n.ns, n.key_hash, n.tail_tokens) != no_slot) {
-    return Status::Corrupt;
-  }
-  if (!adoption_claims_->claim(extent_offset, n.extent_bytes)) {
-    if (block != blocks_.end()) blocks_.erase(block);
-    return Status::Corrupt;
-  }
+  const bool duplicate = n.kind == EntryKind::Block
+                             ? blocks_.find(n.ns, n.key_hash) != no_slot
+                             : find_snapshot(n.ns, n.key_hash, n.tail_tokens) != no_slot;
+  if (duplicate || !adoption_claims_->claim(extent_offset, n.extent_bytes)) return Status::Corrupt;
   const EntrySlot slot = new_slot(n);
   Entry& e = slots_[slot];
   e.extent_offset = extent_offset;
@@ -217,11 +208,7 @@ Status EntryTable::insert_adopted(const NewEntry& n, uint64_t extent_offset, uin
   e.adoption_hold = true;
   held_bytes_ += e.extent_bytes;
   count_sealed(e);
-  if (block != blocks_.end()) {
-    block->second = slot;
-  } else {
-    index(slot);
-  }
+  index(slot);  // the probe just made found the cell: it is in the cache
   if (pinned) {
     e.pinned = true;
     ++pinned_;
@@ -249,7 +236,7 @@ void EntryTable::release_adoption_hold() {
 void EntryTable::remove_from_index(EntrySlot slot) {
   Entry& e = slots_[slot];
   if (e.kind == EntryKind::Block) {
-    blocks_.erase({e.ns, e.key_hash});
+    blocks_.erase(e.ns, e.key_hash);
   } else {
     auto it = snapshots_.find({e.ns, e.key_hash});
     assert(it != snapshots_.end());

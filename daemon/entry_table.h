@@ -30,6 +30,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "daemon/block_index.h"
 #include "daemon/entry.h"
 #include "daemon/entry_state.h"
 #include "daemon/eviction_order.h"
@@ -66,6 +67,8 @@ class EntryTable {
 
   // Lookups by key; no_slot when absent. Reserved entries are returned too.
   EntrySlot find_block(NamespaceIndex ns, const Hash128& hash) const;
+  // Adoption knows its next keys: it brings their index cells in ahead of time.
+  void prefetch_block(NamespaceIndex ns, const Hash128& hash) const { blocks_.prefetch(ns, hash); }
   EntrySlot find_snapshot(NamespaceIndex ns, const Hash128& anchor,
                           std::span<const int32_t> tail) const;
   // Snapshots (reserved or sealed) hanging off an anchor.
@@ -205,16 +208,12 @@ class EntryTable {
   std::unordered_map<NamespaceId, NamespaceIndex, Hash128Hasher> namespace_by_id_;
   // The slab, its generations and the block index are the table's bulk (about 250
   // bytes an entry): on huge pages, so building them for 1M entries at adoption is not
-  // a million page faults (huge_page_allocator.h). The pool outlives the index.
+  // a million page faults (huge_page_allocator.h).
   HugePageVector<Entry> slots_;
   HugePageVector<uint32_t> generations_;  // bumped when a slot is freed
   HugePageVector<EntrySlot> free_slots_;
   EvictionOrder order_{slots_};
-  NodePool index_nodes_;
-  using BlockIndex = std::unordered_map<BlockKey, EntrySlot, BlockKeyHasher, std::equal_to<BlockKey>,
-                                        HugePageAllocator<std::pair<const BlockKey, EntrySlot>>>;
-  BlockIndex blocks_{0, BlockKeyHasher{}, std::equal_to<BlockKey>{},
-                     BlockIndex::allocator_type(&index_nodes_)};
+  BlockIndex blocks_;
   std::unordered_map<BlockKey, std::vector<EntrySlot>, BlockKeyHasher> snapshots_;  // by anchor
   uint64_t disk_bytes_ = 0;
   uint64_t disk_entries_ = 0;

@@ -1,9 +1,8 @@
-// Huge-page mappings and the node pool (see huge_page_allocator.h).
+// Huge-page mappings (see huge_page_allocator.h).
 #include "daemon/huge_page_allocator.h"
 
 #include <sys/mman.h>
 
-#include <cassert>
 
 namespace kvpark::daemon {
 namespace {
@@ -31,43 +30,6 @@ void* map_huge_pages(size_t bytes) {
 
 void unmap_huge_pages(void* p, size_t bytes) {
   if (p != nullptr) munmap(p, rounded(bytes));
-}
-
-NodePool::~NodePool() {
-  for (void* chunk : chunks_) unmap_huge_pages(chunk, huge_page_bytes);
-}
-
-void* NodePool::allocate(size_t bytes) {
-  assert(bytes > 0 && bytes <= pool_object_bytes_max);
-  const size_t cls = size_class(bytes);
-  if (FreeObject* f = free_[cls]; f != nullptr) {
-    free_[cls] = f->next;
-    return f;
-  }
-  const size_t size = cls * pool_granule_bytes;
-  if (left_ < size) {
-    // What is left of the old chunk (less than one object) is not used again.
-    void* chunk = map_huge_pages(huge_page_bytes);
-    try {
-      chunks_.push_back(chunk);
-    } catch (...) {
-      unmap_huge_pages(chunk, huge_page_bytes);
-      throw;
-    }
-    next_ = static_cast<uint8_t*>(chunk);
-    left_ = huge_page_bytes;
-  }
-  void* p = next_;
-  next_ += size;
-  left_ -= size;
-  return p;
-}
-
-void NodePool::deallocate(void* p, size_t bytes) noexcept {
-  auto* f = static_cast<FreeObject*>(p);
-  const size_t cls = size_class(bytes);
-  f->next = free_[cls];
-  free_[cls] = f;
 }
 
 }  // namespace kvpark::daemon

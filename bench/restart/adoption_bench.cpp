@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "daemon/adoption.h"
+#include "daemon/block_index.h"
 #include "daemon/entry_state.h"
 #include "daemon/entry_table.h"
 #include "daemon/huge_page_allocator.h"
@@ -44,8 +45,8 @@ using namespace kvpark;
 constexpr uint64_t extent_bytes = 2 * limits::extent_align_bytes;  // the smallest entry
 constexpr NamespaceId bench_ns{0x7e57a7, 0x7e57a7};
 constexpr uint32_t block_tokens = 16;
-// A block's hash-index node and bucket (key, slot, next pointer, cached hash, bucket).
-constexpr size_t index_node_bytes = 56;
+// A block's share of the index: at most two cells (daemon/block_index.h).
+constexpr size_t index_node_bytes = 2 * daemon::BlockIndex::cell_bytes;
 
 double clock_msec(clockid_t clock) {
   timespec ts{};
