@@ -5,10 +5,13 @@
 // checks every restored byte (exit 3 on a wrong one).
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "proto/xxh3.h"
+#include "remote/record_layout.h"
 #include "tests/remote/remote_hosts.h"
 #include "tests/testing/engine_runner.h"
 #include "tests/testing/eventually.h"
@@ -205,6 +208,46 @@ TEST_F(RemoteSnapshotTest, ATailInsideAWholeChunkThatDiffersIsRefusedByTheClient
   const EngineRun same = verify(*b_, 8);
   EXPECT_EQ(same.exit_code, 0) << same.output;
   EXPECT_EQ(restored(same), head_tokens);
+}
+
+// A value whose checksums all agree but whose tail tokens are not the ones its key
+// and index name (a buggy or hostile writer): the daemon's own tail check refuses it.
+TEST_F(RemoteSnapshotTest, AValueWithAnotherTailUnderTheKeyIsRefusedByTheDaemon) {
+  publish_on_a(9);
+  std::string manifest_key;
+  size_t node = 0;
+  for (const auto& [n, k] : snapshot_keys(cluster_)) {
+    const std::string tail = k.substr(k.find("}:s") + 3);
+    if (!tail.empty() && tail.find(':') == std::string::npos) manifest_key = k, node = n;
+  }
+  ASSERT_FALSE(manifest_key.empty());
+  const std::string port = std::to_string(cluster_.node(node).port());
+  const auto get_raw = [&](const std::string& key) {
+    std::string value;  // --raw: the value's bytes, then a newline
+    EXPECT_EQ(run_process({redis_cli_path(), "-p", port, "--raw", "GET", key}, 10'000, &value), 0);
+    if (!value.empty() && value.back() == '\n') value.pop_back();
+    return value;
+  };
+  const auto set_raw = [&](const std::string& key, const std::string& value) {
+    const std::string path = a_->disk.path + "/value";
+    std::ofstream(path, std::ios::binary) << value;
+    std::string out;
+    return run_process({"/bin/sh", "-c", redis_cli_path() + " -p " + port + " -x SET '" + key + "' < " + path},
+                       10'000, &out) == 0;
+  };
+  remote::Manifest m;
+  ASSERT_EQ(remote::decode_manifest(get_raw(manifest_key), m), Status::Ok);
+  std::string chunk = get_raw(manifest_key + ":0");
+  ASSERT_EQ(chunk.size(), m.header.chunk_bytes);
+  chunk[0] ^= 1;  // tail token 0
+  m.chunk_checksums[0] = XXH3_64bits(chunk.data(), chunk.size());
+  ASSERT_TRUE(set_raw(manifest_key + ":0", chunk));
+  ASSERT_TRUE(set_raw(manifest_key, remote::encode_manifest(m)));
+  const EngineRun run = verify(*b_, 9);
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_EQ(restored(run), 0u);
+  EXPECT_EQ(b_->status("remote_hits"), 0u);
+  EXPECT_GE(b_->status("remote_rejected"), 1u) << b_->daemon->log_tail();
 }
 
 }  // namespace
