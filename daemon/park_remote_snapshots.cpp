@@ -83,7 +83,8 @@ void Park::remote_start_snapshot_probe(ConnectionId id, uint64_t lease_id, const
   p.local_depth = remote_snapshot_anchors(c, req, lease, p.anchors);
   assert(!p.anchors.empty() && "remote_should_probe_snapshots said there is something to ask");
   std::vector<remote::EntryKey> keys;
-  for (uint32_t j : p.anchors) keys.push_back({.ns = info.id, .key_hash = anchor_hash(info, req, j)});
+  for (uint32_t j : p.anchors)
+    keys.push_back({.ns = info.id, .key_hash = anchor_hash(info, req, j)});
   remote_snapshot_probes_[lease_id] = std::move(p);
   options_.remote->note_probe(id, lease_id, monotonic_usec());
   options_.remote->probe_index(std::move(keys), id, lease_id);
@@ -200,11 +201,12 @@ void Park::finish_remote_snapshot_manifests(const RemoteCompletion& done) {
   }
   // Load versus recompute, by the store's measured bandwidth and the engine's rate.
   const double rate = info.prefill_tokens_per_second != 0 ? info.prefill_tokens_per_second
-                                                           : prefill_tokens_per_second_default;
+                                                          : prefill_tokens_per_second_default;
   const auto tail = static_cast<uint32_t>(cand.tail_tokens.size());
   const uint64_t extent_bytes = shm::extent_bytes_for(tail, h.payload_bytes);
   EntrySlot slot = no_slot;
-  if (!options_.remote->load_beats_recompute(manifest.image_bytes(), (cand.position - p.local_depth) / rate)) {
+  if (!options_.remote->load_beats_recompute(manifest.image_bytes(),
+                                             (cand.position - p.local_depth) / rate)) {
     ++counters_.recompute_instead;
   } else if (extent_bytes <= options_.reservation_bytes_max) {
     const NewEntry n{.ns = p.ns,

@@ -28,9 +28,10 @@ constexpr uint32_t snapshot_chunks = 3;
 
 std::vector<std::string> engine_args(uint64_t seed, uint32_t head, uint32_t body,
                                      std::vector<std::string> more) {
-  std::vector<std::string> args = {"--block-tokens", "0", "--head-seed", std::to_string(seed),
-                                   "--head-tokens", std::to_string(head), "--body-tokens",
-                                   std::to_string(body)};
+  std::vector<std::string> args = {"--block-tokens", "0",
+                                   "--head-seed",    std::to_string(seed),
+                                   "--head-tokens",  std::to_string(head),
+                                   "--body-tokens",  std::to_string(body)};
   args.insert(args.end(), more.begin(), more.end());
   return args;
 }
@@ -44,8 +45,8 @@ EngineRun publish(const Host& h, uint64_t seed, bool shared = true) {
 
 // A sibling prompt: `head` tokens of the head, then `body` tokens of its own.
 EngineRun verify(const Host& h, uint64_t seed, uint32_t head = head_tokens, uint32_t body = 100) {
-  return run_engine(*h.daemon,
-                    engine_args(seed, head, body, {"--session", "9", "--wait-msec", "10000", "verify"}));
+  return run_engine(*h.daemon, engine_args(seed, head, body,
+                                           {"--session", "9", "--wait-msec", "10000", "verify"}));
 }
 
 uint32_t restored(const EngineRun& run) {
@@ -152,7 +153,8 @@ TEST_F(RemoteSnapshotTest, ACorruptedChunkIsAMissAndTheSnapshotIsDeleted) {
   EXPECT_EQ(b_->status("remote_hits"), 0u);
   EXPECT_GE(b_->status("remote_corrupt"), 1u);
   // Manifest, chunks and its index field are gone from the store.
-  EXPECT_TRUE(eventually("the damaged snapshot is deleted", [&] { return snapshot_keys(cluster_).empty(); }));
+  EXPECT_TRUE(eventually("the damaged snapshot is deleted",
+                         [&] { return snapshot_keys(cluster_).empty(); }));
 }
 
 TEST_F(RemoteSnapshotTest, AnIndexFieldWhoseManifestTheStoreEvictedIsAMissAndIsRemoved) {
@@ -232,7 +234,8 @@ TEST_F(RemoteSnapshotTest, AValueWithAnotherTailUnderTheKeyIsRefusedByTheDaemon)
     const std::string path = a_->disk.path + "/value";
     std::ofstream(path, std::ios::binary) << value;
     std::string out;
-    return run_process({"/bin/sh", "-c", redis_cli_path() + " -p " + port + " -x SET '" + key + "' < " + path},
+    return run_process({"/bin/sh", "-c",
+                        redis_cli_path() + " -p " + port + " -x SET '" + key + "' < " + path},
                        10'000, &out) == 0;
   };
   remote::Manifest m;

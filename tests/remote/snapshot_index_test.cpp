@@ -45,7 +45,8 @@ struct TestSnapshot {
 TestSnapshot make_snapshot(uint64_t anchor, uint32_t chunks, uint32_t tail_tokens,
                            size_t payload_bytes = 5 * test_chunk_bytes + 17) {
   TestSnapshot s;
-  for (uint32_t i = 0; i < tail_tokens; ++i) s.tail.push_back(static_cast<int32_t>(anchor * 100 + i));
+  for (uint32_t i = 0; i < tail_tokens; ++i)
+    s.tail.push_back(static_cast<int32_t>(anchor * 100 + i));
   s.key = EntryKey{.ns = test_ns,
                    .key_hash = {anchor, anchor * 31},
                    .snapshot = true,
@@ -77,7 +78,9 @@ class SnapshotIndex : public ::testing::Test {
     store_->probe_index({&anchor, 1}, r);
     return r.at(0);
   }
-  std::string index_length(const TestSnapshot& s) { return redis_.cli({"HLEN", snapshot_index_key(s.key)}); }
+  std::string index_length(const TestSnapshot& s) {
+    return redis_.cli({"HLEN", snapshot_index_key(s.key)});
+  }
   RedisProcess redis_;
   std::unique_ptr<ClusterClient> client_;
   std::unique_ptr<RemoteStore> store_;
@@ -191,8 +194,8 @@ TEST_F(SnapshotIndex, ASnapshotTheStoreRefusesMidwayIsNeitherManifestedNorListed
   redis_.cli({"CONFIG", "SET", "maxmemory", std::to_string(used + 32 * test_chunk_bytes)});
   EXPECT_EQ(store_->put(s.key, s.header(), s.view()), Status::IoError);
   EXPECT_GE(store_->counters().writes_refused, 1u);
-  EXPECT_NE(redis_.cli({"EXISTS", chunk_key(s.key, 0)}), "0\n");  // some chunks landed...
-  EXPECT_EQ(redis_.cli({"EXISTS", manifest_key(s.key)}), "0\n");  // ...no manifest...
+  EXPECT_NE(redis_.cli({"EXISTS", chunk_key(s.key, 0)}), "0\n");        // some chunks landed...
+  EXPECT_EQ(redis_.cli({"EXISTS", manifest_key(s.key)}), "0\n");        // ...no manifest...
   EXPECT_EQ(redis_.cli({"EXISTS", snapshot_index_key(s.key)}), "0\n");  // ...and no field
 }
 
