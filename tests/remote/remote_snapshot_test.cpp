@@ -212,6 +212,33 @@ TEST_F(RemoteSnapshotTest, ATailInsideAWholeChunkThatDiffersIsRefusedByTheClient
   EXPECT_EQ(restored(same), head_tokens);
 }
 
+TEST_F(RemoteSnapshotTest,
+       TheNodeHoldingASnapshotKilledDuringItsRestoreIsAMissAndNothingWrongIsServed) {
+  publish_on_a(10);
+  const auto [node, index] = key_ending("}:s");
+  ASSERT_FALSE(index.empty());
+  ChildProcess engine = spawn_engine(
+      *b_->daemon,
+      engine_args(10, head_tokens, 100, {"--session", "9", "--wait-msec", "10000", "verify"}));
+  ASSERT_GT(engine.pid, 0);
+  // Kill the snapshot's master once B has asked the store (its restore may be in flight).
+  ASSERT_TRUE(eventually("B probed the store", [&] { return b_->status("remote_probes") >= 1; }));
+  cluster_.node(node).kill_hard();
+  EXPECT_EQ(engine.wait_exit(20'000), 0) << "the engine found a wrong byte or failed\n"
+                                         << b_->daemon->log_tail();
+  // Whatever B did not finish it erased (a reservation left behind would hold the
+  // next lookup in flight until its wait ran out): B's own engine parks the snapshot
+  // there, or finds it restored, and a sibling restores it from B's host tier.
+  EXPECT_EQ(run_engine(*b_->daemon, engine_args(10, head_tokens, 0,
+                                                {"--shared", "--snapshot-bytes",
+                                                 std::to_string(snapshot_bytes), "publish"}))
+                .exit_code,
+            0);
+  const EngineRun local = verify(*b_, 10);
+  EXPECT_EQ(local.exit_code, 0) << local.output;
+  EXPECT_EQ(restored(local), head_tokens);
+}
+
 // A value whose checksums all agree but whose tail tokens are not the ones its key
 // and index name (a buggy or hostile writer): the daemon's own tail check refuses it.
 TEST_F(RemoteSnapshotTest, AValueWithAnotherTailUnderTheKeyIsRefusedByTheDaemon) {
