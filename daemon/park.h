@@ -187,6 +187,40 @@ class Park {
   void finish_remote_probe(const RemoteCompletion& done);
   void finish_remote_get(const RemoteCompletion& done);
   void expire_remote_probes();
+  Lease* find_lease(ConnectionId id, uint64_t lease_id);
+
+  // Remote snapshots (park_remote_snapshots.cpp), snapshot-only namespaces: a lookup
+  // reads the indexes of its anchors past the deepest snapshot here, then the
+  // manifests of the deepest usable snapshots they list, then restores the first
+  // whole one into an extent the remote pseudo-connection reserves.
+  struct RemoteSnapshotCandidate {
+    Hash128 anchor;
+    uint32_t anchor_chunks = 0;
+    uint32_t position = 0;
+    std::vector<int32_t> tail_tokens;  // from the index
+  };
+  struct RemoteSnapshotProbe {
+    ConnectionId connection = 0;
+    NamespaceIndex ns = 0;
+    uint32_t prompt_tokens = 0;
+    uint32_t chunks = 0;                // whole chunks of the prompt
+    uint32_t local_depth = 0;           // the deepest snapshot the lookup found here
+    std::vector<int32_t> tail_tokens;   // the prompt's tokens past its last whole chunk
+    std::vector<uint32_t> anchors;      // anchor_chunks of each index asked, as asked
+    std::vector<RemoteSnapshotCandidate> candidates;  // manifests asked, best first
+  };
+  // The anchors (as anchor_chunks, deepest first) whose indexes a lookup should read;
+  // returns the deepest snapshot position the lease holds.
+  uint32_t remote_snapshot_anchors(const Connection& c, const wire::LookupRequest& req,
+                                   const Lease& lease, std::vector<uint32_t>& ret_anchors);
+  bool remote_should_probe_snapshots(const Connection& c, const wire::LookupRequest& req,
+                                     Lease& lease);
+  void remote_start_snapshot_probe(ConnectionId id, uint64_t lease_id, const Connection& c,
+                                   const wire::LookupRequest& req, const Lease& lease);
+  void finish_remote_snapshot_index(const RemoteCompletion& done);
+  void finish_remote_snapshot_manifests(const RemoteCompletion& done);
+  // The probe of lease_id is over: its lease (if any) stops waiting for it.
+  void end_remote_snapshot_probe(uint64_t lease_id);
 
   void end_adoption_hold(const char* why);
 
@@ -206,6 +240,8 @@ class Park {
   Recurrence recurrence_{table_};
   DiskMover disk_;
   ReplySink reply_sink_;
+  // Remote snapshot probes out, by lease id (one per lease at most).
+  std::unordered_map<uint64_t, RemoteSnapshotProbe> remote_snapshot_probes_;
 };
 
 }  // namespace kvpark::daemon

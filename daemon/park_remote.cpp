@@ -1,6 +1,7 @@
 // Park's remote policy: write-behind of sealed entries, the existence check of a
 // lookup's missing chain, and promotion of what the store has into the arena
-// (remote -> host, then to disk by the disk policy). See docs/remote.md.
+// (remote -> host, then to disk by the disk policy). See docs/remote.md. The
+// lookup side of snapshot-only namespaces is park_remote_snapshots.cpp.
 //
 // A promotion reserves each found block in the arena for the remote pseudo-connection
 // (remote_connection_id): lookups of other engines see it in flight (single flight),
@@ -34,13 +35,36 @@ void Park::remote_write_behind(EntrySlot slot) {
   RemoteTier* tier = options_.remote;
   if (tier == nullptr || tier->write_policy() == RemoteWritePolicy::Off) return;
   const Entry& e = table_.entry(slot);
-  // Snapshots are not read back from the store yet (docs/remote.md): blocks only.
-  if (e.kind != EntryKind::Block || !table_.host_readable(e) || e.dead) return;
+  if (!table_.host_readable(e) || e.dead) return;
+  const NamespaceInfo& ns = table_.namespace_info(e.ns);
+  // Snapshots are read back only in snapshot-only namespaces (docs/remote.md); written
+  // from any other, they would fill the store for nobody.
+  if (e.kind == EntryKind::Snapshot && ns.geometry.block_tokens != 0) return;
   const bool shared = e.entry_class == EntryClass::Shared || e.evidence == Evidence::ObservedRecurrence;
   if (tier->write_policy() == RemoteWritePolicy::Shared && !shared) return;
   if (!tier->probing_useful()) return;  // down: skipped, not queued
-  const NamespaceInfo& ns = table_.namespace_info(e.ns);
-  const remote::EntryKey key = block_key(ns, e.key_hash);
+  const bool snapshot = e.kind == EntryKind::Snapshot;
+  const uint8_t* extent = options_.arena_data + e.extent_offset;
+  remote::EntryKey key = block_key(ns, e.key_hash);
+  uint32_t token_count = ns.geometry.block_tokens;
+  uint64_t payload_bytes = ns.geometry.block_payload_bytes;
+  if (snapshot) {
+    key = remote::EntryKey{.ns = ns.id,
+                           .key_hash = e.key_hash,
+                           .snapshot = true,
+                           .position = e.position,
+                           .tail_digest = remote::tail_digest_of(e.tail_tokens)};
+    token_count = static_cast<uint32_t>(e.tail_tokens.size());
+    // Pair check with the header this daemon wrote at reserve before trusting its size.
+    shm::EntryHeader header{};
+    if (!shm::guarded_copy(&header, extent, sizeof header) || header.magic != shm::entry_magic ||
+        header.key_hash != e.key_hash || header.token_count != token_count ||
+        header.payload_offset != shm::payload_offset_for(token_count) ||
+        shm::extent_bytes_for(token_count, header.payload_bytes) != e.extent_bytes) {
+      return;  // the disk tier's spill reports a damaged header; nothing to write
+    }
+    payload_bytes = header.payload_bytes;
+  }
   remote::ManifestHeader h = remote::manifest_header_for(key);
   h.entry_class = static_cast<uint8_t>(e.entry_class);
   h.evidence = static_cast<uint8_t>(e.evidence);
@@ -52,13 +76,11 @@ void Park::remote_write_behind(EntrySlot slot) {
   h.block_payload_bytes = ns.geometry.block_payload_bytes;
   h.payload_checksum = e.payload_checksum;
   h.parent_hash = e.parent_hash;
-  const uint8_t* extent = options_.arena_data + e.extent_offset;
-  const remote::ImageView image{
-      .tokens = extent + limits::entry_header_bytes,
-      .tokens_bytes = uint64_t{ns.geometry.block_tokens} * sizeof(int32_t),
-      .payload = extent + shm::payload_offset_for(ns.geometry.block_tokens),
-      .payload_bytes = ns.geometry.block_payload_bytes,
-      .copy = shm::guarded_copy};
+  const remote::ImageView image{.tokens = extent + limits::entry_header_bytes,
+                                .tokens_bytes = uint64_t{token_count} * sizeof(int32_t),
+                                .payload = extent + shm::payload_offset_for(token_count),
+                                .payload_bytes = payload_bytes,
+                                .copy = shm::guarded_copy};
   table_.pin_io(slot);  // the worker reads the extent until the write completes
   if (!tier->put(key, h, image, slot, table_.entry_id(slot))) table_.unpin_io(slot);
 }
@@ -68,9 +90,10 @@ bool Park::remote_should_probe(const Connection& c, const wire::LookupRequest& r
   if (tier == nullptr) return false;
   const NamespaceInfo& info = table_.namespace_info(c.ns);
   const uint32_t block_tokens = info.geometry.block_tokens;
-  // Snapshot namespaces are not read from the store yet; and single flight first: an
-  // engine already writing what follows will publish it here.
-  if (block_tokens == 0 || info.geometry.snapshot_required || !lease.inflight.empty()) return false;
+  if (block_tokens == 0) return remote_should_probe_snapshots(c, req, lease);
+  // Namespaces of blocks and snapshots are not read from the store yet; and single
+  // flight first: an engine already writing what follows will publish it here.
+  if (info.geometry.snapshot_required || !lease.inflight.empty()) return false;
   const size_t blocks_max = std::min<size_t>((req.prompt_tokens - 1) / block_tokens, req.chunk_hashes.size());
   const size_t first = lease.blocks.size();
   if (first >= blocks_max) return false;  // everything restorable is here
@@ -87,6 +110,7 @@ bool Park::remote_should_probe(const Connection& c, const wire::LookupRequest& r
 void Park::remote_start_probe(ConnectionId id, uint64_t lease_id, const Connection& c,
                               const wire::LookupRequest& req, const Lease& lease) {
   const NamespaceInfo& info = table_.namespace_info(c.ns);
+  if (info.geometry.block_tokens == 0) return remote_start_snapshot_probe(id, lease_id, c, req, lease);
   const size_t blocks_max =
       std::min<size_t>((req.prompt_tokens - 1) / info.geometry.block_tokens, req.chunk_hashes.size());
   std::vector<remote::EntryKey> keys;
@@ -94,6 +118,13 @@ void Park::remote_start_probe(ConnectionId id, uint64_t lease_id, const Connecti
   for (size_t i = lease.blocks.size(); i < last; ++i) keys.push_back(block_key(info, req.chunk_hashes[i]));
   options_.remote->note_probe(id, lease_id, monotonic_usec());
   options_.remote->probe(std::move(keys), id, lease_id);
+}
+
+Lease* Park::find_lease(ConnectionId id, uint64_t lease_id) {
+  auto c = connections_.find(id);
+  if (c == connections_.end()) return nullptr;
+  auto lease = c->second.leases.find(lease_id);
+  return lease != c->second.leases.end() ? &lease->second : nullptr;
 }
 
 void Park::expire_remote_probes() {
@@ -122,7 +153,14 @@ void Park::on_remote_completions() {
         table_.unpin_io(slot);
         break;
       }
-      case RemoteJobKind::Probe: finish_remote_probe(d); break;
+      case RemoteJobKind::Probe:
+        if (!d.keys.empty() && d.keys[0].snapshot) {
+          finish_remote_snapshot_manifests(d);
+        } else {
+          finish_remote_probe(d);
+        }
+        break;
+      case RemoteJobKind::Index: finish_remote_snapshot_index(d); break;
       case RemoteJobKind::Get: finish_remote_get(d); break;
       case RemoteJobKind::Remove:
       case RemoteJobKind::Refresh: break;
@@ -246,7 +284,19 @@ void Park::finish_remote_get(const RemoteCompletion& done) {
   const Entry& e = table_.entry(slot);
   assert(!e.sealed && e.reserved_by == remote_connection_id);
   bool good = done.status == Status::Ok;
-  if (good) {
+  if (good && e.kind == EntryKind::Snapshot) {
+    // The tail is the one its index field named and the reservation was made for
+    // (the key's digest is of it, and the manifest named the key).
+    std::vector<int32_t> tail(e.tail_tokens.size());
+    good = tail.empty() ||
+           (shm::guarded_copy(tail.data(), options_.arena_data + e.extent_offset + limits::entry_header_bytes,
+                              tail.size() * sizeof(int32_t)) &&
+            tail == e.tail_tokens);
+    if (!good) {
+      ++counters_.remote_rejected;
+      log_warning_limited("kvparkd: a remote snapshot's tail tokens are not its key's; dropped");
+    }
+  } else if (good) {
     // The tokens are the ones the key names: h = XXH3-128(parent || tokens).
     const NamespaceInfo& info = table_.namespace_info(e.ns);
     std::vector<int32_t> tokens(info.geometry.block_tokens);

@@ -84,6 +84,10 @@ void RemoteTier::probe(std::vector<remote::EntryKey> keys, uint64_t tag, uint64_
   submit(Job{.kind = RemoteJobKind::Probe, .keys = std::move(keys), .tag = tag, .tag2 = tag2}, true);
 }
 
+void RemoteTier::probe_index(std::vector<remote::EntryKey> anchors, uint64_t tag, uint64_t tag2) {
+  submit(Job{.kind = RemoteJobKind::Index, .keys = std::move(anchors), .tag = tag, .tag2 = tag2}, true);
+}
+
 void RemoteTier::get(const remote::EntryKey& key, const remote::Manifest& manifest,
                      const remote::ImageTarget& target, uint64_t tag, uint64_t tag2) {
   submit(Job{.kind = RemoteJobKind::Get, .key = key, .manifest = manifest, .target = target,
@@ -138,6 +142,12 @@ void RemoteTier::run() {
           for (const remote::ProbeResult& r : done.results) stats_.probe_hits += r.status == Status::Ok;
           stats_.probe_seconds.observe(seconds);
           break;
+        case RemoteJobKind::Index:
+          ++stats_.probes;
+          stats_.probe_keys += done.keys.size();
+          for (const remote::IndexResult& r : done.indexes) stats_.probe_hits += r.status == Status::Ok;
+          stats_.probe_seconds.observe(seconds);
+          break;
         case RemoteJobKind::Get:
           if (done.status == Status::Ok) {
             ++stats_.gets;
@@ -177,6 +187,15 @@ RemoteCompletion RemoteTier::execute(Job& job) {
       store_->probe(job.keys, done.results);
       bool reached = job.keys.empty();
       for (const remote::ProbeResult& r : done.results) reached = reached || r.status != Status::Unavailable;
+      note_reached(reached);
+      done.status = reached ? Status::Ok : Status::Unavailable;
+      done.keys = std::move(job.keys);
+      break;
+    }
+    case RemoteJobKind::Index: {
+      store_->probe_index(job.keys, done.indexes);
+      bool reached = job.keys.empty();
+      for (const remote::IndexResult& r : done.indexes) reached = reached || r.status != Status::Unavailable;
       note_reached(reached);
       done.status = reached ? Status::Ok : Status::Unavailable;
       done.keys = std::move(job.keys);

@@ -58,7 +58,8 @@ struct RemoteTierOptions {
   uint32_t chunk_bytes = 0;  // 0: remote::chunk_bytes_default
 };
 
-enum class RemoteJobKind : uint8_t { Put, Probe, Get, Remove, Refresh };
+// Index: the snapshot indexes of a lookup's anchors (snapshot-only namespaces).
+enum class RemoteJobKind : uint8_t { Put, Probe, Get, Remove, Refresh, Index };
 
 struct RemoteCompletion {
   RemoteJobKind kind = RemoteJobKind::Put;
@@ -71,6 +72,7 @@ struct RemoteCompletion {
   uint64_t exec_usec = 0;                    // the worker's time on it (queueing excluded)
   std::vector<remote::EntryKey> keys;        // probe: what was asked
   std::vector<remote::ProbeResult> results;  // probe: one per key
+  std::vector<remote::IndexResult> indexes;  // index: one per key
 };
 
 // Counters and state, as status and /metrics show them.
@@ -118,6 +120,9 @@ class RemoteTier {
   bool put(const remote::EntryKey& key, const remote::ManifestHeader& header,
            const remote::ImageView& image, uint64_t tag, uint64_t tag2);
   void probe(std::vector<remote::EntryKey> keys, uint64_t tag, uint64_t tag2);
+  // Reads the snapshot index of each anchor (keys' ns and key_hash); a foreground
+  // job like a probe, counted as one.
+  void probe_index(std::vector<remote::EntryKey> anchors, uint64_t tag, uint64_t tag2);
   // Streams an entry into `target` (kept valid by the caller until completion).
   void get(const remote::EntryKey& key, const remote::Manifest& manifest,
            const remote::ImageTarget& target, uint64_t tag, uint64_t tag2);

@@ -31,6 +31,50 @@ std::string chunk_key(const EntryKey& key, uint32_t index) {
   return key_base(key) + ":" + std::to_string(index);
 }
 
+std::string snapshot_index_key(const EntryKey& key) {
+  return "kvpark:r" + std::to_string(record_format_version) + ":" + hex128(key.ns) + ":{" +
+         hex128(key.key_hash) + "}:s";
+}
+
+std::string index_field(const EntryKey& key) {
+  assert(key.snapshot && "only snapshots are indexed");
+  std::string f(index_field_bytes, '\0');
+  std::memcpy(f.data(), &key.position, 4);
+  std::memcpy(f.data() + 4, &key.tail_digest.low, 8);
+  std::memcpy(f.data() + 12, &key.tail_digest.high, 8);
+  return f;
+}
+
+bool decode_index_field(std::string_view field, EntryKey& ret_key) {
+  if (field.size() != index_field_bytes) return false;
+  uint32_t position = 0;
+  Hash128 digest;
+  std::memcpy(&position, field.data(), 4);
+  std::memcpy(&digest.low, field.data() + 4, 8);
+  std::memcpy(&digest.high, field.data() + 12, 8);
+  if (position == 0) return false;
+  ret_key.snapshot = true;
+  ret_key.position = position;
+  ret_key.tail_digest = digest;
+  return true;
+}
+
+std::string index_value(std::span<const int32_t> tail_tokens) {
+  return std::string(reinterpret_cast<const char*>(tail_tokens.data()), tail_tokens.size_bytes());
+}
+
+bool decode_index_value(std::string_view value, const EntryKey& key,
+                        std::vector<int32_t>& ret_tail_tokens) {
+  if (value.size() % sizeof(int32_t) != 0 || value.size() / sizeof(int32_t) > index_tail_tokens_max) {
+    return false;
+  }
+  std::vector<int32_t> tail(value.size() / sizeof(int32_t));
+  if (!value.empty()) std::memcpy(tail.data(), value.data(), value.size());
+  if (tail_digest_of(tail) != key.tail_digest || tail.size() > key.position) return false;
+  ret_tail_tokens = std::move(tail);
+  return true;
+}
+
 uint32_t chunk_count_for(uint64_t image_bytes, uint32_t chunk_bytes) {
   return static_cast<uint32_t>((image_bytes + chunk_bytes - 1) / chunk_bytes);
 }

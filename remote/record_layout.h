@@ -17,6 +17,14 @@
 // serves its restore), and a chain's blocks spread over the cluster. The format
 // version is in the keys as well as in the manifest, so readers of different
 // versions never meet each other's values.
+//
+// Snapshots are also listed in their anchor's *index*, a Redis hash at
+// "kvpark:r<format>:<namespace hex>:{<anchor hex>}:s" (same hash tag: it lives
+// with the snapshots it names): one field per snapshot, its position (u32) then its
+// tail digest (20 bytes), whose value is its tail token ids (int32). A writer sets
+// the field after the manifest, so a field names a snapshot that was whole; a
+// reader learns from the index which snapshots an anchor has, and their tails,
+// before fetching any of them.
 #pragma once
 
 #include <cstdint>
@@ -46,6 +54,20 @@ struct EntryKey {
 
 std::string manifest_key(const EntryKey& key);
 std::string chunk_key(const EntryKey& key, uint32_t index);
+
+// The index of the snapshots at key.key_hash (an anchor) in key.ns; and the field
+// naming the snapshot `key` in it.
+std::string snapshot_index_key(const EntryKey& key);
+inline constexpr size_t index_field_bytes = 4 + 16;  // position, tail digest
+std::string index_field(const EntryKey& key);
+// Fills position and tail_digest of ret_key (ns and key_hash untouched); false when
+// `field` is not one index_field() writes.
+bool decode_index_field(std::string_view field, EntryKey& ret_key);
+// A field's value: the tail token ids; false when `value` is not a whole number of
+// them, more than index_tail_tokens_max, or not the tokens ret_key's digest names.
+std::string index_value(std::span<const int32_t> tail_tokens);
+bool decode_index_value(std::string_view value, const EntryKey& key,
+                        std::vector<int32_t>& ret_tail_tokens);
 
 // The manifest's fixed part. Layout is the format: trivially copyable, fixed size.
 struct ManifestHeader {

@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "proto/limits.h"
+
 namespace kvpark::remote {
 
 // One value (key) of an entry's image: what one GET moves. Redis' own cap on a bulk
@@ -31,6 +33,12 @@ inline constexpr uint32_t chunks_in_flight_max = 1;
 // Keys one existence check asks for at once (a 1 Mi-token prompt of 64-token blocks).
 inline constexpr uint32_t probe_keys_max = 16384;
 
+// An anchor's snapshot index: fields one lookup considers (a store that holds more
+// serves the first ones it returns), and the tail a field's value may hold (longer
+// than any namespace's chunk: proto/limits.h).
+inline constexpr uint32_t index_fields_max = 64;
+inline constexpr uint32_t index_tail_tokens_max = 4096;
+
 // Redirections (MOVED / ASK) followed for one command before it counts as a miss.
 inline constexpr uint32_t redirects_max = 5;
 // Nodes the client keeps connections to (seeds plus what CLUSTER SLOTS names).
@@ -50,6 +58,9 @@ inline constexpr uint64_t retry_backoff_usec_max = 5'000'000;
 inline constexpr uint32_t hash_slots = 16384;
 
 static_assert(chunk_bytes_default <= chunk_bytes_max && chunk_bytes_min <= chunk_bytes_default);
+static_assert(index_tail_tokens_max >= limits::block_tokens_max &&
+                  index_tail_tokens_max >= limits::snapshot_chain_tokens,
+              "a snapshot's tail is shorter than one chunk of any namespace");
 static_assert(uint64_t{chunks_in_flight_max} * chunk_bytes_max <= 64ull << 20,
               "a restore buffers at most 64 MiB of replies");
 

@@ -26,12 +26,32 @@ RemoteStore::RemoteStore(ClusterClient& client, uint32_t chunk_bytes)
 
 Status RemoteStore::put(const EntryKey& key, ManifestHeader header, const ImageView& image) {
   const std::string mkey = manifest_key(key);
+  std::vector<int32_t> tail;  // a snapshot's tail: its index field's value
+  if (key.snapshot) {
+    if (image.tokens_bytes % sizeof(int32_t) != 0 ||
+        image.tokens_bytes / sizeof(int32_t) > index_tail_tokens_max) {
+      return Status::InvalidArgument;
+    }
+    tail.resize(image.tokens_bytes / sizeof(int32_t));
+    if (!tail.empty() && image.copy != nullptr) {
+      if (!image.copy(tail.data(), image.tokens, image.tokens_bytes)) return Status::Corrupt;
+    } else if (!tail.empty()) {
+      std::memcpy(tail.data(), image.tokens, image.tokens_bytes);
+    }
+    // Pair check with the reader: the tokens are the ones the key names.
+    if (tail_digest_of(tail) != key.tail_digest) return Status::Corrupt;
+  }
   std::vector<Reply> replies;
   {
     const Command exists{{"EXISTS", mkey}};
     client_.execute({&exists, 1}, replies);
     if (replies[0].status != Status::Ok) return replies[0].status;
-    if (replies[0].integer() == 1) return Status::AlreadyPresent;
+    if (replies[0].integer() == 1) {
+      if (key.snapshot) {
+        if (Status s = index_set(key, tail); s != Status::Ok) return s;
+      }
+      return Status::AlreadyPresent;
+    }
   }
   const uint64_t image_bytes = image.tokens_bytes + image.payload_bytes;
   const uint32_t chunks = chunk_count_for(image_bytes, chunk_bytes_);
@@ -96,8 +116,30 @@ Status RemoteStore::put(const EntryKey& key, ManifestHeader header, const ImageV
   const Command set{{"SET", mkey, value}};
   client_.execute({&set, 1}, replies);
   if (replies[0].status == Status::IoError) ++counters_.writes_refused;
-  if (replies[0].status == Status::Ok) counters_.bytes_written += value.size();
+  if (replies[0].status != Status::Ok) return replies[0].status;
+  counters_.bytes_written += value.size();
+  // Listed only once whole: a reader that finds the field finds the manifest.
+  return key.snapshot ? index_set(key, tail) : Status::Ok;
+}
+
+Status RemoteStore::index_set(const EntryKey& key, std::span<const int32_t> tail_tokens) {
+  const std::string index = snapshot_index_key(key);
+  const std::string field = index_field(key);
+  const std::string value = index_value(tail_tokens);
+  const Command hset{{"HSET", index, field, value}};
+  std::vector<Reply> replies;
+  client_.execute({&hset, 1}, replies);
+  if (replies[0].status == Status::IoError) ++counters_.writes_refused;
+  if (replies[0].status == Status::Ok) counters_.bytes_written += field.size() + value.size();
   return replies[0].status;
+}
+
+void RemoteStore::index_clear(const EntryKey& key) {
+  const std::string index = snapshot_index_key(key);
+  const std::string field = index_field(key);
+  const Command hdel{{"HDEL", index, field}};
+  std::vector<Reply> replies;
+  client_.execute({&hdel, 1}, replies);
 }
 
 void RemoteStore::probe(std::span<const EntryKey> keys, std::vector<ProbeResult>& ret_results) {
@@ -120,6 +162,9 @@ void RemoteStore::probe(std::span<const EntryKey> keys, std::vector<ProbeResult>
     }
     if (r.is_nil()) {
       out.status = Status::NotFound;
+      // A snapshot is asked for because its index lists it: the store evicted its
+      // manifest, so the field names nothing now.
+      if (keys[i].snapshot) index_clear(keys[i]);
       continue;
     }
     counters_.bytes_read += r.string().size();
@@ -133,6 +178,68 @@ void RemoteStore::probe(std::span<const EntryKey> keys, std::vector<ProbeResult>
     }
     out.status = Status::Ok;
   }
+}
+
+void RemoteStore::probe_index(std::span<const EntryKey> anchors,
+                              std::vector<IndexResult>& ret_results) {
+  ret_results.clear();
+  ret_results.resize(anchors.size());
+  std::vector<std::string> names(anchors.size());
+  std::vector<Command> batch(anchors.size());
+  for (size_t i = 0; i < anchors.size(); ++i) {
+    names[i] = snapshot_index_key(anchors[i]);
+    batch[i].argv = {"HGETALL", names[i]};
+  }
+  std::vector<Reply> replies;
+  client_.execute(batch, replies);
+  std::vector<std::string> bad_fields;  // kept alive for the HDEL batch
+  std::vector<size_t> bad_index;
+  std::vector<size_t> foreign;
+  for (size_t i = 0; i < anchors.size(); ++i) {
+    IndexResult& out = ret_results[i];
+    const Reply& r = replies[i];
+    if (r.status == Status::IoError) {
+      // WRONGTYPE: something else lives under the index's key.
+      ++counters_.corrupt_values;
+      out.status = Status::Corrupt;
+      foreign.push_back(i);
+      continue;
+    }
+    if (r.status != Status::Ok) {
+      out.status = Status::Unavailable;
+      continue;
+    }
+    const redisReply* array = r.reply.get();
+    if (array->type != REDIS_REPLY_ARRAY || array->elements % 2 != 0) {
+      ++counters_.corrupt_values;
+      out.status = Status::Corrupt;
+      foreign.push_back(i);
+      continue;
+    }
+    for (size_t f = 0; f + 1 < array->elements; f += 2) {
+      const redisReply* field = array->element[f];
+      const redisReply* value = array->element[f + 1];
+      if (field->type != REDIS_REPLY_STRING) continue;  // RESP2 hash fields are strings
+      counters_.bytes_read += field->len + (value->type == REDIS_REPLY_STRING ? value->len : 0);
+      IndexMember m{.key = EntryKey{.ns = anchors[i].ns, .key_hash = anchors[i].key_hash}};
+      const std::string_view field_bytes(field->str, field->len);
+      if (value->type != REDIS_REPLY_STRING || !decode_index_field(field_bytes, m.key) ||
+          !decode_index_value(std::string_view(value->str, value->len), m.key, m.tail_tokens)) {
+        ++counters_.corrupt_values;  // never offered, and cleared
+        bad_fields.emplace_back(field_bytes);
+        bad_index.push_back(i);
+        continue;
+      }
+      if (out.members.size() < index_fields_max) out.members.push_back(std::move(m));
+    }
+    out.status = out.members.empty() ? Status::NotFound : Status::Ok;
+  }
+  std::vector<Command> cleanup;
+  for (size_t k = 0; k < bad_fields.size(); ++k) {
+    cleanup.push_back(Command{{"HDEL", names[bad_index[k]], bad_fields[k]}});
+  }
+  for (size_t i : foreign) cleanup.push_back(Command{{"DEL", names[i]}});
+  if (!cleanup.empty()) client_.execute(cleanup, replies);
 }
 
 Status RemoteStore::get(const EntryKey& key, const Manifest& manifest, const ImageTarget& target) {
@@ -217,6 +324,12 @@ void RemoteStore::remove(const EntryKey& key, uint32_t chunk_count) {
   for (uint32_t i = 0; i < chunk_count; ++i) names.push_back(chunk_key(key, i));
   std::vector<Command> batch;
   for (const std::string& n : names) batch.push_back(Command{{"DEL", n}});
+  std::string index, field;
+  if (key.snapshot) {
+    index = snapshot_index_key(key);
+    field = index_field(key);
+    batch.push_back(Command{{"HDEL", index, field}});
+  }
   std::vector<Reply> replies;
   client_.execute(batch, replies);
 }

@@ -11,6 +11,12 @@
 // another entry is a miss (Corrupt or NotFound), and a corrupt entry's keys are
 // deleted so the next writer repairs it. A store that cannot be reached answers
 // Unavailable; one that refuses a write (out of memory) answers IoError.
+//
+// Snapshots are also listed in their anchor's index (record_layout.h): put() sets
+// the snapshot's field after its manifest (and again when the manifest was already
+// there: a field the store evicted comes back with the next writer), remove()
+// clears it, a probe that finds a field's manifest gone (evicted) clears the field,
+// and probe_index() reads an anchor's fields, clearing any that fail to decode.
 #pragma once
 
 #include <cstdint>
@@ -34,6 +40,17 @@ struct ProbeResult {
   Manifest manifest;
 };
 
+// A snapshot an anchor's index lists: its key (ns and key_hash as asked, position
+// and tail digest from the field) and its tail token ids (the field's value).
+struct IndexMember {
+  EntryKey key;
+  std::vector<int32_t> tail_tokens;
+};
+struct IndexResult {
+  Status status = Status::Unavailable;  // Ok (members set), NotFound, Corrupt, Unavailable
+  std::vector<IndexMember> members;     // at most index_fields_max
+};
+
 class RemoteStore {
  public:
   // chunk_bytes: the size new records are cut at (chunk_bytes_min..chunk_bytes_max).
@@ -46,17 +63,25 @@ class RemoteStore {
   Status put(const EntryKey& key, ManifestHeader header, const ImageView& image);
   // One pipelined batch of manifest GETs; ret_results[i] answers keys[i].
   void probe(std::span<const EntryKey> keys, std::vector<ProbeResult>& ret_results);
+  // One pipelined batch reading the snapshot index of each anchors[i] (its ns and
+  // key_hash); ret_results[i] answers anchors[i].
+  void probe_index(std::span<const EntryKey> anchors, std::vector<IndexResult>& ret_results);
   // Streams the entry's chunks into `target` (sized as the manifest says, or
   // InvalidArgument). Ok, NotFound (a chunk is gone), Corrupt (deleted), Unavailable,
   // IoError (the target could not be written through its copy function).
   Status get(const EntryKey& key, const Manifest& manifest, const ImageTarget& target);
-  // Deletes the manifest first (readers stop seeing it), then the chunks.
+  // Deletes the manifest first (readers stop seeing it), then the chunks (and a
+  // snapshot's index field).
   void remove(const EntryKey& key, uint32_t chunk_count);
 
   const StoreCounters& counters() const { return counters_; }
   ClusterClient& client() { return client_; }
 
  private:
+  // Sets (or clears) a snapshot's field in its anchor's index.
+  Status index_set(const EntryKey& key, std::span<const int32_t> tail_tokens);
+  void index_clear(const EntryKey& key);
+
   ClusterClient& client_;
   uint32_t chunk_bytes_;
   StoreCounters counters_;

@@ -124,6 +124,40 @@ TEST(RecordLayout, ImageRangesSplitAtThePayload) {
   EXPECT_EQ(runs[1].second, 2u);
 }
 
+TEST(RecordLayout, ASnapshotsIndexFieldNamesItAndItsValueIsItsTail) {
+  std::vector<int32_t> tail = {5, 6, 7};
+  EntryKey s = block_key(3);
+  s.snapshot = true;
+  s.position = 2 * 64 + 3;
+  s.tail_digest = tail_digest_of(tail);
+  // The index lives with the anchor's snapshots, apart from their manifests.
+  EXPECT_EQ(key_slot(snapshot_index_key(s)), key_slot(manifest_key(s)));
+  EXPECT_NE(snapshot_index_key(s), manifest_key(s));
+  EXPECT_NE(snapshot_index_key(s), manifest_key(block_key(3)));
+  const std::string field = index_field(s);
+  EXPECT_EQ(field.size(), index_field_bytes);
+  EntryKey back{.ns = s.ns, .key_hash = s.key_hash};
+  ASSERT_TRUE(decode_index_field(field, back));
+  EXPECT_EQ(back, s);
+  EXPECT_FALSE(decode_index_field(field.substr(1), back));
+  EXPECT_FALSE(decode_index_field(std::string(index_field_bytes, '\0'), back));  // position 0
+  std::vector<int32_t> got;
+  ASSERT_TRUE(decode_index_value(index_value(tail), s, got));
+  EXPECT_EQ(got, tail);
+  std::vector<int32_t> other = {5, 6, 8};
+  EXPECT_FALSE(decode_index_value(index_value(other), s, got));  // not the digest's tail
+  EXPECT_FALSE(decode_index_value(index_value(tail).substr(1), s, got));
+  // At the cap and past it.
+  std::vector<int32_t> at_cap(index_tail_tokens_max, 1);
+  std::vector<int32_t> past_cap(index_tail_tokens_max + 1, 1);
+  EntryKey long_tail = s;
+  long_tail.position = 10 * index_tail_tokens_max;
+  long_tail.tail_digest = tail_digest_of(at_cap);
+  EXPECT_TRUE(decode_index_value(index_value(at_cap), long_tail, got));
+  long_tail.tail_digest = tail_digest_of(past_cap);
+  EXPECT_FALSE(decode_index_value(index_value(past_cap), long_tail, got));
+}
+
 TEST(Endpoints, ParsesSeedLists) {
   std::vector<Endpoint> e;
   ASSERT_EQ(parse_endpoints("redis://10.0.0.1:7000,10.0.0.2:7001, 10.0.0.3", e), Status::Ok);

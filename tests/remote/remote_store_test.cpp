@@ -308,10 +308,12 @@ TEST_F(Cluster, FollowsAskDuringMigrationAndMovedAfterIt) {
   twin.key.snapshot = true;
   twin.key.key_hash = e.key.key_hash;  // same tag: same slot
   twin.key.position = 77;
+  twin.key.tail_digest = tail_digest_of(twin.tokens);  // a snapshot's key names its tail
   ASSERT_EQ(store.put(twin.key, twin.header(), twin.view()), Status::Ok);
   EXPECT_GT(client.redirects(), 0u);
-  // Its keys (manifest and chunk) are on the target, the old entry's still on the source.
-  EXPECT_EQ(cluster_.node(to).cli({"CLUSTER", "COUNTKEYSINSLOT", slot}), "2\n");
+  // Its keys (manifest, chunk and its anchor's index) are on the target, the old
+  // entry's still on the source.
+  EXPECT_EQ(cluster_.node(to).cli({"CLUSTER", "COUNTKEYSINSLOT", slot}), "3\n");
   EXPECT_EQ(cluster_.node(from).cli({"CLUSTER", "COUNTKEYSINSLOT", slot}), "2\n");
   // Move the old keys and hand the slot over: the client's map is stale, MOVED fixes it.
   std::vector<std::string> migrate = {"MIGRATE", "127.0.0.1", std::to_string(cluster_.node(to).port()),

@@ -1,0 +1,245 @@
+// Park's remote policy for snapshot-only namespaces (block_tokens == 0): which
+// snapshots the store has for a lookup, and restoring one (docs/remote.md).
+//
+// A snapshot is anchored at a chunk hash (the namespace id for anchor 0) and names
+// its tail tokens; the store lists each anchor's snapshots in an index (field:
+// position and tail digest; value: the tail tokens). A lookup whose deepest local
+// snapshot leaves tokens to gain reads, in one pipelined batch, the indexes of the
+// prompt's anchors from that depth on; then the manifests of the deepest usable
+// snapshots listed (at most remote_snapshot_candidates_max, one batch); then the
+// first whole one is reserved for the remote pseudo-connection (other engines see it
+// in flight: single flight) and streamed in. A tail past the prompt's last whole
+// chunk is compared here before anything is fetched; an earlier tail lies inside a
+// chunk the daemon knows only by its hash, and the client's tail check after restore
+// stays the last word. Once restored, the tail tokens in the extent must be the ones
+// the index named and the key's digest covers, else the entry is erased: a miss,
+// never a wrong byte. Every anchor asked is not asked again for
+// remote_miss_memory_usec (the lookup that follows a WAIT finds the restore here).
+#include <algorithm>
+#include <cassert>
+
+#include "daemon/clock.h"
+#include "daemon/entry_header.h"
+#include "daemon/park.h"
+#include "daemon/remote_tier.h"
+#include "daemon/value_model.h"
+#include "remote/record_layout.h"
+#include "remote/remote_limits.h"
+#include "shm/arena_guard.h"
+
+namespace kvpark::daemon {
+namespace {
+
+// Manifests one lookup asks for at once, best first: a store that evicted the best
+// one's manifest still serves the next in the same round trip.
+constexpr size_t remote_snapshot_candidates_max = 4;
+
+const Hash128& anchor_hash(const NamespaceInfo& info, const wire::LookupRequest& req, uint32_t j) {
+  return j == 0 ? info.id : req.chunk_hashes[j - 1];
+}
+
+}  // namespace
+
+uint32_t Park::remote_snapshot_anchors(const Connection& c, const wire::LookupRequest& req,
+                                       const Lease& lease, std::vector<uint32_t>& ret_anchors) {
+  ret_anchors.clear();
+  const NamespaceInfo& info = table_.namespace_info(c.ns);
+  uint32_t local = 0;
+  for (EntrySlot slot : lease.snapshots) local = std::max(local, table_.entry(slot).position);
+  if (local + 1 >= req.prompt_tokens) return local;  // nothing deeper could be used
+  const auto chunks = static_cast<uint32_t>(req.chunk_hashes.size());
+  // A snapshot at anchor j lies in [j * chain, (j + 1) * chain); the last anchor can
+  // serve only a tail shorter than the prompt's.
+  const uint32_t deepest = req.tail_tokens.empty() ? chunks - 1 : chunks;
+  const uint32_t shallowest = local / info.chain_tokens;
+  const uint64_t now = coarse_monotonic_usec();
+  for (uint32_t j = deepest + 1; j-- > shallowest && ret_anchors.size() < remote::probe_keys_max;) {
+    if (!options_.remote->missed_recently(anchor_hash(info, req, j), now)) ret_anchors.push_back(j);
+  }
+  return local;
+}
+
+bool Park::remote_should_probe_snapshots(const Connection& c, const wire::LookupRequest& req,
+                                         Lease& lease) {
+  // Single flight first: an engine (or a restore) already writing a snapshot past
+  // the local ones will seal it here.
+  if (!lease.inflight.empty()) return false;
+  std::vector<uint32_t> anchors;
+  const uint32_t local = remote_snapshot_anchors(c, req, lease, anchors);
+  if (anchors.empty() || !options_.remote->probing_useful()) return false;
+  lease.remote_pending = true;
+  lease.inflight_tokens = req.prompt_tokens - 1 - local;
+  return true;
+}
+
+void Park::remote_start_snapshot_probe(ConnectionId id, uint64_t lease_id, const Connection& c,
+                                       const wire::LookupRequest& req, const Lease& lease) {
+  const NamespaceInfo& info = table_.namespace_info(c.ns);
+  RemoteSnapshotProbe p{.connection = id,
+                        .ns = c.ns,
+                        .prompt_tokens = req.prompt_tokens,
+                        .chunks = static_cast<uint32_t>(req.chunk_hashes.size()),
+                        .tail_tokens = req.tail_tokens};
+  p.local_depth = remote_snapshot_anchors(c, req, lease, p.anchors);
+  assert(!p.anchors.empty() && "remote_should_probe_snapshots said there is something to ask");
+  std::vector<remote::EntryKey> keys;
+  for (uint32_t j : p.anchors)
+    keys.push_back({.ns = info.id, .key_hash = anchor_hash(info, req, j)});
+  remote_snapshot_probes_[lease_id] = std::move(p);
+  options_.remote->note_probe(id, lease_id, monotonic_usec());
+  options_.remote->probe_index(std::move(keys), id, lease_id);
+}
+
+void Park::end_remote_snapshot_probe(uint64_t lease_id) {
+  auto it = remote_snapshot_probes_.find(lease_id);
+  assert(it != remote_snapshot_probes_.end());
+  if (Lease* lease = find_lease(it->second.connection, lease_id)) lease->remote_pending = false;
+  remote_snapshot_probes_.erase(it);
+}
+
+void Park::finish_remote_snapshot_index(const RemoteCompletion& done) {
+  auto it = remote_snapshot_probes_.find(done.tag2);
+  if (it == remote_snapshot_probes_.end()) return;
+  RemoteSnapshotProbe& p = it->second;
+  assert(done.indexes.size() == p.anchors.size() && done.keys.size() == p.anchors.size());
+  const uint32_t chain = table_.namespace_info(p.ns).chain_tokens;
+  const uint64_t now = coarse_monotonic_usec();
+  struct Found {
+    size_t index = 0;   // of the anchor asked
+    size_t member = 0;  // in its index
+    uint32_t position = 0;
+  };
+  std::vector<Found> found;
+  for (size_t i = 0; i < done.indexes.size(); ++i) {
+    const remote::IndexResult& r = done.indexes[i];
+    if (r.status == Status::Unavailable) continue;  // that node is down: ask again later
+    options_.remote->note_missed(done.keys[i].key_hash, now);
+    const uint32_t j = p.anchors[i];
+    for (size_t m = 0; m < r.members.size(); ++m) {
+      const std::vector<int32_t>& tail = r.members[m].tail_tokens;
+      const uint32_t position = r.members[m].key.position;
+      // Of this anchor, deeper than what is here, short of the prompt's end; at the
+      // last anchor, a prefix of the prompt's tail (earlier tails: the client checks).
+      if (tail.size() >= chain || position != uint64_t{j} * chain + tail.size() ||
+          position <= p.local_depth || position >= p.prompt_tokens) {
+        continue;
+      }
+      if (j == p.chunks && !std::equal(tail.begin(), tail.end(), p.tail_tokens.begin())) continue;
+      found.push_back({.index = i, .member = m, .position = position});
+    }
+  }
+  std::stable_sort(found.begin(), found.end(),
+                   [](const Found& a, const Found& b) { return a.position > b.position; });
+  Lease* lease = find_lease(p.connection, done.tag2);
+  std::vector<remote::EntryKey> keys;
+  for (const Found& f : found) {
+    const remote::IndexMember& m = done.indexes[f.index].members[f.member];
+    const EntrySlot slot = table_.find_snapshot(p.ns, m.key.key_hash, m.tail_tokens);
+    if (slot != no_slot) {
+      // Here already: sealed (the lookup had it, or chose not to use it), or being
+      // written by an engine or another lookup's restore: follow that one.
+      if (table_.entry(slot).sealed) continue;
+      if (lease != nullptr && keys.empty()) {
+        lease->inflight.emplace_back(slot, table_.entry_id(slot));
+      }
+      break;
+    }
+    keys.push_back(m.key);
+    p.candidates.push_back({.anchor = m.key.key_hash,
+                            .anchor_chunks = p.anchors[f.index],
+                            .position = f.position,
+                            .tail_tokens = m.tail_tokens});
+    if (keys.size() >= remote_snapshot_candidates_max) break;
+  }
+  if (keys.empty()) {
+    end_remote_snapshot_probe(done.tag2);
+    return;
+  }
+  options_.remote->probe(std::move(keys), done.tag, done.tag2);  // the lease still waits
+}
+
+void Park::finish_remote_snapshot_manifests(const RemoteCompletion& done) {
+  auto it = remote_snapshot_probes_.find(done.tag2);
+  if (it == remote_snapshot_probes_.end()) return;
+  const RemoteSnapshotProbe& p = it->second;
+  assert(done.results.size() == p.candidates.size());
+  const NamespaceInfo& info = table_.namespace_info(p.ns);
+  // The first whole one, best first. A manifest the store lost is a miss (the store
+  // cleared its index field); a damaged one was deleted.
+  size_t chosen = done.results.size();
+  for (size_t i = 0; i < done.results.size() && chosen == done.results.size(); ++i) {
+    if (done.results[i].status != Status::Ok) continue;
+    const RemoteSnapshotCandidate& cand = p.candidates[i];
+    const remote::ManifestHeader& h = done.results[i].manifest.header;
+    // A value under the right key but not of this geometry or anchor is a miss.
+    if (h.kind != static_cast<uint8_t>(EntryKind::Snapshot) || h.block_tokens != 0 ||
+        h.snapshot_required != (info.geometry.snapshot_required ? 1 : 0) ||
+        h.chain_tokens != info.chain_tokens || h.anchor_chunks != cand.anchor_chunks ||
+        h.position != cand.position || h.token_count != cand.tail_tokens.size() ||
+        h.payload_bytes == 0 || h.payload_bytes > limits::snapshot_payload_bytes_max ||
+        h.entry_class > entry_class_max || h.evidence > evidence_max) {
+      ++counters_.remote_rejected;
+      continue;
+    }
+    chosen = i;
+  }
+  Lease* lease = find_lease(p.connection, done.tag2);
+  if (chosen == done.results.size()) {
+    end_remote_snapshot_probe(done.tag2);
+    return;
+  }
+  const RemoteSnapshotCandidate& cand = p.candidates[chosen];
+  const remote::Manifest& manifest = done.results[chosen].manifest;
+  const remote::ManifestHeader& h = manifest.header;
+  if (EntrySlot slot = table_.find_snapshot(p.ns, cand.anchor, cand.tail_tokens); slot != no_slot) {
+    // Published or restored here meanwhile.
+    if (!table_.entry(slot).sealed && lease != nullptr) {
+      lease->inflight.emplace_back(slot, table_.entry_id(slot));
+    }
+    end_remote_snapshot_probe(done.tag2);
+    return;
+  }
+  // Load versus recompute, by the store's measured bandwidth and the engine's rate.
+  const double rate = info.prefill_tokens_per_second != 0 ? info.prefill_tokens_per_second
+                                                          : prefill_tokens_per_second_default;
+  const auto tail = static_cast<uint32_t>(cand.tail_tokens.size());
+  const uint64_t extent_bytes = shm::extent_bytes_for(tail, h.payload_bytes);
+  EntrySlot slot = no_slot;
+  if (!options_.remote->load_beats_recompute(manifest.image_bytes(),
+                                             (cand.position - p.local_depth) / rate)) {
+    ++counters_.recompute_instead;
+  } else if (extent_bytes <= options_.reservation_bytes_max) {
+    const NewEntry n{.ns = p.ns,
+                     .kind = EntryKind::Snapshot,
+                     .key_hash = cand.anchor,
+                     .tail_tokens = cand.tail_tokens,
+                     .extent_bytes = extent_bytes,
+                     .position = cand.position,
+                     .anchor_chunks = cand.anchor_chunks,
+                     .entry_class = static_cast<EntryClass>(h.entry_class),
+                     .evidence = static_cast<Evidence>(h.evidence),
+                     .reserved_by = remote_connection_id};
+    if (table_.insert_reserved(n, slot) != Status::Ok) slot = no_slot;  // no room: prefilled
+  }
+  if (slot != no_slot) {
+    const Entry& e = table_.entry(slot);
+    const shm::EntryHeader header = make_entry_header(e, tail, h.payload_bytes);
+    uint8_t* extent = options_.arena_data + e.extent_offset;
+    if (!shm::guarded_copy(extent, &header, sizeof header)) {
+      log_arena_fault(e.extent_offset);
+      table_.erase(slot);
+    } else {
+      const remote::ImageTarget target{.tokens = extent + limits::entry_header_bytes,
+                                       .tokens_bytes = uint64_t{tail} * sizeof(int32_t),
+                                       .payload = extent + header.payload_offset,
+                                       .payload_bytes = h.payload_bytes,
+                                       .copy = shm::guarded_copy};
+      table_.pin_io(slot);  // the worker writes the extent until the read completes
+      options_.remote->get(done.keys[chosen], manifest, target, slot, table_.entry_id(slot));
+      if (lease != nullptr) lease->inflight.emplace_back(slot, table_.entry_id(slot));
+    }
+  }
+  end_remote_snapshot_probe(done.tag2);
+}
+
+}  // namespace kvpark::daemon
