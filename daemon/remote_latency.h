@@ -22,8 +22,8 @@ namespace kvpark::daemon {
 
 // Upper bounds of the buckets, microseconds, increasing.
 inline constexpr uint64_t remote_latency_bounds_usec[] = {
-    50,      100,     250,     500,       1'000,     2'500,     5'000,     10'000,   25'000,
-    50'000,  100'000, 250'000, 500'000,   1'000'000, 2'500'000, 5'000'000, 10'000'000};
+    50,     100,     250,     500,     1'000,     2'500,     5'000,     10'000,    25'000,
+    50'000, 100'000, 250'000, 500'000, 1'000'000, 2'500'000, 5'000'000, 10'000'000};
 
 struct RemoteLatencyHistogram {
   static constexpr size_t bounded_buckets = std::size(remote_latency_bounds_usec);
@@ -63,7 +63,8 @@ struct RemoteLatencyHistogram {
     uint64_t seen = 0;
     for (size_t i = 0; i < bounded_buckets; ++i) {
       seen += buckets[i];
-      if (seen >= rank) return remote_latency_bounds_usec[i] < max_usec ? remote_latency_bounds_usec[i] : max_usec;
+      if (seen >= rank)
+        return remote_latency_bounds_usec[i] < max_usec ? remote_latency_bounds_usec[i] : max_usec;
     }
     return max_usec;  // the overflow bucket
   }

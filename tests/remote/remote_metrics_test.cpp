@@ -47,8 +47,8 @@ struct ScratchDirectory {
 // private session bus when `dbus`.
 struct Host {
   Host(const std::string& seeds, const std::string& label, bool dbus) {
-    std::vector<std::string> args = {"--remote", seeds, "--disk-dir", disk.path, "--http-listen",
-                                     "127.0.0.1:0"};
+    std::vector<std::string> args = {"--remote", seeds,           "--disk-dir",
+                                     disk.path,  "--http-listen", "127.0.0.1:0"};
     if (dbus) args.insert(args.end(), {"--dbus", "session"});
     daemon = std::make_unique<DaemonProcess>(
         DaemonConfig{.arena_bytes = 32ull << 20, .extra_args = args, .label = label});
@@ -69,15 +69,16 @@ struct Host {
     return d[key.c_str()].GetUint64();
   }
   uint64_t writes_done() const {
-    return status("remote_writes") + status("remote_writes_present") + status("remote_writes_failed");
+    return status("remote_writes") + status("remote_writes_present") +
+           status("remote_writes_failed");
   }
   ScratchDirectory disk;
   std::unique_ptr<DaemonProcess> daemon;
 };
 
 std::vector<std::string> head_args(std::vector<std::string> more) {
-  std::vector<std::string> args = {"--head-seed", "3", "--head-tokens", std::to_string(head_tokens),
-                                   "--block-bytes", "65536"};
+  std::vector<std::string> args = {
+      "--head-seed", "3", "--head-tokens", std::to_string(head_tokens), "--block-bytes", "65536"};
   args.insert(args.end(), more.begin(), more.end());
   return args;
 }
@@ -138,9 +139,9 @@ TEST(RemoteMetrics, LatencyHistogramsCountTheRemoteWorkDoneInStatusMetricsAndKvp
 
   // A writes the head behind: one write-behind timed per block.
   ASSERT_EQ(run_engine(*a.daemon, head_args({"--shared", "publish"})).exit_code, 0);
-  ASSERT_TRUE(eventually("A wrote the head behind",
-                         [&] { return a.status("remote_writes") >= blocks_per_head; }))
-      << a.daemon->log_tail();
+  ASSERT_TRUE(eventually("A wrote the head behind", [&] {
+    return a.status("remote_writes") >= blocks_per_head;
+  })) << a.daemon->log_tail();
   ASSERT_TRUE(eventually("every write-behind of A is timed",
                          [&] { return a.status("remote_write_timed") == a.writes_done(); }));
   EXPECT_GE(a.status("remote_write_timed"), blocks_per_head);
@@ -159,18 +160,20 @@ TEST(RemoteMetrics, LatencyHistogramsCountTheRemoteWorkDoneInStatusMetricsAndKvp
            b.status("remote_write_timed") == b.writes_done();
   }));
   EXPECT_GE(b.status("remote_probe_timed"), 1u);
-  EXPECT_GE(b.status("remote_get_timed"), full_restore_tokens(head_tokens, block_tokens) / block_tokens);
+  EXPECT_GE(b.status("remote_get_timed"),
+            full_restore_tokens(head_tokens, block_tokens) / block_tokens);
   expect_histograms_agree(b);
 
   // kvparkctl status over D-Bus: one line with each histogram's count and percentiles.
   const RunResult ctl =
       run_capture({built_binary("KVPARKCTL"), "--user", "status"}, ctl_timeout_msec);
   ASSERT_EQ(ctl.code, 0) << ctl.err;
-  const std::string line = "    Latency: probe " + std::to_string(b.status("remote_probe_timed")) +
-                           " timed, p50 ";
+  const std::string line =
+      "    Latency: probe " + std::to_string(b.status("remote_probe_timed")) + " timed, p50 ";
   EXPECT_NE(ctl.out.find(line), std::string::npos) << ctl.out;
-  EXPECT_NE(ctl.out.find("; restore " + std::to_string(b.status("remote_get_timed")) + " timed, p50 "),
-            std::string::npos)
+  EXPECT_NE(
+      ctl.out.find("; restore " + std::to_string(b.status("remote_get_timed")) + " timed, p50 "),
+      std::string::npos)
       << ctl.out;
   EXPECT_NE(ctl.out.find("; write "), std::string::npos) << ctl.out;
   unsetenv("DBUS_SESSION_BUS_ADDRESS");
