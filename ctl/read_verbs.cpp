@@ -82,9 +82,10 @@ int verb_status(ReadSource& source, const ReadOptions& o) {
            count(s, "remote_writes").c_str(), format_bytes(number_of(s, "remote_bytes_out")).c_str(),
            count(s, "remote_probes").c_str(), count(s, "remote_errors").c_str(),
            count(s, "remote_corrupt").c_str(), count(s, "remote_writes_refused").c_str());
-    printf("    Latency: %s; %s; %s\n", latency_summary(s, "remote_probe", "probe").c_str(),
+    printf("    Latency: %s; %s; %s; %s\n", latency_summary(s, "remote_probe", "probe").c_str(),
            latency_summary(s, "remote_get", "restore").c_str(),
-           latency_summary(s, "remote_write", "write").c_str());
+           latency_summary(s, "remote_write", "write").c_str(),
+           latency_summary(s, "remote_queue", "queued").c_str());
   } else {
     printf("     Remote: off\n");
   }

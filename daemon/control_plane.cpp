@@ -120,6 +120,7 @@ StatusInfo ControlPlane::status_in_loop() const {
     s.remote_probe_latency = r.probe_latency;
     s.remote_get_latency = r.get_latency;
     s.remote_write_latency = r.put_latency;
+    s.remote_queue_latency = r.queue_latency;
   }
   return s;
 }

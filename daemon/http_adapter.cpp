@@ -490,6 +490,9 @@ std::string render_metrics(const StatusInfo& s, const std::vector<NamespaceSumma
     m.histogram("kvpark_remote_write_duration_seconds",
                 "The remote worker's time on one write-behind (written, already present, or failed).",
                 s.remote_write_latency);
+    m.histogram("kvpark_remote_queue_duration_seconds",
+                "How long one remote job (any kind) waited for the worker before it started.",
+                s.remote_queue_latency);
   }
   m.one("kvpark_arena_adopted", "gauge",
         "1 when this instance adopted the previous instance's arena (the service manager kept it).",

@@ -117,6 +117,7 @@ void RemoteTier::run() {
     done.exec_usec = monotonic_usec() - exec_start;
     {
       std::lock_guard lock(mutex_);
+      stats_.queue_latency.observe(exec_start - job.start_usec);
       const remote::StoreCounters& c = store_->counters();
       stats_.bytes_out = c.bytes_written;
       stats_.bytes_in = c.bytes_read;

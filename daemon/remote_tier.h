@@ -103,6 +103,9 @@ struct RemoteTierStats {
   RemoteLatencyHistogram probe_latency;
   RemoteLatencyHistogram get_latency;
   RemoteLatencyHistogram put_latency;
+  // Every job's wait in the queue before the worker took it (submit to start): what a
+  // lookup's budget pays on top of the check itself.
+  RemoteLatencyHistogram queue_latency;
 };
 
 class RemoteTier {
