@@ -56,6 +56,14 @@ std::string format_duration_usec(uint64_t usec) {
   return out + std::to_string(s) + "s";
 }
 
+std::string format_latency_usec(uint64_t usec) {
+  if (usec < 1'000) return std::to_string(usec) + "us";
+  const uint64_t unit = usec < 1'000'000 ? 1'000 : 1'000'000;
+  const char* name = unit == 1'000 ? "ms" : "s";
+  if (usec >= 10 * unit) return std::to_string(usec / unit) + name;
+  return std::to_string(usec / unit) + "." + std::to_string(usec % unit * 10 / unit) + name;
+}
+
 std::string format_age_usec(uint64_t usec) {
   if (usec < 1'000'000) return std::to_string(usec / 1000) + "ms";
   const uint64_t s = usec / 1'000'000;

@@ -15,6 +15,10 @@ std::string format_bytes(uint64_t bytes);
 // 3723000000 -> "1h 2min 3s"; below a second "412ms".
 std::string format_duration_usec(uint64_t usec);
 
+// A latency for status lines: "317us", "2.5ms", "250ms", "1.5s" (one decimal below ten
+// of a unit, truncated).
+std::string format_latency_usec(uint64_t usec);
+
 // The largest unit only, for table cells: "412ms", "7s", "5min", "2h", "3d".
 std::string format_age_usec(uint64_t usec);
 

@@ -29,6 +29,18 @@ std::vector<std::string> entry_row(const Record& e) {
           flag_of(e, "pinned") ? "yes" : "-", text_of(e, "key_hash")};
 }
 
+// One remote histogram's status figures (daemon/remote_latency.h): "probe 12 timed,
+// p50 250us, p99 1.0ms, max 1.3ms", or "probe none timed".
+std::string latency_summary(const Record& s, const std::string& key, const char* what) {
+  const auto usec = [&](const char* figure) {
+    return format_latency_usec(number_of(s, (key + "_usec_" + figure).c_str()));
+  };
+  const uint64_t timed = number_of(s, (key + "_timed").c_str());
+  if (timed == 0) return std::string(what) + " none timed";
+  return std::string(what) + " " + std::to_string(timed) + " timed, p50 " + usec("p50") + ", p99 " +
+         usec("p99") + ", max " + usec("max");
+}
+
 }  // namespace
 
 int verb_status(ReadSource& source, const ReadOptions& o) {
@@ -62,16 +74,18 @@ int verb_status(ReadSource& source, const ReadOptions& o) {
   }
   if (flag_of(s, "remote_enabled")) {
     printf("     Remote: %s %s (%s, %s of %s nodes up), writes %s; %s hits (%s in), "
-           "%s written (%s out), %s probes (mean %s us), restore mean %s us; %s errors, "
-           "%s corrupt, %s refused\n",
+           "%s written (%s out), %s probes; %s errors, %s corrupt, %s refused\n",
            text_of(s, "remote_seeds").c_str(), flag_of(s, "remote_up") ? "up" : "DOWN",
            flag_of(s, "remote_cluster") ? "cluster" : "single", count(s, "remote_nodes_up").c_str(),
            count(s, "remote_nodes_known").c_str(), text_of(s, "remote_write").c_str(),
            count(s, "remote_hits").c_str(), format_bytes(number_of(s, "remote_bytes_in")).c_str(),
            count(s, "remote_writes").c_str(), format_bytes(number_of(s, "remote_bytes_out")).c_str(),
-           count(s, "remote_probes").c_str(), count(s, "remote_probe_usec_mean").c_str(),
-           count(s, "remote_get_usec_mean").c_str(), count(s, "remote_errors").c_str(),
+           count(s, "remote_probes").c_str(), count(s, "remote_errors").c_str(),
            count(s, "remote_corrupt").c_str(), count(s, "remote_writes_refused").c_str());
+    printf("    Latency: %s; %s; %s; %s\n", latency_summary(s, "remote_probe", "probe").c_str(),
+           latency_summary(s, "remote_get", "restore").c_str(),
+           latency_summary(s, "remote_write", "write").c_str(),
+           latency_summary(s, "remote_queue", "queued").c_str());
   } else {
     printf("     Remote: off\n");
   }

@@ -11,8 +11,10 @@
 #include <iterator>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "daemon/remote_latency.h"
 #include "proto/status.h"
 #include "proto/types.h"
 
@@ -33,11 +35,6 @@ struct LatencyHistogram {
     sum_seconds += seconds;
   }
 };
-
-// Mean of a histogram in microseconds (0 when empty), for status lines.
-inline uint64_t remote_mean_usec(const LatencyHistogram& h) {
-  return h.count == 0 ? 0 : static_cast<uint64_t>(h.sum_seconds * 1e6 / static_cast<double>(h.count));
-}
 
 struct StatusInfo {
   std::string version;
@@ -122,6 +119,7 @@ struct StatusInfo {
   uint64_t remote_writes_present = 0;  // already in the store
   uint64_t remote_writes_failed = 0;
   uint64_t remote_writes_dropped = 0;  // the write-behind queue was full
+  uint64_t remote_writes_pending = 0;  // accepted, not finished yet (queued or being written)
   uint64_t remote_writes_refused = 0;  // values the store refused (e.g. OOM)
   uint64_t remote_bytes_in = 0;
   uint64_t remote_bytes_out = 0;
@@ -130,9 +128,24 @@ struct StatusInfo {
   uint64_t remote_rejected = 0;    // fetched entries the daemon's own checks refused
   uint64_t remote_redirects = 0;   // MOVED / ASK followed
   uint64_t remote_read_bytes_per_second = 0;  // measured by restores; 0: not yet
-  LatencyHistogram remote_probe_seconds;  // one existence check of a lookup's chain
-  LatencyHistogram remote_get_seconds;    // one entry, store -> host, verified
+  // The worker's time on each job (daemon/remote_latency.h), whatever its outcome.
+  RemoteLatencyHistogram remote_probe_latency;  // one existence check of a lookup's chain
+  RemoteLatencyHistogram remote_get_latency;    // one entry streamed from the store into the arena
+  RemoteLatencyHistogram remote_write_latency;  // one write-behind (written, present or failed)
+  RemoteLatencyHistogram remote_queue_latency;  // any job: submitted until the worker took it
 };
+
+// The remote histograms' status figures (`remote_probe_*`, `remote_get_*`,
+// `remote_write_*`, `remote_queue_*`; append_latency_figures), the same keys over
+// D-Bus and HTTP.
+inline std::vector<std::pair<std::string, uint64_t>> remote_latency_figures(const StatusInfo& s) {
+  std::vector<std::pair<std::string, uint64_t>> figures;
+  append_latency_figures("remote_probe", s.remote_probe_latency, figures);
+  append_latency_figures("remote_get", s.remote_get_latency, figures);
+  append_latency_figures("remote_write", s.remote_write_latency, figures);
+  append_latency_figures("remote_queue", s.remote_queue_latency, figures);
+  return figures;
+}
 
 struct NamespaceSummary {
   NamespaceId id;

@@ -108,6 +108,7 @@ StatusInfo ControlPlane::status_in_loop() const {
     s.remote_writes_present = r.puts_present;
     s.remote_writes_failed = r.puts_failed;
     s.remote_writes_dropped = r.puts_dropped;
+    s.remote_writes_pending = r.puts_pending;
     s.remote_writes_refused = r.writes_refused;
     s.remote_bytes_in = r.bytes_in;
     s.remote_bytes_out = r.bytes_out;
@@ -116,8 +117,10 @@ StatusInfo ControlPlane::status_in_loop() const {
     s.remote_rejected = c.remote_rejected;
     s.remote_redirects = r.redirects;
     s.remote_read_bytes_per_second = static_cast<uint64_t>(remote->read_bytes_per_second());
-    s.remote_probe_seconds = r.probe_seconds;
-    s.remote_get_seconds = r.get_seconds;
+    s.remote_probe_latency = r.probe_latency;
+    s.remote_get_latency = r.get_latency;
+    s.remote_write_latency = r.put_latency;
+    s.remote_queue_latency = r.queue_latency;
   }
   return s;
 }

@@ -63,7 +63,7 @@ void check(Status s, const std::string& what) {
 }
 
 Dict status_dict(const StatusInfo& s) {
-  return {
+  Dict d = {
       {"version", sdbus::Variant(s.version)},
       {"incarnation", sdbus::Variant(s.incarnation)},
       {"uptime_usec", sdbus::Variant(s.uptime_usec)},
@@ -122,6 +122,7 @@ Dict status_dict(const StatusInfo& s) {
       {"remote_probe_keys", sdbus::Variant(s.remote_probe_keys)},
       {"remote_writes_present", sdbus::Variant(s.remote_writes_present)},
       {"remote_writes_dropped", sdbus::Variant(s.remote_writes_dropped)},
+      {"remote_writes_pending", sdbus::Variant(s.remote_writes_pending)},
       {"remote_rejected", sdbus::Variant(s.remote_rejected)},
       {"remote_redirects", sdbus::Variant(s.remote_redirects)},
       {"remote_read_bytes_per_second", sdbus::Variant(s.remote_read_bytes_per_second)},
@@ -132,8 +133,6 @@ Dict status_dict(const StatusInfo& s) {
       {"remote_bytes_out", sdbus::Variant(s.remote_bytes_out)},
       {"remote_errors", sdbus::Variant(s.remote_errors)},
       {"remote_corrupt", sdbus::Variant(s.remote_corrupt)},
-      {"remote_probe_usec_mean", sdbus::Variant(remote_mean_usec(s.remote_probe_seconds))},
-      {"remote_get_usec_mean", sdbus::Variant(remote_mean_usec(s.remote_get_seconds))},
       {"arena_adopted", sdbus::Variant(s.arena_adopted)},
       {"adoption_hold", sdbus::Variant(s.adoption_hold)},
       {"adoption", sdbus::Variant(s.adoption)},
@@ -148,6 +147,8 @@ Dict status_dict(const StatusInfo& s) {
       {"adoption_dropped_header", sdbus::Variant(s.adoption_dropped_header)},
       {"adoption_dropped_tail", sdbus::Variant(s.adoption_dropped_tail)},
   };
+  for (const auto& [key, value] : remote_latency_figures(s)) d.emplace(key, sdbus::Variant(value));
+  return d;
 }
 
 std::map<std::string, uint64_t> stats_dict(const StatusInfo& s) {

@@ -47,6 +47,19 @@ void send_json(httplib::Response& res, const rapidjson::StringBuffer& buffer) {
   res.set_content(std::string(buffer.GetString()) + "\n", json_content_type);
 }
 
+// Microseconds as exact decimal seconds ("0.00005", "2.5", "10"): no exponent, no rounding.
+std::string seconds_text(uint64_t usec) {
+  std::string text = std::to_string(usec / 1'000'000);
+  if (const uint64_t fraction = usec % 1'000'000; fraction != 0) {
+    char digits[8];
+    snprintf(digits, sizeof digits, "%06llu", static_cast<unsigned long long>(fraction));
+    std::string f = digits;
+    f.erase(f.find_last_not_of('0') + 1);
+    text += "." + f;
+  }
+  return text;
+}
+
 // One Prometheus family: HELP and TYPE, then its samples.
 class MetricsText {
  public:
@@ -75,6 +88,17 @@ class MetricsText {
     char sum[64];
     snprintf(sum, sizeof sum, "%.6f", h.sum_seconds);
     out_ += std::string(name) + "_sum " + sum + "\n";
+    out_ += std::string(name) + "_count " + std::to_string(h.count) + "\n";
+  }
+  // The same for the remote tier's histograms (microsecond buckets, shown in seconds).
+  void histogram(const char* name, const char* help, const RemoteLatencyHistogram& h) {
+    out_ += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " histogram\n";
+    for (size_t i = 0; i < RemoteLatencyHistogram::bounded_buckets; ++i) {
+      out_ += std::string(name) + "_bucket{le=\"" + seconds_text(remote_latency_bounds_usec[i]) + "\"} " +
+              std::to_string(h.cumulative(i)) + "\n";
+    }
+    out_ += std::string(name) + "_bucket{le=\"+Inf\"} " + std::to_string(h.count) + "\n";
+    out_ += std::string(name) + "_sum " + seconds_text(h.sum_usec) + "\n";
     out_ += std::string(name) + "_count " + std::to_string(h.count) + "\n";
   }
   void one(const char* name, const char* type, const char* help, uint64_t value) {
@@ -161,6 +185,7 @@ void write_status(JsonWriter& w, const StatusInfo& s) {
       {"remote_writes_present", s.remote_writes_present},
       {"remote_writes_failed", s.remote_writes_failed},
       {"remote_writes_dropped", s.remote_writes_dropped},
+      {"remote_writes_pending", s.remote_writes_pending},
       {"remote_writes_refused", s.remote_writes_refused},
       {"remote_bytes_in", s.remote_bytes_in},
       {"remote_bytes_out", s.remote_bytes_out},
@@ -190,10 +215,10 @@ void write_status(JsonWriter& w, const StatusInfo& s) {
   w.String(s.remote_seeds.c_str());
   w.Key("remote_write");
   w.String(s.remote_write.c_str());
-  w.Key("remote_probe_usec_mean");
-  w.Uint64(remote_mean_usec(s.remote_probe_seconds));
-  w.Key("remote_get_usec_mean");
-  w.Uint64(remote_mean_usec(s.remote_get_seconds));
+  for (const auto& [key, value] : remote_latency_figures(s)) {
+    w.Key(key.c_str());
+    w.Uint64(value);
+  }
   w.Key("arena_adopted");
   w.Bool(s.arena_adopted);
   w.Key("adoption_hold");
@@ -435,6 +460,9 @@ std::string render_metrics(const StatusInfo& s, const std::vector<NamespaceSumma
           "Write-behinds that could not reach the store or were refused.", s.remote_writes_failed);
     m.one("kvpark_remote_writes_dropped_total", "counter",
           "Write-behinds skipped: the queue was full.", s.remote_writes_dropped);
+    m.one("kvpark_remote_writes_pending", "gauge",
+          "Write-behinds accepted and not finished yet (queued or being written).",
+          s.remote_writes_pending);
     m.one("kvpark_remote_writes_refused_total", "counter",
           "Values the remote store refused (e.g. OOM under maxmemory).", s.remote_writes_refused);
     m.one("kvpark_remote_read_bytes_total", "counter", "Bytes read from the remote store.",
@@ -453,10 +481,18 @@ std::string render_metrics(const StatusInfo& s, const std::vector<NamespaceSumma
     m.one("kvpark_remote_redirects_total", "counter", "Redis Cluster MOVED/ASK redirections followed.",
           s.remote_redirects);
     m.histogram("kvpark_remote_probe_duration_seconds",
-                "Time of one existence check of a lookup's missing chain.", s.remote_probe_seconds);
+                "The remote worker's time on one existence check of a lookup's missing chain.",
+                s.remote_probe_latency);
     m.histogram("kvpark_remote_restore_duration_seconds",
-                "Time to bring one entry from the remote store into the arena, verified.",
-                s.remote_get_seconds);
+                "The remote worker's time streaming one entry from the store into the arena "
+                "(every attempt, verified or not).",
+                s.remote_get_latency);
+    m.histogram("kvpark_remote_write_duration_seconds",
+                "The remote worker's time on one write-behind (written, already present, or failed).",
+                s.remote_write_latency);
+    m.histogram("kvpark_remote_queue_duration_seconds",
+                "How long one remote job (any kind) waited for the worker before it started.",
+                s.remote_queue_latency);
   }
   m.one("kvpark_arena_adopted", "gauge",
         "1 when this instance adopted the previous instance's arena (the service manager kept it).",

@@ -73,6 +73,7 @@ bool RemoteTier::put(const remote::EntryKey& key, const remote::ManifestHeader& 
       ++stats_.puts_dropped;
       return false;
     }
+    ++stats_.puts_pending;
   }
   submit(Job{.kind = RemoteJobKind::Put, .key = key, .header = header, .image = image, .tag = tag,
              .tag2 = tag2},
@@ -120,6 +121,7 @@ void RemoteTier::run() {
     done.exec_usec = monotonic_usec() - exec_start;
     {
       std::lock_guard lock(mutex_);
+      stats_.queue_latency.observe(exec_start - job.start_usec);
       const remote::StoreCounters& c = store_->counters();
       stats_.bytes_out = c.bytes_written;
       stats_.bytes_in = c.bytes_read;
@@ -129,18 +131,20 @@ void RemoteTier::run() {
       stats_.nodes_known = client_->nodes_known();
       stats_.nodes_up = client_->nodes_up();
       stats_.cluster = client_->cluster_mode();
-      const double seconds = static_cast<double>(monotonic_usec() - job.start_usec) / 1e6;
       switch (done.kind) {
         case RemoteJobKind::Put:
           ++(done.status == Status::Ok               ? stats_.puts
              : done.status == Status::AlreadyPresent ? stats_.puts_present
                                                      : stats_.puts_failed);
+          stats_.put_latency.observe(done.exec_usec);
+          assert(stats_.puts_pending > 0);
+          --stats_.puts_pending;
           break;
         case RemoteJobKind::Probe:
           ++stats_.probes;
           stats_.probe_keys += done.keys.size();
           for (const remote::ProbeResult& r : done.results) stats_.probe_hits += r.status == Status::Ok;
-          stats_.probe_seconds.observe(seconds);
+          stats_.probe_latency.observe(done.exec_usec);
           break;
         case RemoteJobKind::Index:
           ++stats_.probes;
@@ -151,10 +155,10 @@ void RemoteTier::run() {
         case RemoteJobKind::Get:
           if (done.status == Status::Ok) {
             ++stats_.gets;
-            stats_.get_seconds.observe(seconds);
           } else if (done.status != Status::Corrupt) {
             ++stats_.get_failures;
           }
+          stats_.get_latency.observe(done.exec_usec);
           break;
         case RemoteJobKind::Remove:
         case RemoteJobKind::Refresh: break;

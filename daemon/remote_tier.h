@@ -40,6 +40,8 @@ inline constexpr size_t remote_puts_queued_max = 256;
 // How long a lookup's existence check may take before the lookup gives up on it
 // (a miss): the lookup's remote budget.
 inline constexpr uint64_t remote_probe_budget_usec = 250'000;
+// So the histogram says how many checks alone took the whole budget.
+static_assert(remote_latency_has_bound(remote_probe_budget_usec));
 // A tier that is down is probed again after this long (reconnect).
 inline constexpr uint64_t remote_down_retry_usec = 1'000'000;
 // A chain hash the store did not have is not asked for again for this long: a
@@ -85,6 +87,7 @@ struct RemoteTierStats {
   uint64_t puts_present = 0;     // already in the store: nothing written
   uint64_t puts_failed = 0;      // unreachable, or refused by the store
   uint64_t puts_dropped = 0;     // refused at submit: the queue was full
+  uint64_t puts_pending = 0;     // accepted, not finished yet (queued or being written)
   uint64_t writes_refused = 0;   // values the store said no to (e.g. OOM)
   uint64_t probes = 0;
   uint64_t probe_keys = 0;
@@ -97,8 +100,14 @@ struct RemoteTierStats {
   uint64_t errors = 0;           // jobs that could not reach the store
   uint64_t redirects = 0;
   uint64_t state_changes = 0;
-  LatencyHistogram probe_seconds;
-  LatencyHistogram get_seconds;
+  // The worker's time on each job of a kind (RemoteCompletion::exec_usec), every
+  // outcome: a failure's time is the store's latency too.
+  RemoteLatencyHistogram probe_latency;
+  RemoteLatencyHistogram get_latency;
+  RemoteLatencyHistogram put_latency;
+  // Every job's wait in the queue before the worker took it (submit to start): what a
+  // lookup's budget pays on top of the check itself.
+  RemoteLatencyHistogram queue_latency;
 };
 
 class RemoteTier {

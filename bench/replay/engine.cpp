@@ -6,7 +6,8 @@
 // its blocks and snapshot BEFORE the modeled prefill, then write and seal them
 // (snapshot first); copy what the plan restores into private memory and check every
 // byte; prefill the rest, parking blocks every publish_chunk_tokens and a snapshot
-// at every candidate.
+// at every candidate. An attention-only engine (snapshot_required false) parks and
+// restores blocks only, and leads a shared head by reserving its blocks.
 #include "bench/replay/engine.h"
 
 #include <signal.h>
@@ -145,7 +146,9 @@ void restore(Engine& e, const Request& q, const kvpark_plan* plan, Result& r) {
   for (size_t i = 0; same && i < blocks; ++i) {
     same = payload_matches(block_key(q.hashes[i]), e.private_blocks.data() + i * e.block_bytes, e.block_bytes);
   }
-  if (r.cached_tokens > 0) {
+  if (!e.cfg.snapshot_required) {
+    same = same && blocks * e.cfg.block_tokens == r.cached_tokens;
+  } else if (r.cached_tokens > 0) {
     same = same && snapshot != nullptr && position == r.cached_tokens &&
            snapshot_bytes == e.cfg.snapshot_bytes && position <= q.keys.size() &&
            payload_matches(q.keys[position], e.private_snapshot.data(), snapshot_bytes);
@@ -237,10 +240,29 @@ Result serve(Engine& e, const Event& event, const Job& job) {
       r.hint_captured = 1;
     }
     if (pending.empty() || pending[0].entry_class != KVPARK_CLASS_SHARED) break;
-    // Lead: the snapshot reservation decides who prefills the shared head.
+    // Lead: the snapshot reservation decides who prefills the shared head (without
+    // snapshots, its blocks do: granted ones are ours, NULL ones another's).
     const Candidate& head = pending[0];
     const kvpark_publish_options options = options_for(q, head);
-    s = kvpark_reserve_snapshot(e.client, &options, tokens.data(), head.position, cfg.snapshot_bytes, &head_snapshot);
+    if (!cfg.snapshot_required) {
+      s = reserve_blocks(e, q, options, cached / cfg.block_tokens, head.position / cfg.block_tokens, head_blocks);
+      if (s != KVPARK_OK) ++r.publish_failures;
+      bool others_write_them = head.position / cfg.block_tokens > cached / cfg.block_tokens;
+      for (kvpark_reservation* hr : head_blocks) {
+        for (size_t i = 0; i < kvpark_reservation_block_count(hr); ++i) {
+          others_write_them = others_write_them && kvpark_reservation_block(hr, i) == nullptr;
+        }
+      }
+      if (s != KVPARK_OK || !others_write_them) {
+        r.led = 1;
+        break;
+      }
+      abort_all(head_blocks);
+      s = KVPARK_IN_FLIGHT;
+    } else {
+      s = kvpark_reserve_snapshot(e.client, &options, tokens.data(), head.position, cfg.snapshot_bytes,
+                                  &head_snapshot);
+    }
     if (s == KVPARK_OK) {
       s = reserve_blocks(e, q, options, cached / cfg.block_tokens, head.position / cfg.block_tokens, head_blocks);
       if (s != KVPARK_OK) ++r.publish_failures;
@@ -265,7 +287,11 @@ Result serve(Engine& e, const Event& event, const Job& job) {
     plan = nullptr;
     usleep(1000);
   }
-  r.wait_ms = waited_real / cfg.time_scale;
+  if (cfg.inflight_is_remote) {
+    r.remote_ms = waited_real;
+  } else {
+    r.wait_ms = waited_real / cfg.time_scale;
+  }
   r.cached_tokens = cached;
   r.reuse_kind = kvpark_plan_reuse_kind(plan);
   restore(e, q, plan, r);
@@ -281,8 +307,11 @@ Result serve(Engine& e, const Event& event, const Job& job) {
     sleep_modeled(cfg, head.position - at);
     const double start = now_ms();
     write_blocks(e, q, blocks_parked, head_blocks);
-    fill_payload(q.keys[head.position], kvpark_reservation_snapshot(head_snapshot), cfg.snapshot_bytes);
-    bool ok = kvpark_seal(head_snapshot) == KVPARK_OK;  // the snapshot first, then its blocks
+    bool ok = true;
+    if (head_snapshot != nullptr) {  // the snapshot first, then its blocks
+      fill_payload(q.keys[head.position], kvpark_reservation_snapshot(head_snapshot), cfg.snapshot_bytes);
+      ok = kvpark_seal(head_snapshot) == KVPARK_OK;
+    }
     ok = seal_all(head_blocks) && ok;
     publish_real += now_ms() - start;
     if (ok) note_published(r, head);
@@ -316,7 +345,10 @@ Result serve(Engine& e, const Event& event, const Job& job) {
     }
     const double start = now_ms();
     kvpark_reservation* snap = nullptr;
-    kvpark_status s = kvpark_reserve_snapshot(e.client, &options, tokens.data(), c.position, cfg.snapshot_bytes, &snap);
+    kvpark_status s = KVPARK_ALREADY_PRESENT;  // no snapshots: the blocks above are the state
+    if (cfg.snapshot_required) {
+      s = kvpark_reserve_snapshot(e.client, &options, tokens.data(), c.position, cfg.snapshot_bytes, &snap);
+    }
     if (s == KVPARK_OK) {
       fill_payload(q.keys[c.position], kvpark_reservation_snapshot(snap), cfg.snapshot_bytes);
       ok = kvpark_seal(snap) == KVPARK_OK && ok;
@@ -331,7 +363,7 @@ Result serve(Engine& e, const Event& event, const Job& job) {
   r.publish_ms = publish_real;
   r.prefill_tokens = n - cached;
   r.prefill_ms = double(n - cached) * 1000.0 / cfg.prefill_tokens_per_second;
-  r.ttft_ms = r.wait_ms + r.promote_ms + r.restore_ms + r.prefill_ms;
+  r.ttft_ms = r.wait_ms + r.promote_ms + r.remote_ms + r.restore_ms + r.prefill_ms;
   return r;
 }
 
@@ -358,7 +390,7 @@ void engine_main(const EngineConfig& config, const std::vector<Event>& events, u
   ns.id = {config.namespace_low, 0};
   ns.block_tokens = config.block_tokens;
   ns.block_payload_bytes = e.block_bytes;
-  ns.snapshot_required = 1;
+  ns.snapshot_required = config.snapshot_required ? 1 : 0;
   ns.prefill_tokens_per_second = config.prefill_tokens_per_second;
   ns.client_name = name.c_str();
   kvpark_status s = KVPARK_UNAVAILABLE;

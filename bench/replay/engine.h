@@ -25,6 +25,13 @@ struct EngineConfig {
   bool automatic_system_candidate = true;
   bool honour_capture_hint = true;
   uint32_t publish_chunk_tokens = 4096;          // private blocks are parked this often
+  // false: an attention-only namespace (no snapshots; any block boundary restores),
+  // which is what the remote tier serves today (blocks only; docs/remote.md).
+  bool snapshot_required = true;
+  // No engine on this host prefills what this one asks for, so tokens in flight at its
+  // lookup are the remote tier's (an existence check, restores): its wait is real I/O,
+  // counted unscaled (remote_ms), not a modeled single-flight wait.
+  bool inflight_is_remote = false;
 };
 
 inline constexpr uint32_t published_max = 8;
@@ -52,9 +59,10 @@ struct Result {
   double queue_ms = 0;           // real: dispatch to start of service
   double wait_ms = 0;            // modeled: single-flight wait (real / time scale)
   double promote_ms = 0;         // real: waiting for disk promotions
+  double remote_ms = 0;          // real: waiting for remote restores (inflight_is_remote)
   double restore_ms = 0;         // real: copying the restored bytes
   double prefill_ms = 0;         // modeled: uncached tokens / rate
-  double ttft_ms = 0;            // modeled: wait + promote + restore + prefill
+  double ttft_ms = 0;            // modeled: wait + promote + remote + restore + prefill
   double publish_ms = 0;         // real, off the TTFT path
   uint32_t publish_failures = 0;
   uint32_t published_count = 0;

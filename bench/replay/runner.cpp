@@ -16,8 +16,12 @@
 #include <sstream>
 #include <unordered_set>
 
+#include <httplib.h>
+#include <rapidjson/document.h>
+
 #include "bench/replay/content.h"
 #include "tests/testing/daemon_process.h"
+#include "tests/testing/redis_process.h"
 
 namespace kvpark::replay {
 namespace {
@@ -26,6 +30,8 @@ constexpr int daemon_start_timeout_msec = 30'000;
 constexpr double spill_settle_timeout_ms = 20'000;
 constexpr double spill_stable_ms = 1'000;  // disk_entries unchanged this long: spills settled
 constexpr double drain_timeout_ms = 120'000;
+constexpr double remote_settle_timeout_ms = 30'000;
+constexpr double remote_settle_poll_ms = 5;
 
 double now_ms() {
   timespec ts{};
@@ -43,7 +49,10 @@ uint64_t now_nsec() {
 // that --keep keeps its log and disk tier; killed with the replayer.
 class Daemon {
  public:
-  Daemon(const RunOptions& o, const std::string& dir) : options_(o), process_(config(o, dir)) {}
+  // `remote_seeds`: "redis://host:port" for a two-host run (HTTP status on too), or "".
+  Daemon(const RunOptions& o, const std::string& dir, const std::string& remote_seeds = "",
+         const std::string& label = "replay")
+      : options_(o), process_(config(o, dir, remote_seeds, label)) {}
   ~Daemon() {
     if (process_.running()) process_.stop();
   }
@@ -60,6 +69,22 @@ class Daemon {
   }
   void kill_hard() { process_.kill_hard(); }
 
+  // The numbers of its /v1/status (two-host runs, which turn HTTP on); false when unreadable.
+  bool http_status(std::map<std::string, uint64_t>& ret) const {
+    if (process_.http_port() <= 0) return false;
+    httplib::Client http("127.0.0.1", process_.http_port());
+    auto res = http.Get("/v1/status");
+    if (!res || res->status != 200) return false;
+    rapidjson::Document d;
+    d.Parse(res->body.c_str());
+    if (d.HasParseError() || !d.IsObject()) return false;
+    ret.clear();
+    for (const auto& m : d.GetObject()) {
+      if (m.value.IsUint64()) ret[m.name.GetString()] = m.value.GetUint64();
+    }
+    return true;
+  }
+
   bool stats(kvpark_stats& ret) const {
     kvpark_namespace ns{};
     ns.id = {options_.engine.namespace_low ^ 0x5354415453ull, 1};  // its own: not the engines'
@@ -74,17 +99,21 @@ class Daemon {
   }
 
  private:
-  static testing::DaemonConfig config(const RunOptions& o, const std::string& dir) {
+  static testing::DaemonConfig config(const RunOptions& o, const std::string& dir,
+                                      const std::string& remote_seeds, const std::string& label) {
     std::vector<std::string> args;
     if (o.disk) {
       std::filesystem::create_directories(dir + "/disk");
       args = {"--disk-dir", dir + "/disk", "--spill-on-shutdown=false"};
     }
+    if (!remote_seeds.empty()) {
+      args.insert(args.end(), {"--remote", remote_seeds, "--http-listen", "127.0.0.1:0"});
+    }
     return {.arena_bytes = o.arena_bytes,
             .extra_args = args,
             .kvparkd = o.kvparkd,
             .directory = dir,
-            .label = "replay",
+            .label = label,
             .ready_timeout_msec = daemon_start_timeout_msec,
             .die_with_parent = true};
   }
@@ -102,11 +131,10 @@ struct EngineProc {
 
 class Coordinator {
  public:
-  Coordinator(const std::vector<Event>& events, const RunOptions& o, Daemon& d, RunOutcome& out)
-      : events_(events), options_(o), daemon_(d), out_(out) {
-    engine_config_ = o.engine;
-    engine_config_.socket_path = d.socket_path();
-  }
+  // daemons[0] is host A (restarts and stats are its), daemons[1] host B if any.
+  Coordinator(const std::vector<Event>& events, const RunOptions& o, const std::vector<Daemon*>& daemons,
+              RunOutcome& out)
+      : events_(events), options_(o), daemons_(daemons), daemon_(*daemons[0]), out_(out) {}
 
   ~Coordinator() {
     for (EngineProc& e : engines_) stop_engine(e);
@@ -116,11 +144,20 @@ class Coordinator {
     uint32_t engines = 0;
     for (const Event& e : events_) engines = std::max(engines, e.engine + 1);
     engines_.resize(engines);
+    for (uint32_t i = 0; i < engines; ++i) {
+      EngineConfig c = options_.engine;
+      const uint32_t host = host_of(i);
+      c.socket_path = daemons_[host]->socket_path();
+      // Each host's engines run one after another in a two-host run, so what is in
+      // flight at a lookup is the remote tier (a restore, or an existence check).
+      c.inflight_is_remote = options_.two_hosts;
+      engine_configs_.push_back(std::move(c));
+    }
     for (uint32_t i = 0; i < engines; ++i) start_engine(i);
     request_of_event_.assign(events_.size(), SIZE_MAX);
     bool daemon_restarted = false;
     std::vector<bool> engine_was_restarted(engines, false);
-    const double start = now_ms();
+    double start = now_ms();
     for (size_t i = 0; i < events_.size(); ++i) {
       const Event& ev = events_[i];
       const double due = start + ev.t_ms * options_.engine.time_scale;
@@ -148,10 +185,16 @@ class Coordinator {
         daemon_restarted = true;
         continue;
       }
+      if (host_of(ev.engine) > 0) {
+        // The trace's clock stops meanwhile: later requests keep their spacing.
+        const double settle_start = now_ms();
+        if (!settle_remote_writes(ret_error)) return false;
+        start += now_ms() - settle_start;
+      }
       RequestRecord rec;
       rec.event = i;
       std::string error;
-      if (!render_request(ev.body, engine_config_.automatic_system_candidate, rec.reference, error)) {
+      if (!render_request(ev.body, options_.engine.automatic_system_candidate, rec.reference, error)) {
         ret_error = "event " + std::to_string(i) + ": " + error;
         return false;
       }
@@ -180,10 +223,40 @@ class Coordinator {
     if (!drain([&] { return all_idle(); }, ret_error)) return false;
     out_.wall_real_ms = now_ms() - start;
     daemon_.stats(out_.final_stats);
+    for (const Daemon* d : daemons_) {
+      out_.host_status.emplace_back();
+      if (options_.two_hosts) d->http_status(out_.host_status.back());
+    }
     return true;
   }
 
  private:
+  uint32_t host_of(uint32_t engine) const {
+    return options_.two_hosts && engine < options_.engine_host.size() && options_.engine_host[engine] > 0 ? 1 : 0;
+  }
+
+  // Two hosts: A's engines idle and every write-behind A accepted finished (written,
+  // present or failed), so B's lookup finds in the store all A will have put there.
+  bool settle_remote_writes(std::string& ret_error) {
+    const double start = now_ms();
+    if (!drain([&] {
+          for (size_t e = 0; e < engines_.size(); ++e) {
+            if (host_of(static_cast<uint32_t>(e)) == 0 && engines_[e].outstanding > 0) return false;
+          }
+          return true;
+        }, ret_error)) {
+      return false;
+    }
+    std::map<std::string, uint64_t> s;
+    while (!daemon_.http_status(s) || s["remote_writes_pending"] > 0) {
+      if (now_ms() - start > remote_settle_timeout_ms) {
+        return ret_error = "host A's write-behinds did not settle in time", false;
+      }
+      if (!pump(remote_settle_poll_ms, ret_error)) return false;
+    }
+    out_.remote_settle_ms += now_ms() - start;
+    return true;
+  }
   bool all_idle() const {
     return std::all_of(engines_.begin(), engines_.end(), [](const EngineProc& e) { return e.outstanding == 0; });
   }
@@ -281,7 +354,7 @@ class Coordinator {
       }
       close(jobs[1]);
       close(results[0]);
-      engine_main(engine_config_, events_, index, jobs[0], results[1]);
+      engine_main(engine_configs_[index], events_, index, jobs[0], results[1]);
     }
     close(jobs[0]);
     close(results[1]);
@@ -302,7 +375,8 @@ class Coordinator {
 
   const std::vector<Event>& events_;
   const RunOptions& options_;
-  EngineConfig engine_config_;
+  std::vector<EngineConfig> engine_configs_;  // per engine: its host's socket
+  std::vector<Daemon*> daemons_;
   Daemon& daemon_;
   RunOutcome& out_;
   std::vector<EngineProc> engines_;
@@ -321,13 +395,35 @@ RunOutcome run_trace(const std::vector<Event>& events, const RunOptions& options
     return out;
   }
   const std::string dir = templ;
-  {
+  if (!options.two_hosts) {
     Daemon daemon(options, dir);
     if (daemon.start(out.error)) {
-      Coordinator coordinator(events, options, daemon, out);
+      Coordinator coordinator(events, options, {&daemon}, out);
       out.ok = coordinator.run(out.error);
     }
     if (!out.ok) out.error += "\nkvparkd log tail:\n" + daemon.log_tail();
+  } else if (testing::redis_server_path().empty()) {
+    out.skipped = true;
+    out.error = "redis-server is not installed (the two hosts' remote tier)";
+  } else {
+    // One store, two hosts: each daemon in its own directory (socket, log, arena name, disk).
+    testing::RedisProcess redis;
+    std::filesystem::create_directories(dir + "/host-a");
+    std::filesystem::create_directories(dir + "/host-b");
+    if (!redis.start()) {
+      out.error = "redis-server did not start:\n" + redis.log_tail();
+    } else {
+      const std::string seeds = "redis://" + redis.address();
+      Daemon a(options, dir + "/host-a", seeds, "replay-a");
+      Daemon b(options, dir + "/host-b", seeds, "replay-b");
+      if (a.start(out.error) && b.start(out.error)) {
+        Coordinator coordinator(events, options, {&a, &b}, out);
+        out.ok = coordinator.run(out.error);
+      }
+      if (!out.ok) {
+        out.error += "\nhost A kvparkd log tail:\n" + a.log_tail() + "\nhost B kvparkd log tail:\n" + b.log_tail();
+      }
+    }
   }
   if (!options.keep_work_dir) {
     std::error_code ec;

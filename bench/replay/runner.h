@@ -1,10 +1,13 @@
 // The replayer's coordinator: starts its own kvparkd (own socket, arena name and
-// work directory under /var/tmp), forks one engine process per trace engine index,
+// work directory under /var/tmp) or, for a run across two hosts, two of them (A and
+// B: separate arenas and disk directories) sharing a redis-server it starts as their
+// remote tier; forks one engine process per trace engine index (each on its host),
 // dispatches the trace's events at their arrival times (scaled), restarts engines
 // or the daemon when the trace says so, and collects one Result per request.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -22,6 +25,12 @@ struct RunOptions {
   uint64_t arena_bytes = 256ull << 20;
   bool disk = false;              // --disk-dir under the work directory
   bool keep_work_dir = false;
+  // Two hosts: engine i runs against host engine_host[i] (0 = A, 1 = B; missing: A),
+  // both daemons with `--remote` on one redis-server the run starts. Before a request
+  // goes to B, A's engines finish and A's write-behinds settle, so what B finds in
+  // the store does not depend on this machine's speed (the settle time is reported).
+  bool two_hosts = false;
+  std::vector<uint32_t> engine_host;
 };
 
 struct RequestRecord {
@@ -46,6 +55,9 @@ struct RunOutcome {
   uint64_t disk_entries_after_restart = 0;
   uint64_t durable_entries_expected = 0;
   double wall_real_ms = 0;
+  bool skipped = false;                       // a two-host run without redis-server (error says so)
+  double remote_settle_ms = 0;                // real: waiting for A's write-behinds (two hosts)
+  std::vector<std::map<std::string, uint64_t>> host_status;  // per host at the end: /v1/status numbers
 };
 
 RunOutcome run_trace(const std::vector<Event>& events, const RunOptions& options);

@@ -179,9 +179,54 @@ void check_common(Verdict& v, const RunOutcome& o) {
   check(v, differing == 0, fmt("every restore byte-identical to the serial reference (%zu differ)", differing));
 }
 
+// (a) with blocks only, on one host or with the siblings on host B: B and C restore
+// the head A prefilled (from B's store on one host, from the remote tier on two), and
+// prefill none of it.
+void judge_cross_host(const Scenario& s, const RunOutcome& o, const RunOptions& options, Verdict& v,
+                      const RequestRecord& a, const RequestRecord& b, const RequestRecord& c) {
+  auto pct = [](double x, double y) { return y > 0 ? 100.0 * x / y : 0.0; };
+  const uint32_t head = b.reference.head_end;
+  const uint32_t reused = b.result.cached_tokens + c.result.cached_tokens;
+  v.figures = fmt("head %u; A %s prefill %u TTFT %.0f ms; B %s %u (%.1f%% of head), prefill %u, TTFT %.0f ms "
+                  "(remote wait %.1f ms real); C %s %u, prefill %u, TTFT %.0f ms; reused %u tokens, "
+                  "prefill avoided %.1f%% of B+C",
+                  head, a.result.reuse_name(), a.result.prefill_tokens, a.result.ttft_ms, b.result.reuse_name(),
+                  b.result.cached_tokens, pct(b.result.cached_tokens, head), b.result.prefill_tokens,
+                  b.result.ttft_ms, b.result.remote_ms, c.result.reuse_name(), c.result.cached_tokens,
+                  c.result.prefill_tokens, c.result.ttft_ms, reused,
+                  pct(reused, b.result.prompt_tokens + c.result.prompt_tokens));
+  for (const RequestRecord* r : {&b, &c}) {
+    check(v, r->result.reuse_kind == KVPARK_REUSE_SHARED_STABLE_PREFIX && r->result.cached_tokens >= 0.99 * head,
+          fmt("sibling %s restores >= 99%% of the head as shared_stable_prefix (%s, %.1f%%)",
+              r == &b ? "B" : "C", r->result.reuse_name(), pct(r->result.cached_tokens, head)));
+  }
+  if (!s.two_hosts) return;
+  const auto figure = [&](size_t host, const char* key) -> uint64_t {
+    if (host >= o.host_status.size()) return 0;
+    const auto it = o.host_status[host].find(key);
+    return it == o.host_status[host].end() ? 0 : it->second;
+  };
+  v.figures += fmt("; store: A wrote %llu blocks (%.1f MiB), B restored %llu (%.1f MiB) in %llu checks "
+                   "(check p50 %llu us, restore p50 %llu us p99 %llu us); A's write-behinds settled %.0f ms real",
+                   (unsigned long long)figure(0, "remote_writes"), double(figure(0, "remote_bytes_out")) / (1 << 20),
+                   (unsigned long long)figure(1, "remote_hits"), double(figure(1, "remote_bytes_in")) / (1 << 20),
+                   (unsigned long long)figure(1, "remote_probes"), (unsigned long long)figure(1, "remote_probe_usec_p50"),
+                   (unsigned long long)figure(1, "remote_get_usec_p50"),
+                   (unsigned long long)figure(1, "remote_get_usec_p99"), o.remote_settle_ms);
+  const uint64_t head_blocks = head / options.engine.block_tokens;
+  check(v, figure(1, "remote_hits") >= head_blocks * 99 / 100,
+        fmt("host B brought the head from the remote tier (%llu of %llu blocks), not from its own prefill",
+            (unsigned long long)figure(1, "remote_hits"), (unsigned long long)head_blocks));
+  check(v, figure(1, "remote_corrupt") == 0 && figure(1, "remote_rejected") == 0,
+        fmt("nothing from the store was refused (corrupt %llu, rejected %llu)",
+            (unsigned long long)figure(1, "remote_corrupt"), (unsigned long long)figure(1, "remote_rejected")));
+}
+
 }  // namespace
 
 std::vector<std::string> scenario_names() { return {"a", "a-noauto", "b", "c", "d", "e", "f", "g"}; }
+
+std::vector<std::string> cross_host_scenario_names() { return {"a", "a-blocks", "a-remote"}; }
 
 bool make_scenario(const std::string& name, bool quick, Scenario& ret) {
   const double f = quick ? 0.5 : 1.0;
@@ -189,9 +234,16 @@ bool make_scenario(const std::string& name, bool quick, Scenario& ret) {
   Scenario s;
   s.name = name;
   std::string& t = s.trace;
-  if (name == "a" || name == "a-noauto") {
-    s.title = "two sibling sessions, 16k system head, no breakpoints";
-    s.automatic_system_candidate = name == "a";
+  if (name == "a" || name == "a-noauto" || name == "a-blocks" || name == "a-remote") {
+    s.title = name == "a-blocks"   ? "(a) with blocks only (no snapshots), one host"
+              : name == "a-remote" ? "(a) with blocks only, A on host A, the siblings on host B, one Redis"
+                                   : "two sibling sessions, 16k system head, no breakpoints";
+    s.automatic_system_candidate = name != "a-noauto";
+    s.snapshot_required = name == "a" || name == "a-noauto";
+    if (name == "a-remote") {
+      s.two_hosts = true;
+      s.engine_host = {0, 1, 1};
+    }
     // A and B are the sibling pair; C is a later sibling (what a capture hint buys).
     const char* ids[] = {"sibling-A", "sibling-B", "sibling-C"};
     for (int i = 0; i < 3; ++i) {
@@ -279,7 +331,10 @@ Verdict judge(const Scenario& s, const RunOutcome& o, const RunOptions& options)
   for (const RequestRecord& r : rq) by_conversation[events[r.event].conversation].push_back(&r);
   auto pct = [](double a, double b) { return b > 0 ? 100.0 * a / b : 0.0; };
 
-  if (s.name == "a" || s.name == "a-noauto") {
+  if (s.name == "a-blocks" || s.name == "a-remote") {
+    judge_cross_host(s, o, options, v, *by_conversation["sibling-A"][0], *by_conversation["sibling-B"][0],
+                     *by_conversation["sibling-C"][0]);
+  } else if (s.name == "a" || s.name == "a-noauto") {
     const RequestRecord& a = *by_conversation["sibling-A"][0];
     const RequestRecord& b = *by_conversation["sibling-B"][0];
     const RequestRecord& c = *by_conversation["sibling-C"][0];

@@ -1,4 +1,6 @@
-// The shipped scenarios (a)-(g) of issue 4: trace generators and acceptance checks.
+// The shipped scenarios (a)-(g) of issue 4: trace generators and acceptance checks;
+// and (a) across two hosts sharing a remote tier (issue 17): "a-blocks" on one host
+// and "a-remote" with the siblings on host B, both in an attention-only namespace.
 // See docs/replay.md ("Scenarios") for what each one plays and checks.
 #pragma once
 
@@ -20,6 +22,11 @@ struct Scenario {
   // Disk I/O runs at real speed, so a scenario that needs spills to keep pace with
   // publishing runs no faster than this (real sleep = modeled time * max(flag, this)).
   double time_scale_min = 0;
+  // The remote tier serves blocks only (no snapshots yet), so the cross-host runs use
+  // an attention-only namespace.
+  bool snapshot_required = true;
+  bool two_hosts = false;
+  std::vector<uint32_t> engine_host;  // per engine (RunOptions::engine_host)
 };
 
 struct Verdict {
@@ -28,8 +35,11 @@ struct Verdict {
   std::vector<std::string> checks;  // "PASS ..." / "FAIL ..." lines
 };
 
-// Every scenario name, in order ("a" and "a-noauto" are the two runs of (a)).
+// Every scenario name, in order ("a" and "a-noauto" are the two runs of (a)). The
+// cross-host runs ("a-blocks", "a-remote") need a redis-server and are not in it.
 std::vector<std::string> scenario_names();
+// What --scenario a-remote runs: (a) as shipped, then one host and two hosts with blocks only.
+std::vector<std::string> cross_host_scenario_names();
 // Builds a scenario; quick halves the token counts (not (e), whose arena cannot shrink).
 bool make_scenario(const std::string& name, bool quick, Scenario& ret);
 Verdict judge(const Scenario& scenario, const RunOutcome& outcome, const RunOptions& options);

@@ -117,6 +117,49 @@ TEST(MetricsRenderer, OutputPassesTheStrictParserWithEveryFigure) {
   }
 }
 
+// The remote histograms: cumulative buckets in seconds written without exponents,
+// +Inf equal to _count, _sum the observations' sum.
+TEST(MetricsRenderer, RemoteLatencyIsAPrometheusHistogramInSeconds) {
+  daemon::StatusInfo s;
+  s.remote_enabled = true;
+  s.remote_probe_latency.observe(50);        // le="0.00005"
+  s.remote_probe_latency.observe(51);        // le="0.0001"
+  s.remote_probe_latency.observe(20'000'000);  // only +Inf
+  s.remote_write_latency.observe(2'500'000);  // le="2.5"
+  const std::string text = daemon::render_metrics(s, {});
+  PromDocument doc;
+  std::string error;
+  ASSERT_TRUE(parse_prometheus_text(text, doc, error)) << error << "\n" << text;
+  const auto value = [&](const std::string& name, std::map<std::string, std::string> labels = {}) {
+    double v = -1;
+    EXPECT_TRUE(doc.value(name, labels, v)) << name << " " << (labels.empty() ? "" : labels.begin()->second);
+    return v;
+  };
+  const std::string probe = "kvpark_remote_probe_duration_seconds";
+  EXPECT_EQ(doc.families.at(probe).type, "histogram");
+  EXPECT_EQ(value(probe + "_bucket", {{"le", "0.00005"}}), 1);
+  EXPECT_EQ(value(probe + "_bucket", {{"le", "0.0001"}}), 2);
+  EXPECT_EQ(value(probe + "_bucket", {{"le", "10"}}), 2);
+  EXPECT_EQ(value(probe + "_bucket", {{"le", "+Inf"}}), 3);
+  EXPECT_EQ(value(probe + "_count"), 3);
+  EXPECT_DOUBLE_EQ(value(probe + "_sum"), 20.000101);
+  double previous = 0;
+  size_t buckets = 0;
+  for (const PromSample& sample : doc.families.at(probe).samples) {
+    if (sample.name != probe + "_bucket") continue;
+    EXPECT_GE(sample.value, previous) << "not cumulative at le=" << sample.labels.at("le");
+    EXPECT_EQ(sample.labels.at("le").find('e'), std::string::npos) << sample.labels.at("le");
+    previous = sample.value;
+    ++buckets;
+  }
+  EXPECT_EQ(buckets, daemon::RemoteLatencyHistogram::bucket_count);
+  const std::string write = "kvpark_remote_write_duration_seconds";
+  EXPECT_EQ(value(write + "_bucket", {{"le", "1"}}), 0);
+  EXPECT_EQ(value(write + "_bucket", {{"le", "2.5"}}), 1);
+  EXPECT_EQ(value(write + "_count"), 1);
+  EXPECT_EQ(value("kvpark_remote_restore_duration_seconds_count"), 0);
+}
+
 TEST(MetricsRenderer, NoNamespacesStillParses) {
   PromDocument doc;
   std::string error;

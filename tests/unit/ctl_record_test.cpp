@@ -2,11 +2,24 @@
 // strings, the D-Bus names mapped to the HTTP ones.
 #include <gtest/gtest.h>
 
+#include "ctl/format.h"
 #include "ctl/record.h"
 
 using namespace kvpark::ctl;
 
 namespace {
+
+TEST(CtlFormat, LatenciesKeepOneDecimalBelowTenOfAUnit) {
+  EXPECT_EQ(format_latency_usec(0), "0us");
+  EXPECT_EQ(format_latency_usec(999), "999us");
+  EXPECT_EQ(format_latency_usec(1'000), "1.0ms");
+  EXPECT_EQ(format_latency_usec(2'599), "2.5ms");
+  EXPECT_EQ(format_latency_usec(9'999), "9.9ms");
+  EXPECT_EQ(format_latency_usec(10'000), "10ms");
+  EXPECT_EQ(format_latency_usec(999'999), "999ms");
+  EXPECT_EQ(format_latency_usec(1'000'000), "1.0s");
+  EXPECT_EQ(format_latency_usec(12'500'000), "12s");
+}
 
 TEST(CtlRecord, StatusIncarnationBecomesSixteenHexDigits) {
   const Record r = status_from_dbus(
