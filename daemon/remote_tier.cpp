@@ -150,7 +150,7 @@ void RemoteTier::run() {
           ++stats_.probes;
           stats_.probe_keys += done.keys.size();
           for (const remote::IndexResult& r : done.indexes) stats_.probe_hits += r.status == Status::Ok;
-          stats_.probe_seconds.observe(seconds);
+          stats_.probe_latency.observe(done.exec_usec);
           break;
         case RemoteJobKind::Get:
           if (done.status == Status::Ok) {
