@@ -5,12 +5,12 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include <fstream>
 #include <memory>
-#include <string>
+#include <optional>
 
 #include "proto/limits.h"
 #include "shm/arena.h"
+#include "tests/testing/smaps.h"
 
 namespace kvpark::shm {
 namespace {
@@ -18,21 +18,11 @@ namespace {
 constexpr uint64_t mib = 1024 * 1024;
 constexpr uint64_t region = 2 * mib;
 
-// Resident KiB of the mapping that starts at `p`, from /proc/self/smaps.
+// Resident KiB of the mapping that starts at `p`.
 uint64_t resident_kib(const void* p) {
-  std::ifstream in("/proc/self/smaps");
-  const auto at = reinterpret_cast<uintptr_t>(p);
-  bool inside = false;
-  for (std::string line; std::getline(in, line);) {
-    uintptr_t begin = 0, end = 0;
-    if (std::sscanf(line.c_str(), "%lx-%lx ", &begin, &end) == 2 && line.find(':') > line.find('-')) {
-      inside = at >= begin && at < end;
-    } else if (inside && line.rfind("Rss:", 0) == 0) {
-      return std::stoull(line.substr(4));
-    }
-  }
-  ADD_FAILURE() << "no mapping at " << p;
-  return 0;
+  const std::optional<uint64_t> kib = testing::smaps_field(p, "Rss:");
+  EXPECT_TRUE(kib.has_value()) << "no mapping at " << p;
+  return kib.value_or(0);
 }
 
 class ArenaPrefault : public ::testing::Test {

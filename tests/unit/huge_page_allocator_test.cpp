@@ -9,6 +9,8 @@
 #include <fstream>
 #include <string>
 
+#include "tests/testing/smaps.h"
+
 namespace kvpark::daemon {
 namespace {
 
@@ -19,22 +21,6 @@ bool thp_available() {
   return !modes.empty() && modes.find("[never]") == std::string::npos;
 }
 
-// The "THPeligible:" value of the mapping holding p, from /proc/self/smaps; -1 if none.
-int thp_eligible(const void* p) {
-  std::ifstream in("/proc/self/smaps");
-  const auto at = reinterpret_cast<uintptr_t>(p);
-  bool inside = false;
-  for (std::string line; std::getline(in, line);) {
-    uintptr_t begin = 0, end = 0;
-    if (std::sscanf(line.c_str(), "%lx-%lx ", &begin, &end) == 2 && line.find(':') > line.find('-')) {
-      inside = at >= begin && at < end;
-    } else if (inside && line.rfind("THPeligible:", 0) == 0) {
-      return std::stoi(line.substr(12));
-    }
-  }
-  return -1;
-}
-
 TEST(HugePageAllocator, AnArrayOfTwoMebibytesIsAlignedAndAdvisedForHugePages) {
   HugePageAllocator<uint64_t> alloc;
   const size_t n = huge_allocation_bytes_min / sizeof(uint64_t);
@@ -43,7 +29,7 @@ TEST(HugePageAllocator, AnArrayOfTwoMebibytesIsAlignedAndAdvisedForHugePages) {
   for (size_t i = 0; i < n; ++i) p[i] = i;  // all of it is ours
   EXPECT_EQ(p[n - 1], n - 1);
   if (thp_available()) {
-    EXPECT_EQ(thp_eligible(p), 1);
+    EXPECT_EQ(testing::smaps_field(p, "THPeligible:"), 1u);
   }
   alloc.deallocate(p, n);
 }
