@@ -413,7 +413,7 @@ void ArenaMapping::prefault(const void* p, uint64_t bytes) {
   // One madvise per run of regions not populated yet: a system call costs tens of
   // microseconds in some VMs, as much as populating a huge page, so a call per 2 MiB
   // would cost a first-touch copy of 1 GiB 10 ms more than one call for the run.
-  uint64_t run_begin = 0, run_end = 0;  // regions [run_begin, run_end) to populate
+  uint64_t run_begin = first, run_end = first;  // regions [run_begin, run_end) to populate
   const auto populate_run = [&] {
     if (run_end == run_begin) return;
     const uint64_t begin = run_begin * prefault_region_bytes;
@@ -428,7 +428,6 @@ void ArenaMapping::prefault(const void* p, uint64_t bytes) {
       run_begin = run_end = r + 1;
       continue;
     }
-    if (run_end != r) run_begin = r;
     run_end = r + 1;
   }
   populate_run();
