@@ -280,5 +280,35 @@ TEST_F(RemoteSnapshotTest, AValueWithAnotherTailUnderTheKeyIsRefusedByTheDaemon)
   EXPECT_GE(b_->status("remote_rejected"), 1u) << b_->daemon->log_tail();
 }
 
+// A hybrid namespace (blocks and a required snapshot) restores only at a snapshot.
+// The remote tier does not carry its snapshots yet (docs/remote.md), so it must not
+// fetch its blocks either: blocks without their snapshot restore nothing, and a B
+// that fetched them would only fill its arena. B misses and its engine prefills.
+TEST_F(RemoteSnapshotTest, AHybridHeadParkedOnAIsAMissOnBAndNoBlockIsFetched) {
+  const std::vector<std::string> hybrid = {"--block-tokens", "64", "--hybrid", "--head-seed", "11"};
+  auto args = [&](std::vector<std::string> more) {
+    std::vector<std::string> a = hybrid;
+    a.insert(a.end(), more.begin(), more.end());
+    return a;
+  };
+  const uint64_t before = a_->status("remote_writes");
+  ASSERT_EQ(run_engine(*a_->daemon, args({"--head-tokens", std::to_string(head_tokens), "--shared",
+                                          "--snapshot-bytes", std::to_string(snapshot_bytes),
+                                          "publish"}))
+                .exit_code,
+            0);
+  // A's blocks are written behind (shared); its snapshot is not.
+  ASSERT_TRUE(eventually("A wrote its blocks behind",
+                         [&] { return a_->status("remote_writes") > before; }))
+      << a_->daemon->log_tail();
+  const EngineRun run = run_engine(
+      *b_->daemon, args({"--head-tokens", std::to_string(head_tokens), "--body-tokens", "100",
+                         "--session", "9", "--wait-msec", "10000", "verify"}));
+  EXPECT_EQ(run.exit_code, 0) << run.output << b_->daemon->log_tail();
+  EXPECT_EQ(restored(run), 0u) << run.output;
+  EXPECT_EQ(b_->status("remote_hits"), 0u);
+  EXPECT_EQ(b_->status("remote_bytes_in"), 0u);
+}
+
 }  // namespace
 }  // namespace kvpark::testing

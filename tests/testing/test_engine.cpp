@@ -35,6 +35,7 @@ struct Options {
   size_t head_tokens = 1024, body_tokens = 0;
   uint64_t session = 0;
   uint64_t snapshot_bytes = 0;  // publish a snapshot at the prompt's end too
+  int hybrid = 0;  // blocks and a required snapshot (block_tokens > 0)
   int iterations = 1;
   int shared = 0;
   uint32_t wait_msec = 0;  // verify: wait this long for promotions or another engine's prefill
@@ -196,6 +197,7 @@ int main(int argc, char** argv) {
       {"snapshot-bytes", required_argument, nullptr, 'p'},
       {"iterations", required_argument, nullptr, 'i'},
       {"shared", no_argument, nullptr, 'c'},
+      {"hybrid", no_argument, nullptr, 'X'},
       {"wait-msec", required_argument, nullptr, 'w'},
       {"prefill-until-closed", required_argument, nullptr, 'U'},
       {"prefill-rate", required_argument, nullptr, 'R'},
@@ -216,6 +218,7 @@ int main(int argc, char** argv) {
       case 'p': o.snapshot_bytes = strtoull(optarg, nullptr, 0); break;
       case 'i': o.iterations = atoi(optarg); break;
       case 'c': o.shared = 1; break;
+      case 'X': o.hybrid = 1; break;
       case 'w': o.wait_msec = static_cast<uint32_t>(strtoul(optarg, nullptr, 0)); break;
       case 'U': o.prefill_until = optarg; break;
       case 'R': o.prefill_rate = static_cast<uint32_t>(strtoul(optarg, nullptr, 0)); break;
@@ -233,7 +236,7 @@ int main(int argc, char** argv) {
   ns.id = {o.ns_low, 0};
   ns.block_tokens = o.block_tokens;
   ns.block_payload_bytes = o.block_tokens > 0 ? o.block_bytes : 0;
-  ns.snapshot_required = o.block_tokens == 0;
+  ns.snapshot_required = o.block_tokens == 0 || o.hybrid != 0;
   ns.client_name = "kvpark-test-engine";
   ns.prefill_tokens_per_second = o.prefill_rate;
   if (o.mode == "verify" && o.connections > 1) {
