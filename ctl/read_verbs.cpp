@@ -29,7 +29,7 @@ std::vector<std::string> entry_row(const Record& e) {
           flag_of(e, "pinned") ? "yes" : "-", text_of(e, "key_hash")};
 }
 
-// One remote histogram's status figures (daemon/remote_latency.h): "probe 12 timed,
+// One remote histogram's status figures (daemon/latency_histogram.h): "probe 12 timed,
 // p50 250us, p99 1.0ms, max 1.3ms", or "probe none timed".
 std::string latency_summary(const Record& s, const std::string& key, const char* what) {
   const auto usec = [&](const char* figure) {

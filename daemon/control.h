@@ -14,27 +14,11 @@
 #include <utility>
 #include <vector>
 
-#include "daemon/remote_latency.h"
+#include "daemon/latency_histogram.h"
 #include "proto/status.h"
 #include "proto/types.h"
 
 namespace kvpark::daemon {
-
-// A latency distribution in Prometheus' cumulative-bucket shape.
-struct LatencyHistogram {
-  static constexpr double bounds_seconds[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
-                                              0.1,    0.25,  0.5,    1.0,   2.5,  5.0,  10.0};
-  static constexpr size_t bucket_count = std::size(bounds_seconds);
-  uint64_t buckets[bucket_count] = {};  // observations <= bounds_seconds[i] (cumulative)
-  uint64_t count = 0;
-  double sum_seconds = 0;
-
-  void observe(double seconds) {
-    for (size_t i = 0; i < bucket_count; ++i) buckets[i] += seconds <= bounds_seconds[i] ? 1 : 0;
-    ++count;
-    sum_seconds += seconds;
-  }
-};
 
 struct StatusInfo {
   std::string version;
@@ -101,8 +85,8 @@ struct StatusInfo {
   uint64_t adoption_dropped_extent = 0;     // outside the arena, overlapping, or a duplicate
   uint64_t adoption_dropped_header = 0;     // a snapshot's entry header named another entry
   uint64_t adoption_dropped_tail = 0;       // a snapshot's tail tokens were altered
-  LatencyHistogram spill_seconds;    // one entry, host -> disk, until durable
-  LatencyHistogram restore_seconds;  // one entry, disk -> host, verified
+  DiskLatencyHistogram spill_latency;    // one entry, host -> disk, until durable
+  DiskLatencyHistogram restore_latency;  // one entry, disk -> host, verified
   // Remote tier (zero / false when it is off; docs/remote.md).
   bool remote_enabled = false;
   bool remote_up = false;          // the last job reached the store
@@ -128,7 +112,7 @@ struct StatusInfo {
   uint64_t remote_rejected = 0;    // fetched entries the daemon's own checks refused
   uint64_t remote_redirects = 0;   // MOVED / ASK followed
   uint64_t remote_read_bytes_per_second = 0;  // measured by restores; 0: not yet
-  // The worker's time on each job (daemon/remote_latency.h), whatever its outcome.
+  // The worker's time on each job (daemon/latency_histogram.h), whatever its outcome.
   RemoteLatencyHistogram remote_probe_latency;  // one existence check of a lookup's chain
   RemoteLatencyHistogram remote_get_latency;    // one entry streamed from the store into the arena
   RemoteLatencyHistogram remote_write_latency;  // one write-behind (written, present or failed)

@@ -64,8 +64,8 @@ StatusInfo ControlPlane::status_in_loop() const {
   s.restore_bytes = c.promotion_bytes;
   s.checksum_failures = c.checksum_failures;
   s.corrupt_payloads = c.corrupt_payloads;
-  s.spill_seconds = c.spill_seconds;
-  s.restore_seconds = c.promotion_seconds;
+  s.spill_latency = c.spill_latency;
+  s.restore_latency = c.promotion_latency;
   const AdoptionReport& a = options_.adoption;
   s.arena_adopted = a.adopted;
   s.adoption_hold = park_.adoption_held();

@@ -30,8 +30,8 @@ struct Counters {
   uint64_t chain_spills_dropped = 0;  // written, but the predecessor's spill failed
   uint64_t budget_refusals = 0;  // spills skipped: daily write budget spent
   uint64_t recompute_instead = 0;  // disk entries not promoted: recomputing is faster
-  LatencyHistogram spill_seconds;
-  LatencyHistogram promotion_seconds;
+  DiskLatencyHistogram spill_latency;
+  DiskLatencyHistogram promotion_latency;
   uint64_t remote_promotions = 0;  // remote -> host, verified and sealed
   uint64_t remote_promotion_bytes = 0;
   uint64_t remote_rejected = 0;    // fetched but failed the daemon's checks (chain hash, header)

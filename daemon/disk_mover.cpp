@@ -165,8 +165,7 @@ void DiskMover::finish_promotion(const DiskJob& job, const disk::DiskCompletion&
   const bool good = d.status == Status::Ok && stamp_promoted_image(e);
   table_.finish_promotion(job.slot, good);
   if (good) {
-    counters_.promotion_seconds.observe(static_cast<double>(monotonic_usec() - job.start_usec) /
-                                        1e6);
+    counters_.promotion_latency.observe(monotonic_usec() - job.start_usec);
     ++counters_.promotions;
     counters_.promotion_bytes += e.extent_bytes;
     policy_.promotion_delivered(e.extent_bytes);
@@ -223,7 +222,7 @@ void DiskMover::finish_spill(const DiskJob& job, Status status, uint64_t bytes, 
   }
   if (status == Status::Ok) {
     table_.attach_disk_record(job.slot, bytes);
-    counters_.spill_seconds.observe(static_cast<double>(monotonic_usec() - job.start_usec) / 1e6);
+    counters_.spill_latency.observe(monotonic_usec() - job.start_usec);
     ++counters_.spills;
     counters_.spill_bytes += bytes;
   } else if (status != Status::NotFound) {

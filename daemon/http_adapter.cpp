@@ -75,26 +75,13 @@ class MetricsText {
     snprintf(text, sizeof text, "%.6f", value);
     out_ += name_ + " " + text + "\n";
   }
-  // A histogram family: cumulative _bucket samples, then _sum and _count.
-  void histogram(const char* name, const char* help, const LatencyHistogram& h) {
+  // A histogram family: cumulative _bucket samples (microsecond bounds shown as exact
+  // decimal seconds), then _sum and _count.
+  template <const auto& Bounds>
+  void histogram(const char* name, const char* help, const LatencyHistogram<Bounds>& h) {
     out_ += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " histogram\n";
-    for (size_t i = 0; i < LatencyHistogram::bucket_count; ++i) {
-      char bound[32];
-      snprintf(bound, sizeof bound, "%g", LatencyHistogram::bounds_seconds[i]);
-      out_ += std::string(name) + "_bucket{le=\"" + bound + "\"} " + std::to_string(h.buckets[i]) +
-              "\n";
-    }
-    out_ += std::string(name) + "_bucket{le=\"+Inf\"} " + std::to_string(h.count) + "\n";
-    char sum[64];
-    snprintf(sum, sizeof sum, "%.6f", h.sum_seconds);
-    out_ += std::string(name) + "_sum " + sum + "\n";
-    out_ += std::string(name) + "_count " + std::to_string(h.count) + "\n";
-  }
-  // The same for the remote tier's histograms (microsecond buckets, shown in seconds).
-  void histogram(const char* name, const char* help, const RemoteLatencyHistogram& h) {
-    out_ += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " histogram\n";
-    for (size_t i = 0; i < RemoteLatencyHistogram::bounded_buckets; ++i) {
-      out_ += std::string(name) + "_bucket{le=\"" + seconds_text(remote_latency_bounds_usec[i]) + "\"} " +
+    for (size_t i = 0; i < h.bounded_buckets; ++i) {
+      out_ += std::string(name) + "_bucket{le=\"" + seconds_text(Bounds[i]) + "\"} " +
               std::to_string(h.cumulative(i)) + "\n";
     }
     out_ += std::string(name) + "_bucket{le=\"+Inf\"} " + std::to_string(h.count) + "\n";
@@ -428,10 +415,10 @@ std::string render_metrics(const StatusInfo& s, const std::vector<NamespaceSumma
   m.one("kvpark_seal_corrupt_total", "counter", "Seals refused for a damaged entry header.",
         s.seal_corrupt);
   m.histogram("kvpark_spill_duration_seconds",
-              "Time to write one entry to the disk tier until it is durable.", s.spill_seconds);
+              "Time to write one entry to the disk tier until it is durable.", s.spill_latency);
   m.histogram("kvpark_restore_duration_seconds",
               "Time to bring one entry back from disk into the arena, checksums verified.",
-              s.restore_seconds);
+              s.restore_latency);
   m.one("kvpark_spills_total", "counter", "Entries written to the disk tier.", s.spills);
   m.one("kvpark_spill_bytes_total", "counter", "Bytes written to the disk tier.", s.spill_bytes);
   m.one("kvpark_restores_total", "counter", "Entries promoted from disk to host.", s.restores);

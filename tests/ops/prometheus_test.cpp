@@ -160,6 +160,42 @@ TEST(MetricsRenderer, RemoteLatencyIsAPrometheusHistogramInSeconds) {
   EXPECT_EQ(value("kvpark_remote_restore_duration_seconds_count"), 0);
 }
 
+// The disk tier's histograms are written by the same code with their own bounds
+// (0.5 ms .. 10 s): same names, `le` and `_sum` as exact decimal seconds.
+TEST(MetricsRenderer, DiskLatencyIsAPrometheusHistogramWithTheDiskBounds) {
+  daemon::StatusInfo s;
+  s.spill_latency.observe(500);         // le="0.0005"
+  s.spill_latency.observe(3'000);       // le="0.005"
+  s.restore_latency.observe(20'000'000);  // only +Inf
+  const std::string text = daemon::render_metrics(s, {});
+  PromDocument doc;
+  std::string error;
+  ASSERT_TRUE(parse_prometheus_text(text, doc, error)) << error << "\n" << text;
+  const auto value = [&](const std::string& name, std::map<std::string, std::string> labels = {}) {
+    double v = -1;
+    EXPECT_TRUE(doc.value(name, labels, v)) << name << " " << (labels.empty() ? "" : labels.begin()->second);
+    return v;
+  };
+  const std::string spill = "kvpark_spill_duration_seconds";
+  EXPECT_EQ(doc.families.at(spill).type, "histogram");
+  EXPECT_EQ(value(spill + "_bucket", {{"le", "0.0005"}}), 1);
+  EXPECT_EQ(value(spill + "_bucket", {{"le", "0.0025"}}), 1);
+  EXPECT_EQ(value(spill + "_bucket", {{"le", "0.005"}}), 2);
+  EXPECT_EQ(value(spill + "_bucket", {{"le", "10"}}), 2);
+  EXPECT_EQ(value(spill + "_bucket", {{"le", "+Inf"}}), 2);
+  EXPECT_DOUBLE_EQ(value(spill + "_sum"), 0.0035);
+  EXPECT_EQ(value(spill + "_count"), 2);
+  size_t buckets = 0;
+  for (const PromSample& sample : doc.families.at(spill).samples) {
+    if (sample.name == spill + "_bucket") ++buckets;
+  }
+  EXPECT_EQ(buckets, daemon::DiskLatencyHistogram::bucket_count);
+  const std::string restore = "kvpark_restore_duration_seconds";
+  EXPECT_EQ(value(restore + "_bucket", {{"le", "10"}}), 0);
+  EXPECT_EQ(value(restore + "_bucket", {{"le", "+Inf"}}), 1);
+  EXPECT_DOUBLE_EQ(value(restore + "_sum"), 20);
+}
+
 TEST(MetricsRenderer, NoNamespacesStillParses) {
   PromDocument doc;
   std::string error;

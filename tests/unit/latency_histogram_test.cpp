@@ -1,5 +1,5 @@
-// LatencyHistogram: Prometheus' cumulative buckets, with the edges exact.
-// RemoteLatencyHistogram: microsecond buckets, percentiles read from them at the edges
+// LatencyHistogram with the disk tier's bounds: Prometheus' cumulative buckets, edges exact.
+// With the remote tier's bounds: microsecond buckets, percentiles read from them at the edges
 // (a bucket's bound, empty, the overflow bucket).
 #include <gtest/gtest.h>
 
@@ -8,26 +8,28 @@
 namespace kvpark::daemon {
 namespace {
 
-TEST(LatencyHistogram, BucketsAreCumulativeAndInclusiveAtTheirBound) {
-  LatencyHistogram h;
-  h.observe(0.0005);  // exactly the first bound: counted in it
-  h.observe(0.003);   // between 0.0025 and 0.005
-  h.observe(20.0);    // past every bound: only in +Inf (count)
+TEST(DiskLatencyHistogram, BucketsAreCumulativeAndInclusiveAtTheirBound) {
+  DiskLatencyHistogram h;
+  h.observe(500);         // exactly the first bound (0.5 ms): counted in it
+  h.observe(3'000);       // between 2.5 and 5 ms
+  h.observe(20'000'000);  // past every bound (20 s): only in the overflow bucket
   EXPECT_EQ(h.count, 3u);
-  EXPECT_DOUBLE_EQ(h.sum_seconds, 20.0035);
-  EXPECT_EQ(h.buckets[0], 1u);                                  // <= 0.0005
-  EXPECT_EQ(h.buckets[2], 1u);                                  // <= 0.0025
-  EXPECT_EQ(h.buckets[3], 2u);                                  // <= 0.005
-  EXPECT_EQ(h.buckets[LatencyHistogram::bucket_count - 1], 2u);  // <= 10
-  for (size_t i = 1; i < LatencyHistogram::bucket_count; ++i) {
-    EXPECT_LE(h.buckets[i - 1], h.buckets[i]) << "not cumulative at " << i;
+  EXPECT_EQ(h.sum_usec, 20'003'500u);
+  EXPECT_EQ(h.cumulative(0), 1u);                                 // <= 0.5 ms
+  EXPECT_EQ(h.cumulative(2), 1u);                                 // <= 2.5 ms
+  EXPECT_EQ(h.cumulative(3), 2u);                                 // <= 5 ms
+  EXPECT_EQ(h.cumulative(DiskLatencyHistogram::bounded_buckets - 1), 2u);  // <= 10 s
+  EXPECT_EQ(h.cumulative(DiskLatencyHistogram::bounded_buckets), 3u);      // +Inf
+  for (size_t i = 1; i < DiskLatencyHistogram::bucket_count; ++i) {
+    EXPECT_LE(h.cumulative(i - 1), h.cumulative(i)) << "not cumulative at " << i;
   }
 }
 
-TEST(LatencyHistogram, BoundsIncrease) {
-  for (size_t i = 1; i < LatencyHistogram::bucket_count; ++i) {
-    EXPECT_LT(LatencyHistogram::bounds_seconds[i - 1], LatencyHistogram::bounds_seconds[i]);
-  }
+TEST(DiskLatencyHistogram, KeepsTheDiskTiersBoundsFromHalfAMillisecondToTenSeconds) {
+  EXPECT_EQ(DiskLatencyHistogram::bounds_usec[0], 500u);
+  EXPECT_EQ(DiskLatencyHistogram::bounds_usec[DiskLatencyHistogram::bounded_buckets - 1],
+            10'000'000u);
+  EXPECT_EQ(DiskLatencyHistogram::bounded_buckets, 14u);
 }
 
 constexpr size_t remote_bounded = RemoteLatencyHistogram::bounded_buckets;
