@@ -117,6 +117,24 @@ TEST(MetricsRenderer, OutputPassesTheStrictParserWithEveryFigure) {
   }
 }
 
+// /metrics rendered from a status and parsed strictly, with a sample lookup that fails
+// the test when the sample is missing.
+struct RenderedMetrics {
+  explicit RenderedMetrics(const daemon::StatusInfo& s) {
+    const std::string text = daemon::render_metrics(s, {});
+    std::string error;
+    parsed = parse_prometheus_text(text, doc, error);
+    EXPECT_TRUE(parsed) << error << "\n" << text;
+  }
+  double value(const std::string& name, const std::map<std::string, std::string>& labels = {}) const {
+    double v = -1;
+    EXPECT_TRUE(doc.value(name, labels, v)) << name << " " << (labels.empty() ? "" : labels.begin()->second);
+    return v;
+  }
+  PromDocument doc;
+  bool parsed = false;
+};
+
 // The remote histograms: cumulative buckets in seconds written without exponents,
 // +Inf equal to _count, _sum the observations' sum.
 TEST(MetricsRenderer, RemoteLatencyIsAPrometheusHistogramInSeconds) {
@@ -126,26 +144,19 @@ TEST(MetricsRenderer, RemoteLatencyIsAPrometheusHistogramInSeconds) {
   s.remote_probe_latency.observe(51);        // le="0.0001"
   s.remote_probe_latency.observe(20'000'000);  // only +Inf
   s.remote_write_latency.observe(2'500'000);  // le="2.5"
-  const std::string text = daemon::render_metrics(s, {});
-  PromDocument doc;
-  std::string error;
-  ASSERT_TRUE(parse_prometheus_text(text, doc, error)) << error << "\n" << text;
-  const auto value = [&](const std::string& name, std::map<std::string, std::string> labels = {}) {
-    double v = -1;
-    EXPECT_TRUE(doc.value(name, labels, v)) << name << " " << (labels.empty() ? "" : labels.begin()->second);
-    return v;
-  };
+  const RenderedMetrics m(s);
+  ASSERT_TRUE(m.parsed);
   const std::string probe = "kvpark_remote_probe_duration_seconds";
-  EXPECT_EQ(doc.families.at(probe).type, "histogram");
-  EXPECT_EQ(value(probe + "_bucket", {{"le", "0.00005"}}), 1);
-  EXPECT_EQ(value(probe + "_bucket", {{"le", "0.0001"}}), 2);
-  EXPECT_EQ(value(probe + "_bucket", {{"le", "10"}}), 2);
-  EXPECT_EQ(value(probe + "_bucket", {{"le", "+Inf"}}), 3);
-  EXPECT_EQ(value(probe + "_count"), 3);
-  EXPECT_DOUBLE_EQ(value(probe + "_sum"), 20.000101);
+  EXPECT_EQ(m.doc.families.at(probe).type, "histogram");
+  EXPECT_EQ(m.value(probe + "_bucket", {{"le", "0.00005"}}), 1);
+  EXPECT_EQ(m.value(probe + "_bucket", {{"le", "0.0001"}}), 2);
+  EXPECT_EQ(m.value(probe + "_bucket", {{"le", "10"}}), 2);
+  EXPECT_EQ(m.value(probe + "_bucket", {{"le", "+Inf"}}), 3);
+  EXPECT_EQ(m.value(probe + "_count"), 3);
+  EXPECT_DOUBLE_EQ(m.value(probe + "_sum"), 20.000101);
   double previous = 0;
   size_t buckets = 0;
-  for (const PromSample& sample : doc.families.at(probe).samples) {
+  for (const PromSample& sample : m.doc.families.at(probe).samples) {
     if (sample.name != probe + "_bucket") continue;
     EXPECT_GE(sample.value, previous) << "not cumulative at le=" << sample.labels.at("le");
     EXPECT_EQ(sample.labels.at("le").find('e'), std::string::npos) << sample.labels.at("le");
@@ -154,10 +165,10 @@ TEST(MetricsRenderer, RemoteLatencyIsAPrometheusHistogramInSeconds) {
   }
   EXPECT_EQ(buckets, daemon::RemoteLatencyHistogram::bucket_count);
   const std::string write = "kvpark_remote_write_duration_seconds";
-  EXPECT_EQ(value(write + "_bucket", {{"le", "1"}}), 0);
-  EXPECT_EQ(value(write + "_bucket", {{"le", "2.5"}}), 1);
-  EXPECT_EQ(value(write + "_count"), 1);
-  EXPECT_EQ(value("kvpark_remote_restore_duration_seconds_count"), 0);
+  EXPECT_EQ(m.value(write + "_bucket", {{"le", "1"}}), 0);
+  EXPECT_EQ(m.value(write + "_bucket", {{"le", "2.5"}}), 1);
+  EXPECT_EQ(m.value(write + "_count"), 1);
+  EXPECT_EQ(m.value("kvpark_remote_restore_duration_seconds_count"), 0);
 }
 
 // The disk tier's histograms are written by the same code with their own bounds
@@ -167,33 +178,26 @@ TEST(MetricsRenderer, DiskLatencyIsAPrometheusHistogramWithTheDiskBounds) {
   s.spill_latency.observe(500);         // le="0.0005"
   s.spill_latency.observe(3'000);       // le="0.005"
   s.restore_latency.observe(20'000'000);  // only +Inf
-  const std::string text = daemon::render_metrics(s, {});
-  PromDocument doc;
-  std::string error;
-  ASSERT_TRUE(parse_prometheus_text(text, doc, error)) << error << "\n" << text;
-  const auto value = [&](const std::string& name, std::map<std::string, std::string> labels = {}) {
-    double v = -1;
-    EXPECT_TRUE(doc.value(name, labels, v)) << name << " " << (labels.empty() ? "" : labels.begin()->second);
-    return v;
-  };
+  const RenderedMetrics m(s);
+  ASSERT_TRUE(m.parsed);
   const std::string spill = "kvpark_spill_duration_seconds";
-  EXPECT_EQ(doc.families.at(spill).type, "histogram");
-  EXPECT_EQ(value(spill + "_bucket", {{"le", "0.0005"}}), 1);
-  EXPECT_EQ(value(spill + "_bucket", {{"le", "0.0025"}}), 1);
-  EXPECT_EQ(value(spill + "_bucket", {{"le", "0.005"}}), 2);
-  EXPECT_EQ(value(spill + "_bucket", {{"le", "10"}}), 2);
-  EXPECT_EQ(value(spill + "_bucket", {{"le", "+Inf"}}), 2);
-  EXPECT_DOUBLE_EQ(value(spill + "_sum"), 0.0035);
-  EXPECT_EQ(value(spill + "_count"), 2);
+  EXPECT_EQ(m.doc.families.at(spill).type, "histogram");
+  EXPECT_EQ(m.value(spill + "_bucket", {{"le", "0.0005"}}), 1);
+  EXPECT_EQ(m.value(spill + "_bucket", {{"le", "0.0025"}}), 1);
+  EXPECT_EQ(m.value(spill + "_bucket", {{"le", "0.005"}}), 2);
+  EXPECT_EQ(m.value(spill + "_bucket", {{"le", "10"}}), 2);
+  EXPECT_EQ(m.value(spill + "_bucket", {{"le", "+Inf"}}), 2);
+  EXPECT_DOUBLE_EQ(m.value(spill + "_sum"), 0.0035);
+  EXPECT_EQ(m.value(spill + "_count"), 2);
   size_t buckets = 0;
-  for (const PromSample& sample : doc.families.at(spill).samples) {
+  for (const PromSample& sample : m.doc.families.at(spill).samples) {
     if (sample.name == spill + "_bucket") ++buckets;
   }
   EXPECT_EQ(buckets, daemon::DiskLatencyHistogram::bucket_count);
   const std::string restore = "kvpark_restore_duration_seconds";
-  EXPECT_EQ(value(restore + "_bucket", {{"le", "10"}}), 0);
-  EXPECT_EQ(value(restore + "_bucket", {{"le", "+Inf"}}), 1);
-  EXPECT_DOUBLE_EQ(value(restore + "_sum"), 20);
+  EXPECT_EQ(m.value(restore + "_bucket", {{"le", "10"}}), 0);
+  EXPECT_EQ(m.value(restore + "_bucket", {{"le", "+Inf"}}), 1);
+  EXPECT_DOUBLE_EQ(m.value(restore + "_sum"), 20);
 }
 
 TEST(MetricsRenderer, NoNamespacesStillParses) {
