@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <map>
+#include <span>
 #include <unordered_map>
 #include <vector>
 
@@ -31,6 +32,11 @@
 #include "proto/limits.h"
 #include "proto/wire.h"
 #include "shm/arena_format.h"
+
+namespace kvpark::remote {
+struct EntryKey;
+struct ProbeResult;
+}  // namespace kvpark::remote
 
 namespace kvpark::daemon {
 
@@ -185,14 +191,24 @@ class Park {
   void remote_start_probe(ConnectionId id, uint64_t lease_id, const Connection& c,
                           const wire::LookupRequest& req, const Lease& lease);
   void finish_remote_probe(const RemoteCompletion& done);
+  // Reserves, in chain order, the blocks a probe found (keys[i] with results[i]),
+  // fetching each into an extent of the remote pseudo-connection, up to chain index
+  // `limit` (exclusive); a block here already is followed. Returns the chain index
+  // reached: blocks [0, reached) of the chain are here, sealed or in flight. Stops at
+  // the first miss, foreign value or full arena. Without `fetch`, only says how far
+  // the chain would reach.
+  uint32_t promote_remote_blocks(NamespaceIndex ns, std::span<const remote::EntryKey> keys,
+                                 std::span<const remote::ProbeResult> results, uint32_t limit,
+                                 bool fetch, Lease* lease);
   void finish_remote_get(const RemoteCompletion& done);
   void expire_remote_probes();
   Lease* find_lease(ConnectionId id, uint64_t lease_id);
 
-  // Remote snapshots (park_remote_snapshots.cpp), snapshot-only namespaces: a lookup
-  // reads the indexes of its anchors past the deepest snapshot here, then the
-  // manifests of the deepest usable snapshots they list, then restores the first
-  // whole one into an extent the remote pseudo-connection reserves.
+  // Remote snapshots (park_remote_snapshots.cpp), snapshot-only and hybrid namespaces:
+  // a lookup reads the indexes of its anchors past the deepest snapshot here, then the
+  // manifests of the deepest usable snapshots they list (and, hybrid, of the blocks up
+  // to the deepest one's anchor that are not here), then restores the first whole one
+  // it can anchor into an extent the remote pseudo-connection reserves.
   struct RemoteSnapshotCandidate {
     Hash128 anchor;
     uint32_t anchor_chunks = 0;
@@ -208,9 +224,19 @@ class Park {
     std::vector<int32_t> tail_tokens;   // the prompt's tokens past its last whole chunk
     std::vector<uint32_t> anchors;      // anchor_chunks of each index asked, as asked
     std::vector<RemoteSnapshotCandidate> candidates;  // manifests asked, best first
+    // Hybrid namespaces: the prompt's chunk hashes up to the deepest anchor asked, and
+    // the blocks whose manifests were asked after the candidates' (chain index of the
+    // first, and how many).
+    bool hybrid = false;
+    std::vector<Hash128> chunk_hashes;
+    uint32_t blocks_first = 0;
+    uint32_t blocks_asked = 0;
   };
   // The anchors (as anchor_chunks, deepest first) whose indexes a lookup should read;
   // returns the deepest snapshot position the lease holds.
+  // How many of the chain's blocks from `first` on are sealed here, in a row.
+  uint32_t sealed_blocks_from(NamespaceIndex ns, std::span<const Hash128> chunk_hashes,
+                              uint32_t first) const;
   uint32_t remote_snapshot_anchors(const Connection& c, const wire::LookupRequest& req,
                                    const Lease& lease, std::vector<uint32_t>& ret_anchors);
   bool remote_should_probe_snapshots(const Connection& c, const wire::LookupRequest& req,

@@ -37,9 +37,10 @@ void Park::remote_write_behind(EntrySlot slot) {
   const Entry& e = table_.entry(slot);
   if (!table_.host_readable(e) || e.dead) return;
   const NamespaceInfo& ns = table_.namespace_info(e.ns);
-  // Snapshots are read back only in snapshot-only namespaces (docs/remote.md); written
-  // from any other, they would fill the store for nobody.
-  if (e.kind == EntryKind::Snapshot && ns.geometry.block_tokens != 0) return;
+  // Snapshots are read back only where a snapshot decides what is restorable
+  // (snapshot-only and hybrid namespaces, docs/remote.md); written from an
+  // attention-only one, they would fill the store for nobody.
+  if (e.kind == EntryKind::Snapshot && !ns.geometry.snapshot_required) return;
   const bool shared = e.entry_class == EntryClass::Shared || e.evidence == Evidence::ObservedRecurrence;
   if (tier->write_policy() == RemoteWritePolicy::Shared && !shared) return;
   if (!tier->probing_useful()) return;  // down: skipped, not queued
@@ -90,10 +91,11 @@ bool Park::remote_should_probe(const Connection& c, const wire::LookupRequest& r
   if (tier == nullptr) return false;
   const NamespaceInfo& info = table_.namespace_info(c.ns);
   const uint32_t block_tokens = info.geometry.block_tokens;
-  if (block_tokens == 0) return remote_should_probe_snapshots(c, req, lease);
-  // Namespaces of blocks and snapshots are not read from the store yet; and single
-  // flight first: an engine already writing what follows will publish it here.
-  if (info.geometry.snapshot_required || !lease.inflight.empty()) return false;
+  // Where a snapshot decides what is restorable, the snapshot probe asks for the
+  // blocks it needs too (park_remote_snapshots.cpp).
+  if (info.geometry.snapshot_required) return remote_should_probe_snapshots(c, req, lease);
+  // Single flight first: an engine already writing what follows will publish it here.
+  if (!lease.inflight.empty()) return false;
   const size_t blocks_max = std::min<size_t>((req.prompt_tokens - 1) / block_tokens, req.chunk_hashes.size());
   const size_t first = lease.blocks.size();
   if (first >= blocks_max) return false;  // everything restorable is here
@@ -110,7 +112,7 @@ bool Park::remote_should_probe(const Connection& c, const wire::LookupRequest& r
 void Park::remote_start_probe(ConnectionId id, uint64_t lease_id, const Connection& c,
                               const wire::LookupRequest& req, const Lease& lease) {
   const NamespaceInfo& info = table_.namespace_info(c.ns);
-  if (info.geometry.block_tokens == 0) return remote_start_snapshot_probe(id, lease_id, c, req, lease);
+  if (info.geometry.snapshot_required) return remote_start_snapshot_probe(id, lease_id, c, req, lease);
   const size_t blocks_max =
       std::min<size_t>((req.prompt_tokens - 1) / info.geometry.block_tokens, req.chunk_hashes.size());
   std::vector<remote::EntryKey> keys;
@@ -154,7 +156,9 @@ void Park::on_remote_completions() {
         break;
       }
       case RemoteJobKind::Probe:
-        if (!d.keys.empty() && d.keys[0].snapshot) {
+        // Lease ids are never reused: a lease with a snapshot probe out asked for
+        // these manifests (snapshots, and in hybrid namespaces blocks too).
+        if (remote_snapshot_probes_.contains(d.tag2)) {
           finish_remote_snapshot_manifests(d);
         } else {
           finish_remote_probe(d);
@@ -177,31 +181,39 @@ void Park::finish_remote_probe(const RemoteCompletion& done) {
   auto it = c->second.leases.find(done.tag2);
   Lease* lease = it != c->second.leases.end() ? &it->second : nullptr;
   if (lease != nullptr) lease->remote_pending = false;
-  const NamespaceInfo& info = table_.namespace_info(c->second.ns);
+  (void)promote_remote_blocks(c->second.ns, done.keys, done.results, UINT32_MAX, true, lease);
+}
+
+uint32_t Park::promote_remote_blocks(NamespaceIndex ns, std::span<const remote::EntryKey> keys,
+                                     std::span<const remote::ProbeResult> results, uint32_t limit,
+                                     bool fetch, Lease* lease) {
+  assert(keys.size() == results.size());
+  if (results.empty()) return 0;
+  const NamespaceInfo& info = table_.namespace_info(ns);
   const uint32_t block_tokens = info.geometry.block_tokens;
   // The chain continues from a sealed block here (or the namespace seed): the first
   // manifest names which, and must agree.
-  if (done.results[0].status != Status::Ok) {
-    const remote::ProbeResult& r = done.results[0];
+  if (results[0].status != Status::Ok) {
+    const remote::ProbeResult& r = results[0];
     if (r.status == Status::NotFound || r.status == Status::Corrupt) {
-      options_.remote->note_missed(done.keys[0].key_hash, coarse_monotonic_usec());
+      options_.remote->note_missed(keys[0].key_hash, coarse_monotonic_usec());
     }
-    return;
+    return 0;
   }
-  uint32_t index = done.results[0].manifest.header.anchor_chunks;
+  uint32_t index = results[0].manifest.header.anchor_chunks;
   Hash128 parent = info.id;
   if (index > 0) {
-    const EntrySlot before = table_.find_block(c->second.ns, done.results[0].manifest.header.parent_hash);
+    const EntrySlot before = table_.find_block(ns, results[0].manifest.header.parent_hash);
     if (before == no_slot || !table_.entry(before).sealed || table_.entry(before).dead ||
         table_.entry(before).anchor_chunks + 1 != index) {
       ++counters_.remote_rejected;  // not the continuation of a chain this daemon has
-      return;
+      return 0;
     }
     parent = table_.entry(before).key_hash;
   }
-  for (size_t i = 0; i < done.results.size(); ++i, ++index) {
-    const remote::ProbeResult& r = done.results[i];
-    const Hash128 hash = done.keys[i].key_hash;
+  for (size_t i = 0; i < results.size() && index < limit; ++i, ++index) {
+    const remote::ProbeResult& r = results[i];
+    const Hash128 hash = keys[i].key_hash;
     if (r.status != Status::Ok) {
       if (r.status == Status::NotFound || r.status == Status::Corrupt) {
         options_.remote->note_missed(hash, coarse_monotonic_usec());
@@ -213,6 +225,7 @@ void Park::finish_remote_probe(const RemoteCompletion& done) {
     if (h.kind != static_cast<uint8_t>(EntryKind::Block) || h.parent_hash != parent ||
         h.anchor_chunks != index || h.block_tokens != block_tokens ||
         h.token_count != block_tokens || h.chain_tokens != info.chain_tokens ||
+        h.snapshot_required != (info.geometry.snapshot_required ? 1 : 0) ||
         h.payload_bytes != info.geometry.block_payload_bytes ||
         h.position != (index + 1) * block_tokens || h.entry_class > entry_class_max ||
         h.evidence > evidence_max) {
@@ -226,7 +239,7 @@ void Park::finish_remote_probe(const RemoteCompletion& done) {
       ++counters_.recompute_instead;
       break;
     }
-    EntrySlot slot = table_.find_block(c->second.ns, hash);
+    EntrySlot slot = table_.find_block(ns, hash);
     if (slot != no_slot) {
       // Published here meanwhile, or being restored for another lookup: follow it.
       if (!table_.entry(slot).sealed && lease != nullptr) {
@@ -235,7 +248,11 @@ void Park::finish_remote_probe(const RemoteCompletion& done) {
       parent = hash;
       continue;
     }
-    const NewEntry n{.ns = c->second.ns,
+    if (!fetch) {
+      parent = hash;
+      continue;
+    }
+    const NewEntry n{.ns = ns,
                      .kind = EntryKind::Block,
                      .key_hash = hash,
                      .parent_hash = parent,
@@ -247,18 +264,7 @@ void Park::finish_remote_probe(const RemoteCompletion& done) {
                      .reserved_by = remote_connection_id};
     if (table_.insert_reserved(n, slot) != Status::Ok) break;  // no room: the rest is prefilled
     const Entry& e = table_.entry(slot);
-    shm::EntryHeader header{};
-    header.magic = shm::entry_magic;
-    header.format_version = shm::entry_format_version;
-    header.kind = static_cast<uint8_t>(EntryKind::Block);
-    header.namespace_id = info.id;
-    header.key_hash = hash;
-    header.payload_bytes = h.payload_bytes;
-    header.payload_offset = shm::payload_offset_for(block_tokens);
-    header.token_count = block_tokens;
-    header.position = e.position;
-    header.anchor_chunks = e.anchor_chunks;
-    header.incarnation = options_.incarnation;
+    const shm::EntryHeader header = make_entry_header(e, block_tokens, h.payload_bytes);
     uint8_t* extent = options_.arena_data + e.extent_offset;
     if (!shm::guarded_copy(extent, &header, sizeof header)) {
       log_arena_fault(e.extent_offset);
@@ -271,10 +277,11 @@ void Park::finish_remote_probe(const RemoteCompletion& done) {
                                      .payload_bytes = h.payload_bytes,
                                      .copy = shm::guarded_copy};
     table_.pin_io(slot);  // the worker writes the extent until the read completes
-    options_.remote->get(done.keys[i], r.manifest, target, slot, table_.entry_id(slot));
+    options_.remote->get(keys[i], r.manifest, target, slot, table_.entry_id(slot));
     if (lease != nullptr) lease->inflight.emplace_back(slot, table_.entry_id(slot));
     parent = hash;
   }
+  return index;
 }
 
 void Park::finish_remote_get(const RemoteCompletion& done) {

@@ -1,5 +1,6 @@
-// Park's remote policy for snapshot-only namespaces (block_tokens == 0): which
-// snapshots the store has for a lookup, and restoring one (docs/remote.md).
+// Park's remote policy where a snapshot decides what is restorable (snapshot-only
+// namespaces, block_tokens == 0, and hybrid ones, blocks and a required snapshot):
+// which snapshots the store has for a lookup, and restoring one (docs/remote.md).
 //
 // A snapshot is anchored at a chunk hash (the namespace id for anchor 0) and names
 // its tail tokens; the store lists each anchor's snapshots in an index (field:
@@ -15,8 +16,17 @@
 // the index named and the key's digest covers, else the entry is erased: a miss,
 // never a wrong byte. Every anchor asked is not asked again for
 // remote_miss_memory_usec (the lookup that follows a WAIT finds the restore here).
+//
+// A hybrid snapshot at anchor j restores only over blocks [0, j): anchors past the
+// blocks here are asked only while the store may have the blocks between (the first
+// one missing was not a miss a moment ago), and the manifests of the blocks missing
+// up to the deepest candidate's anchor go in the same batch as the candidates'. Those
+// blocks are fetched only up to the anchor of the snapshot chosen, and a snapshot is
+// chosen only where the blocks under it are here or on their way: blocks without
+// their snapshot would restore nothing.
 #include <algorithm>
 #include <cassert>
+#include <span>
 
 #include "daemon/clock.h"
 #include "daemon/entry_header.h"
@@ -34,11 +44,22 @@ namespace {
 // one's manifest still serves the next in the same round trip.
 constexpr size_t remote_snapshot_candidates_max = 4;
 
-const Hash128& anchor_hash(const NamespaceInfo& info, const wire::LookupRequest& req, uint32_t j) {
-  return j == 0 ? info.id : req.chunk_hashes[j - 1];
+const Hash128& anchor_hash(const NamespaceInfo& info, std::span<const Hash128> chunk_hashes,
+                           uint32_t j) {
+  return j == 0 ? info.id : chunk_hashes[j - 1];
 }
 
 }  // namespace
+
+uint32_t Park::sealed_blocks_from(NamespaceIndex ns, std::span<const Hash128> chunk_hashes,
+                                  uint32_t first) const {
+  uint32_t i = first;
+  for (; i < chunk_hashes.size(); ++i) {
+    const EntrySlot slot = table_.find_block(ns, chunk_hashes[i]);
+    if (slot == no_slot || !table_.entry(slot).sealed || table_.entry(slot).dead) break;
+  }
+  return i;
+}
 
 uint32_t Park::remote_snapshot_anchors(const Connection& c, const wire::LookupRequest& req,
                                        const Lease& lease, std::vector<uint32_t>& ret_anchors) {
@@ -50,11 +71,21 @@ uint32_t Park::remote_snapshot_anchors(const Connection& c, const wire::LookupRe
   const auto chunks = static_cast<uint32_t>(req.chunk_hashes.size());
   // A snapshot at anchor j lies in [j * chain, (j + 1) * chain); the last anchor can
   // serve only a tail shorter than the prompt's.
-  const uint32_t deepest = req.tail_tokens.empty() ? chunks - 1 : chunks;
+  uint32_t deepest = req.tail_tokens.empty() ? chunks - 1 : chunks;
   const uint32_t shallowest = local / info.chain_tokens;
   const uint64_t now = coarse_monotonic_usec();
+  if (info.geometry.block_tokens > 0) {
+    // Hybrid: a snapshot past the blocks here needs the ones between from the store;
+    // the block the chain stops at being a recent miss rules every deeper anchor out.
+    const uint32_t here = sealed_blocks_from(c.ns, req.chunk_hashes, static_cast<uint32_t>(lease.blocks.size()));
+    if (here < chunks && options_.remote->missed_recently(req.chunk_hashes[here], now)) {
+      deepest = std::min(deepest, here);
+    }
+  }
   for (uint32_t j = deepest + 1; j-- > shallowest && ret_anchors.size() < remote::probe_keys_max;) {
-    if (!options_.remote->missed_recently(anchor_hash(info, req, j), now)) ret_anchors.push_back(j);
+    if (!options_.remote->missed_recently(anchor_hash(info, req.chunk_hashes, j), now)) {
+      ret_anchors.push_back(j);
+    }
   }
   return local;
 }
@@ -82,9 +113,14 @@ void Park::remote_start_snapshot_probe(ConnectionId id, uint64_t lease_id, const
                         .tail_tokens = req.tail_tokens};
   p.local_depth = remote_snapshot_anchors(c, req, lease, p.anchors);
   assert(!p.anchors.empty() && "remote_should_probe_snapshots said there is something to ask");
+  p.hybrid = info.geometry.block_tokens > 0;
+  if (p.hybrid) {
+    // Deepest first: the first anchor asked bounds the blocks a candidate can need.
+    p.chunk_hashes.assign(req.chunk_hashes.begin(), req.chunk_hashes.begin() + p.anchors[0]);
+  }
   std::vector<remote::EntryKey> keys;
   for (uint32_t j : p.anchors)
-    keys.push_back({.ns = info.id, .key_hash = anchor_hash(info, req, j)});
+    keys.push_back({.ns = info.id, .key_hash = anchor_hash(info, req.chunk_hashes, j)});
   remote_snapshot_probes_[lease_id] = std::move(p);
   options_.remote->note_probe(id, lease_id, monotonic_usec());
   options_.remote->probe_index(std::move(keys), id, lease_id);
@@ -155,6 +191,18 @@ void Park::finish_remote_snapshot_index(const RemoteCompletion& done) {
     end_remote_snapshot_probe(done.tag2);
     return;
   }
+  if (p.hybrid) {
+    // Hybrid: the blocks not here up to the deepest candidate's anchor, in chain order
+    // from the first one missing (those here past it are followed, not fetched).
+    uint32_t deepest = 0;
+    for (const RemoteSnapshotCandidate& cand : p.candidates) deepest = std::max(deepest, cand.anchor_chunks);
+    const NamespaceInfo& info = table_.namespace_info(p.ns);
+    p.blocks_first = sealed_blocks_from(p.ns, p.chunk_hashes, 0);
+    for (uint32_t i = p.blocks_first; i < deepest; ++i) {
+      keys.push_back({.ns = info.id, .key_hash = p.chunk_hashes[i]});
+    }
+    p.blocks_asked = deepest > p.blocks_first ? deepest - p.blocks_first : 0;
+  }
   options_.remote->probe(std::move(keys), done.tag, done.tag2);  // the lease still waits
 }
 
@@ -162,17 +210,20 @@ void Park::finish_remote_snapshot_manifests(const RemoteCompletion& done) {
   auto it = remote_snapshot_probes_.find(done.tag2);
   if (it == remote_snapshot_probes_.end()) return;
   const RemoteSnapshotProbe& p = it->second;
-  assert(done.results.size() == p.candidates.size());
+  const size_t candidates = p.candidates.size();
+  assert(done.results.size() == candidates + p.blocks_asked);
   const NamespaceInfo& info = table_.namespace_info(p.ns);
-  // The first whole one, best first. A manifest the store lost is a miss (the store
-  // cleared its index field); a damaged one was deleted.
-  size_t chosen = done.results.size();
-  for (size_t i = 0; i < done.results.size() && chosen == done.results.size(); ++i) {
+  // Whole ones, best first. A manifest the store lost is a miss (the store cleared its
+  // index field); a damaged one was deleted.
+  std::vector<bool> whole(candidates, false);
+  uint32_t anchor_needed = 0;  // the deepest whole candidate's
+  for (size_t i = 0; i < candidates; ++i) {
     if (done.results[i].status != Status::Ok) continue;
     const RemoteSnapshotCandidate& cand = p.candidates[i];
     const remote::ManifestHeader& h = done.results[i].manifest.header;
     // A value under the right key but not of this geometry or anchor is a miss.
-    if (h.kind != static_cast<uint8_t>(EntryKind::Snapshot) || h.block_tokens != 0 ||
+    if (h.kind != static_cast<uint8_t>(EntryKind::Snapshot) ||
+        h.block_tokens != info.geometry.block_tokens ||
         h.snapshot_required != (info.geometry.snapshot_required ? 1 : 0) ||
         h.chain_tokens != info.chain_tokens || h.anchor_chunks != cand.anchor_chunks ||
         h.position != cand.position || h.token_count != cand.tail_tokens.size() ||
@@ -181,12 +232,44 @@ void Park::finish_remote_snapshot_manifests(const RemoteCompletion& done) {
       ++counters_.remote_rejected;
       continue;
     }
-    chosen = i;
+    whole[i] = true;
+    anchor_needed = std::max(anchor_needed, cand.anchor_chunks);
   }
   Lease* lease = find_lease(p.connection, done.tag2);
-  if (chosen == done.results.size()) {
+  // Hybrid: how far the blocks here and in the store reach; a candidate anchored past
+  // that restores nothing.
+  uint32_t blocks_reached = UINT32_MAX;
+  const std::span<const remote::EntryKey> block_keys(done.keys.data() + candidates, p.blocks_asked);
+  const std::span<const remote::ProbeResult> block_results(done.results.data() + candidates,
+                                                           p.blocks_asked);
+  if (p.hybrid) {
+    blocks_reached = p.blocks_first;
+    if (!block_results.empty() && anchor_needed > p.blocks_first) {
+      if (block_results[0].status == Status::Ok &&
+          block_results[0].manifest.header.anchor_chunks != p.blocks_first) {
+        ++counters_.remote_rejected;  // not the block the chain stops at here
+      } else {
+        blocks_reached = std::max(p.blocks_first, promote_remote_blocks(p.ns, block_keys, block_results,
+                                                                        anchor_needed, false, lease));
+      }
+    }
+  }
+  size_t chosen = candidates;
+  for (size_t i = 0; i < candidates && chosen == candidates; ++i) {
+    if (whole[i] && p.candidates[i].anchor_chunks <= blocks_reached) chosen = i;
+  }
+  if (chosen == candidates) {
     end_remote_snapshot_probe(done.tag2);
     return;
+  }
+  if (p.hybrid && p.candidates[chosen].anchor_chunks > p.blocks_first) {
+    // The blocks under the chosen one, and no more; a full arena that stops them short
+    // leaves the snapshot unanchored, not fetched.
+    const uint32_t anchor = p.candidates[chosen].anchor_chunks;
+    if (promote_remote_blocks(p.ns, block_keys, block_results, anchor, true, lease) < anchor) {
+      end_remote_snapshot_probe(done.tag2);
+      return;
+    }
   }
   const RemoteSnapshotCandidate& cand = p.candidates[chosen];
   const remote::Manifest& manifest = done.results[chosen].manifest;

@@ -23,7 +23,8 @@ void usage(FILE* out) {
   fprintf(out,
           "Usage: kvpark-replay [OPTIONS]\n"
           "  --scenario NAME|all   run a shipped scenario (a a-noauto b c d e f g; 'a' runs both a's;\n"
-          "                        'a-remote' runs a, a-blocks and a-remote: (a) with B on another host)\n"
+          "                        'a-remote' runs a, a-remote, a-blocks and a-remote-blocks: (a) with B\n"
+          "                        on another host, hybrid as shipped and with blocks only)\n"
           "  --trace FILE          run a JSONL trace (see docs/replay.md)\n"
           "  --generate DIR        write every scenario's trace to DIR and exit\n"
           "  --quick               half-size scenarios (the meson test)\n"
@@ -177,7 +178,8 @@ int main(int argc, char** argv) {
              s.time_scale_min);
       o.engine.time_scale = s.time_scale_min;
     }
-    if (name == "a" || name == "a-noauto" || name == "a-blocks" || name == "a-remote") {
+    if (name == "a" || name == "a-noauto" || name == "a-blocks" || name == "a-remote" ||
+        name == "a-remote-blocks") {
       o.engine.automatic_system_candidate = s.automatic_system_candidate;
     }
     std::vector<Event> events;

@@ -206,7 +206,7 @@ void judge_cross_host(const Scenario& s, const RunOutcome& o, const RunOptions& 
     const auto it = o.host_status[host].find(key);
     return it == o.host_status[host].end() ? 0 : it->second;
   };
-  v.figures += fmt("; store: A wrote %llu blocks (%.1f MiB), B restored %llu (%.1f MiB) in %llu checks "
+  v.figures += fmt("; store: A wrote %llu entries (%.1f MiB), B restored %llu (%.1f MiB) in %llu checks "
                    "(check p50 %llu us, restore p50 %llu us p99 %llu us); A's write-behinds settled %.0f ms real",
                    (unsigned long long)figure(0, "remote_writes"), double(figure(0, "remote_bytes_out")) / (1 << 20),
                    (unsigned long long)figure(1, "remote_hits"), double(figure(1, "remote_bytes_in")) / (1 << 20),
@@ -215,7 +215,8 @@ void judge_cross_host(const Scenario& s, const RunOutcome& o, const RunOptions& 
                    (unsigned long long)figure(1, "remote_get_usec_p99"), o.remote_settle_ms);
   const uint64_t head_blocks = head / options.engine.block_tokens;
   check(v, figure(1, "remote_hits") >= head_blocks * 99 / 100,
-        fmt("host B brought the head from the remote tier (%llu of %llu blocks), not from its own prefill",
+        fmt("host B brought the head from the remote tier (%llu entries for a head of %llu blocks), not from "
+            "its own prefill",
             (unsigned long long)figure(1, "remote_hits"), (unsigned long long)head_blocks));
   check(v, figure(1, "remote_corrupt") == 0 && figure(1, "remote_rejected") == 0,
         fmt("nothing from the store was refused (corrupt %llu, rejected %llu)",
@@ -226,7 +227,9 @@ void judge_cross_host(const Scenario& s, const RunOutcome& o, const RunOptions& 
 
 std::vector<std::string> scenario_names() { return {"a", "a-noauto", "b", "c", "d", "e", "f", "g"}; }
 
-std::vector<std::string> cross_host_scenario_names() { return {"a", "a-blocks", "a-remote"}; }
+std::vector<std::string> cross_host_scenario_names() {
+  return {"a", "a-remote", "a-blocks", "a-remote-blocks"};
+}
 
 bool make_scenario(const std::string& name, bool quick, Scenario& ret) {
   const double f = quick ? 0.5 : 1.0;
@@ -234,13 +237,15 @@ bool make_scenario(const std::string& name, bool quick, Scenario& ret) {
   Scenario s;
   s.name = name;
   std::string& t = s.trace;
-  if (name == "a" || name == "a-noauto" || name == "a-blocks" || name == "a-remote") {
-    s.title = name == "a-blocks"   ? "(a) with blocks only (no snapshots), one host"
-              : name == "a-remote" ? "(a) with blocks only, A on host A, the siblings on host B, one Redis"
-                                   : "two sibling sessions, 16k system head, no breakpoints";
+  const bool remote = name == "a-remote" || name == "a-remote-blocks";
+  if (name == "a" || name == "a-noauto" || name == "a-blocks" || remote) {
+    s.title = name == "a-blocks"          ? "(a) with blocks only (no snapshots), one host"
+              : name == "a-remote"        ? "(a) as shipped (hybrid), A on host A, the siblings on host B, one Redis"
+              : name == "a-remote-blocks" ? "(a) with blocks only, A on host A, the siblings on host B, one Redis"
+                                          : "two sibling sessions, 16k system head, no breakpoints";
     s.automatic_system_candidate = name != "a-noauto";
-    s.snapshot_required = name == "a" || name == "a-noauto";
-    if (name == "a-remote") {
+    s.snapshot_required = name != "a-blocks" && name != "a-remote-blocks";
+    if (remote) {
       s.two_hosts = true;
       s.engine_host = {0, 1, 1};
     }
@@ -331,7 +336,7 @@ Verdict judge(const Scenario& s, const RunOutcome& o, const RunOptions& options)
   for (const RequestRecord& r : rq) by_conversation[events[r.event].conversation].push_back(&r);
   auto pct = [](double a, double b) { return b > 0 ? 100.0 * a / b : 0.0; };
 
-  if (s.name == "a-blocks" || s.name == "a-remote") {
+  if (s.name == "a-blocks" || s.name == "a-remote" || s.name == "a-remote-blocks") {
     judge_cross_host(s, o, options, v, *by_conversation["sibling-A"][0], *by_conversation["sibling-B"][0],
                      *by_conversation["sibling-C"][0]);
   } else if (s.name == "a" || s.name == "a-noauto") {

@@ -1,6 +1,7 @@
 // The shipped scenarios (a)-(g) of issue 4: trace generators and acceptance checks;
-// and (a) across two hosts sharing a remote tier (issue 17): "a-blocks" on one host
-// and "a-remote" with the siblings on host B, both in an attention-only namespace.
+// and (a) across two hosts sharing a remote tier (issue 17): "a-remote" as shipped
+// (a hybrid namespace) with the siblings on host B, and "a-blocks" / "a-remote-blocks"
+// the same on one host and on two in an attention-only namespace.
 // See docs/replay.md ("Scenarios") for what each one plays and checks.
 #pragma once
 
@@ -22,8 +23,7 @@ struct Scenario {
   // Disk I/O runs at real speed, so a scenario that needs spills to keep pace with
   // publishing runs no faster than this (real sleep = modeled time * max(flag, this)).
   double time_scale_min = 0;
-  // The remote tier serves blocks only (no snapshots yet), so the cross-host runs use
-  // an attention-only namespace.
+  // Hybrid (blocks and a required snapshot), as shipped; false: attention-only.
   bool snapshot_required = true;
   bool two_hosts = false;
   std::vector<uint32_t> engine_host;  // per engine (RunOptions::engine_host)
@@ -36,9 +36,11 @@ struct Verdict {
 };
 
 // Every scenario name, in order ("a" and "a-noauto" are the two runs of (a)). The
-// cross-host runs ("a-blocks", "a-remote") need a redis-server and are not in it.
+// cross-host runs ("a-remote", "a-blocks", "a-remote-blocks") need a redis-server and are
+// not in it.
 std::vector<std::string> scenario_names();
-// What --scenario a-remote runs: (a) as shipped, then one host and two hosts with blocks only.
+// What --scenario a-remote runs: (a) as shipped on one host and on two, then the same
+// with blocks only.
 std::vector<std::string> cross_host_scenario_names();
 // Builds a scenario; quick halves the token counts (not (e), whose arena cannot shrink).
 bool make_scenario(const std::string& name, bool quick, Scenario& ret);

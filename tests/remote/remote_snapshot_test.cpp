@@ -280,34 +280,99 @@ TEST_F(RemoteSnapshotTest, AValueWithAnotherTailUnderTheKeyIsRefusedByTheDaemon)
   EXPECT_GE(b_->status("remote_rejected"), 1u) << b_->daemon->log_tail();
 }
 
-// A hybrid namespace (blocks and a required snapshot) restores only at a snapshot.
-// The remote tier does not carry its snapshots yet (docs/remote.md), so it must not
-// fetch its blocks either: blocks without their snapshot restore nothing, and a B
-// that fetched them would only fill its arena. B misses and its engine prefills.
-TEST_F(RemoteSnapshotTest, AHybridHeadParkedOnAIsAMissOnBAndNoBlockIsFetched) {
-  const std::vector<std::string> hybrid = {"--block-tokens", "64", "--hybrid", "--head-seed", "11"};
-  auto args = [&](std::vector<std::string> more) {
-    std::vector<std::string> a = hybrid;
-    a.insert(a.end(), more.begin(), more.end());
-    return a;
-  };
-  const uint64_t before = a_->status("remote_writes");
-  ASSERT_EQ(run_engine(*a_->daemon, args({"--head-tokens", std::to_string(head_tokens), "--shared",
-                                          "--snapshot-bytes", std::to_string(snapshot_bytes),
-                                          "publish"}))
-                .exit_code,
-            0);
-  // A's blocks are written behind (shared); its snapshot is not.
-  ASSERT_TRUE(eventually("A wrote its blocks behind",
-                         [&] { return a_->status("remote_writes") > before; }))
-      << a_->daemon->log_tail();
-  const EngineRun run = run_engine(
-      *b_->daemon, args({"--head-tokens", std::to_string(head_tokens), "--body-tokens", "100",
-                         "--session", "9", "--wait-msec", "10000", "verify"}));
+// Hybrid namespaces (blocks and a required snapshot, as a model with attention and
+// recurrent layers): a prompt restores only at a snapshot, over the blocks up to its
+// anchor. The head of 1000 tokens is 15 blocks of 64 and a snapshot at 1000 anchored
+// at chunk 15 (a 40-token tail).
+constexpr uint32_t hybrid_blocks = head_tokens / 64;
+
+std::vector<std::string> hybrid_args(uint64_t seed, std::vector<std::string> more) {
+  std::vector<std::string> args = {"--block-tokens", "64", "--hybrid", "--head-seed",
+                                   std::to_string(seed), "--head-tokens", std::to_string(head_tokens)};
+  args.insert(args.end(), more.begin(), more.end());
+  return args;
+}
+
+class RemoteHybridTest : public RemoteSnapshotTest {
+ protected:
+  // Publishes the shared hybrid head on A (its blocks, and its snapshot unless
+  // blocks_only) and waits until every entry is in the store.
+  void publish_hybrid_on_a(uint64_t seed, bool blocks_only = false) {
+    const uint64_t before = a_->status("remote_writes");
+    std::vector<std::string> more = {"--shared"};
+    if (!blocks_only) more.insert(more.end(), {"--snapshot-bytes", std::to_string(snapshot_bytes)});
+    more.push_back("publish");
+    ASSERT_EQ(run_engine(*a_->daemon, hybrid_args(seed, more)).exit_code, 0);
+    const uint64_t entries = hybrid_blocks + (blocks_only ? 0 : 1);
+    ASSERT_TRUE(eventually("A wrote its blocks and snapshot behind", [&] {
+      return a_->status("remote_writes") >= before + entries;
+    })) << a_->daemon->log_tail();
+  }
+  EngineRun verify_hybrid(const Host& h, uint64_t seed, uint32_t body = 100) {
+    return run_engine(*h.daemon, hybrid_args(seed, {"--body-tokens", std::to_string(body), "--session",
+                                                    "9", "--wait-msec", "10000", "verify"}));
+  }
+};
+
+TEST_F(RemoteHybridTest, AHybridHeadParkedOnAIsRestoredOnBWithItsBlocksAndSnapshotWithoutPrefill) {
+  publish_hybrid_on_a(11);
+  const EngineRun run = verify_hybrid(*b_, 11);
+  EXPECT_EQ(run.exit_code, 0) << run.output << b_->daemon->log_tail();
+  EXPECT_EQ(restored(run), head_tokens) << run.output << b_->daemon->log_tail();
+  // Every block under the snapshot's anchor, and the snapshot: nothing else.
+  EXPECT_EQ(b_->status("remote_hits"), hybrid_blocks + 1) << b_->daemon->log_tail();
+  EXPECT_EQ(b_->status("remote_rejected"), 0u);
+  EXPECT_GE(b_->status("remote_bytes_in"), snapshot_bytes);
+  // On B's host tier now: another sibling restores from there.
+  const EngineRun again = verify_hybrid(*b_, 11, 300);
+  EXPECT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_EQ(restored(again), head_tokens);
+  EXPECT_EQ(b_->status("remote_hits"), hybrid_blocks + 1);
+}
+
+// Blocks without their snapshot restore nothing: a B that fetched them would only
+// fill its arena.
+TEST_F(RemoteHybridTest, HybridBlocksWhoseSnapshotTheStoreDoesNotHaveAreNotFetched) {
+  publish_hybrid_on_a(12, /*blocks_only=*/true);
+  const EngineRun run = verify_hybrid(*b_, 12);
   EXPECT_EQ(run.exit_code, 0) << run.output << b_->daemon->log_tail();
   EXPECT_EQ(restored(run), 0u) << run.output;
   EXPECT_EQ(b_->status("remote_hits"), 0u);
-  EXPECT_EQ(b_->status("remote_bytes_in"), 0u);
+  EXPECT_GE(b_->status("remote_probes"), 1u);  // it asked, and found no snapshot
+}
+
+TEST_F(RemoteHybridTest, OverBlocksBHasAlreadyOnlyTheHybridSnapshotIsFetched) {
+  // B's own engine parked the head's blocks (no snapshot); A parked blocks and snapshot.
+  ASSERT_EQ(run_engine(*b_->daemon, hybrid_args(13, {"publish"})).exit_code, 0);
+  publish_hybrid_on_a(13);
+  const EngineRun run = verify_hybrid(*b_, 13);
+  EXPECT_EQ(run.exit_code, 0) << run.output << b_->daemon->log_tail();
+  EXPECT_EQ(restored(run), head_tokens) << run.output << b_->daemon->log_tail();
+  EXPECT_EQ(b_->status("remote_hits"), 1u) << b_->daemon->log_tail();
+}
+
+// A snapshot over a block the store lost (evicted) cannot be anchored: B fetches
+// neither it nor the blocks before the gap, and its engine prefills.
+TEST_F(RemoteHybridTest, AHybridSnapshotOverABlockTheStoreLostIsNotFetched) {
+  publish_hybrid_on_a(14);
+  // The 8th block's manifest (chain index 7), found by decoding each block manifest.
+  size_t removed = 0;
+  for (const auto& [node, key] : remote_keys(cluster_)) {
+    if (!key.ends_with("}:b")) continue;
+    std::string value;  // --raw: the value's bytes, then a newline
+    const std::string port = std::to_string(cluster_.node(node).port());
+    ASSERT_EQ(run_process({redis_cli_path(), "-p", port, "--raw", "GET", key}, 10'000, &value), 0);
+    if (!value.empty() && value.back() == '\n') value.pop_back();
+    remote::Manifest m;
+    ASSERT_EQ(remote::decode_manifest(value, m), Status::Ok) << key;
+    if (m.header.anchor_chunks == 7 && cluster_.node(node).cli({"DEL", key}) == "1\n") ++removed;
+  }
+  ASSERT_EQ(removed, 1u);
+  const EngineRun run = verify_hybrid(*b_, 14);
+  EXPECT_EQ(run.exit_code, 0) << run.output << b_->daemon->log_tail();
+  EXPECT_EQ(restored(run), 0u) << run.output;
+  EXPECT_EQ(b_->status("remote_hits"), 0u) << b_->daemon->log_tail();
+  EXPECT_GE(b_->status("remote_probes"), 1u);
 }
 
 }  // namespace
