@@ -86,6 +86,12 @@ int verb_status(ReadSource& source, const ReadOptions& o) {
            latency_summary(s, "remote_get", "restore").c_str(),
            latency_summary(s, "remote_write", "write").c_str(),
            latency_summary(s, "remote_queue", "queued").c_str());
+    // The load-versus-recompute model's inputs, as measured so far.
+    const uint64_t bandwidth = number_of(s, "remote_read_bytes_per_second");
+    const uint64_t latency = number_of(s, "remote_read_latency_usec");
+    printf("      Reads: %s, %s per restore (load versus recompute)\n",
+           bandwidth > 0 ? (format_bytes(bandwidth) + "/s").c_str() : "bandwidth not measured yet",
+           latency > 0 ? (std::to_string(latency) + " us").c_str() : "latency not measured yet");
   } else {
     printf("     Remote: off\n");
   }

@@ -112,6 +112,7 @@ struct StatusInfo {
   uint64_t remote_rejected = 0;    // fetched entries the daemon's own checks refused
   uint64_t remote_redirects = 0;   // MOVED / ASK followed
   uint64_t remote_read_bytes_per_second = 0;  // measured by restores; 0: not yet
+  uint64_t remote_read_latency_usec = 0;      // per restore, measured by small ones; 0: not yet
   // The worker's time on each job (daemon/latency_histogram.h), whatever its outcome.
   RemoteLatencyHistogram remote_probe_latency;  // one existence check of a lookup's chain
   RemoteLatencyHistogram remote_get_latency;    // one entry streamed from the store into the arena

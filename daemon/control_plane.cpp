@@ -117,6 +117,7 @@ StatusInfo ControlPlane::status_in_loop() const {
     s.remote_rejected = c.remote_rejected;
     s.remote_redirects = r.redirects;
     s.remote_read_bytes_per_second = static_cast<uint64_t>(remote->read_bytes_per_second());
+    s.remote_read_latency_usec = static_cast<uint64_t>(remote->read_latency_usec());
     s.remote_probe_latency = r.probe_latency;
     s.remote_get_latency = r.get_latency;
     s.remote_write_latency = r.put_latency;

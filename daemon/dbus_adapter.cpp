@@ -126,6 +126,7 @@ Dict status_dict(const StatusInfo& s) {
       {"remote_rejected", sdbus::Variant(s.remote_rejected)},
       {"remote_redirects", sdbus::Variant(s.remote_redirects)},
       {"remote_read_bytes_per_second", sdbus::Variant(s.remote_read_bytes_per_second)},
+      {"remote_read_latency_usec", sdbus::Variant(s.remote_read_latency_usec)},
       {"remote_writes", sdbus::Variant(s.remote_writes)},
       {"remote_writes_failed", sdbus::Variant(s.remote_writes_failed)},
       {"remote_writes_refused", sdbus::Variant(s.remote_writes_refused)},

@@ -181,6 +181,7 @@ void write_status(JsonWriter& w, const StatusInfo& s) {
       {"remote_rejected", s.remote_rejected},
       {"remote_redirects", s.remote_redirects},
       {"remote_read_bytes_per_second", s.remote_read_bytes_per_second},
+      {"remote_read_latency_usec", s.remote_read_latency_usec},
   };
   for (const auto& [key, value] : numbers) {
     w.Key(key);
@@ -463,8 +464,11 @@ std::string render_metrics(const StatusInfo& s, const std::vector<NamespaceSumma
     m.one("kvpark_remote_rejected_total", "counter",
           "Remote entries the daemon's own checks refused (chain hash, geometry).", s.remote_rejected);
     m.one("kvpark_remote_read_bytes_per_second", "gauge",
-          "Remote read bandwidth restores measured (the load-versus-recompute input).",
+          "Remote read bandwidth restores measured (a load-versus-recompute input).",
           s.remote_read_bytes_per_second);
+    m.family("kvpark_remote_read_latency_seconds", "gauge",
+             "Remote latency per restore, measured by small ones (a load-versus-recompute input).");
+    m.sample_double(static_cast<double>(s.remote_read_latency_usec) * 1e-6);
     m.one("kvpark_remote_redirects_total", "counter", "Redis Cluster MOVED/ASK redirections followed.",
           s.remote_redirects);
     m.histogram("kvpark_remote_probe_duration_seconds",

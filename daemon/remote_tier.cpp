@@ -222,6 +222,23 @@ RemoteCompletion RemoteTier::execute(Job& job) {
   return done;
 }
 
+void RemoteReadModel::observe(uint64_t bytes, uint64_t exec_usec) {
+  auto ewma = [](double& figure, double sample) {
+    figure = figure <= 0 ? sample : 0.7 * figure + 0.3 * sample;
+  };
+  const auto usec = static_cast<double>(std::max<uint64_t>(exec_usec, 1));
+  if (bytes >= remote_bandwidth_sample_bytes_min) {
+    ewma(bytes_per_second_, static_cast<double>(bytes) * 1e6 / usec);
+  } else if (bytes <= remote_latency_sample_bytes_max) {
+    ewma(latency_usec_, usec);
+  }
+}
+
+double RemoteReadModel::load_seconds(uint64_t bytes) const {
+  const double transfer = bytes_per_second_ > 0 ? static_cast<double>(bytes) / bytes_per_second_ : 0;
+  return latency_usec_ * 1e-6 + transfer;
+}
+
 void RemoteTier::take_completions(std::vector<RemoteCompletion>& ret) {
   uint64_t count = 0;
   (void)!read(notify_fd_, &count, sizeof count);
@@ -231,10 +248,7 @@ void RemoteTier::take_completions(std::vector<RemoteCompletion>& ret) {
     ret.swap(done_);
   }
   for (const RemoteCompletion& d : ret) {
-    // Below a MiB a restore says more about latency than bandwidth.
-    if (d.kind != RemoteJobKind::Get || d.status != Status::Ok || d.bytes < (1u << 20)) continue;
-    const double sample = static_cast<double>(d.bytes) * 1e6 / static_cast<double>(std::max<uint64_t>(d.exec_usec, 1));
-    read_bytes_per_second_ = read_bytes_per_second_ <= 0 ? sample : 0.7 * read_bytes_per_second_ + 0.3 * sample;
+    if (d.kind == RemoteJobKind::Get && d.status == Status::Ok) read_model_.observe(d.bytes, d.exec_usec);
   }
   const bool up = up_.load(std::memory_order_relaxed);
   if (!ret.empty() && (!logged_once_ || up != logged_up_)) {

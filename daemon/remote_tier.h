@@ -52,6 +52,26 @@ inline constexpr size_t remote_misses_remembered_max = 65536;
 // by it (other engines see them in flight: single flight across tiers).
 inline constexpr uint32_t remote_connection_id = UINT32_MAX;
 
+// What reading an entry from the store is expected to cost, from the restores done:
+// a latency per restore (the round trips and the worker's start, from restores too
+// small for their bytes to matter) plus its bytes over the bandwidth (from restores of
+// at least remote_bandwidth_sample_bytes_min). Both are EWMAs; unmeasured, each term is 0.
+inline constexpr uint64_t remote_bandwidth_sample_bytes_min = 1u << 20;
+inline constexpr uint64_t remote_latency_sample_bytes_max = 64u << 10;
+
+class RemoteReadModel {
+ public:
+  // A restore of `bytes` that took the worker `exec_usec`.
+  void observe(uint64_t bytes, uint64_t exec_usec);
+  double load_seconds(uint64_t bytes) const;
+  double bytes_per_second() const { return bytes_per_second_; }
+  double latency_usec() const { return latency_usec_; }
+
+ private:
+  double bytes_per_second_ = 0;  // 0: not measured
+  double latency_usec_ = 0;      // 0: not measured
+};
+
 struct RemoteTierOptions {
   std::vector<remote::Endpoint> seeds;
   std::string user;
@@ -144,12 +164,13 @@ class RemoteTier {
   size_t puts_queued() const;
 
   // Loop thread: whether reading `bytes` from the store is expected to beat
-  // recomputing them in `recompute_seconds`, by the bandwidth restores measured (an
-  // EWMA of each restore's bytes over the worker's time on it; true until measured).
+  // recomputing them in `recompute_seconds`, by the latency and bandwidth restores
+  // measured (RemoteReadModel; true until measured).
   bool load_beats_recompute(uint64_t bytes, double recompute_seconds) const {
-    return read_bytes_per_second_ <= 0 || static_cast<double>(bytes) / read_bytes_per_second_ < recompute_seconds;
+    return read_model_.load_seconds(bytes) < recompute_seconds;
   }
-  double read_bytes_per_second() const { return read_bytes_per_second_; }
+  double read_bytes_per_second() const { return read_model_.bytes_per_second(); }
+  double read_latency_usec() const { return read_model_.latency_usec(); }
 
   // Loop thread: recent misses (remote_miss_memory_usec) and probes out, with their
   // budget (remote_probe_budget_usec).
@@ -199,7 +220,7 @@ class RemoteTier {
   };
   std::deque<PendingProbe> probes_out_;                        // loop thread
   std::unordered_map<Hash128, uint64_t, Hash128Hasher> missed_;  // loop thread: hash -> when
-  double read_bytes_per_second_ = 0;  // loop thread; 0: not measured
+  RemoteReadModel read_model_;  // loop thread
   bool logged_up_ = false;  // loop thread: the state last logged
   bool logged_once_ = false;
   std::thread worker_;

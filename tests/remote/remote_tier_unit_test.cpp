@@ -1,5 +1,6 @@
 // daemon/remote_tier.h without a daemon: its queue limit and its state, against a real
-// redis-server that is stopped (SIGSTOP: it accepts connections and never answers).
+// redis-server that is stopped (SIGSTOP: it accepts connections and never answers); and
+// the read model its load-versus-recompute decisions use.
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -53,6 +54,36 @@ TEST(RemoteTier, WriteBehindQueueRefusesPastItsLimit) {
     for (const RemoteCompletion& d : done) completed += d.kind == RemoteJobKind::Put;
     return completed == accepted;
   }));
+}
+
+TEST(RemoteReadModel, UnmeasuredLoadsCostNothingSoTheStoreIsTried) {
+  const RemoteReadModel model;
+  EXPECT_EQ(model.load_seconds(8u << 20), 0.0);
+}
+
+TEST(RemoteReadModel, SmallRestoresMeasureLatencyAndLargeOnesBandwidth) {
+  RemoteReadModel model;
+  model.observe(16u << 10, 200);  // a block: its time is the round trips
+  EXPECT_DOUBLE_EQ(model.latency_usec(), 200);
+  EXPECT_EQ(model.bytes_per_second(), 0);
+  model.observe(4u << 20, 4000);  // 4 MiB in 4 ms
+  EXPECT_DOUBLE_EQ(model.bytes_per_second(), (4u << 20) / 4e-3);
+  EXPECT_DOUBLE_EQ(model.latency_usec(), 200);
+  model.observe(256u << 10, 90'000);  // neither: changes nothing
+  EXPECT_DOUBLE_EQ(model.latency_usec(), 200);
+  EXPECT_DOUBLE_EQ(model.bytes_per_second(), (4u << 20) / 4e-3);
+  // An entry costs the latency and its bytes over the bandwidth.
+  EXPECT_DOUBLE_EQ(model.load_seconds(8u << 20), 200e-6 + 8e-3);
+}
+
+TEST(RemoteReadModel, ATinyBlockOverASlowRoundTripIsRecomputedInstead) {
+  RemoteReadModel model;
+  model.observe(16u << 10, 2000);  // 2 ms a restore, e.g. a far or loaded store
+  model.observe(8u << 20, 8000);   // 1 GB/s
+  // 64 tokens at 100k tokens/s recompute in 0.64 ms: less than one round trip.
+  EXPECT_GT(model.load_seconds(16u << 10), 64 / 100e3);
+  // 64 tokens at 7k tokens/s take 9 ms: the store wins.
+  EXPECT_LT(model.load_seconds(16u << 10), 64 / 7e3);
 }
 
 }  // namespace
