@@ -229,9 +229,16 @@ void RemoteReadModel::observe(uint64_t bytes, uint64_t exec_usec) {
   const auto usec = static_cast<double>(std::max<uint64_t>(exec_usec, 1));
   if (bytes >= remote_bandwidth_sample_bytes_min) {
     ewma(bytes_per_second_, static_cast<double>(bytes) * 1e6 / usec);
-  } else if (bytes <= remote_latency_sample_bytes_max) {
-    ewma(latency_usec_, usec);
+    return;
   }
+  const double transfer_usec =
+      bytes_per_second_ > 0 ? static_cast<double>(bytes) * 1e6 / bytes_per_second_ : 0;
+  double sample = std::max(usec - transfer_usec, 1.0);
+  // One stall (a busy machine, a page fault storm) must not stop the next lookups from
+  // promoting: a sample counts at most twice the estimate, so a lasting slowdown takes
+  // a few restores to be believed.
+  if (latency_usec_ > 0) sample = std::min(sample, 2 * latency_usec_);
+  ewma(latency_usec_, sample);
 }
 
 double RemoteReadModel::load_seconds(uint64_t bytes) const {

@@ -53,11 +53,11 @@ inline constexpr size_t remote_misses_remembered_max = 65536;
 inline constexpr uint32_t remote_connection_id = UINT32_MAX;
 
 // What reading an entry from the store is expected to cost, from the restores done:
-// a latency per restore (the round trips and the worker's start, from restores too
-// small for their bytes to matter) plus its bytes over the bandwidth (from restores of
-// at least remote_bandwidth_sample_bytes_min). Both are EWMAs; unmeasured, each term is 0.
+// a latency per restore (the round trips and the worker's start: from restores under
+// remote_bandwidth_sample_bytes_min, their transfer at the measured bandwidth taken
+// off) plus its bytes over the bandwidth (from restores of at least that size). Both
+// are EWMAs; unmeasured, each term is 0.
 inline constexpr uint64_t remote_bandwidth_sample_bytes_min = 1u << 20;
-inline constexpr uint64_t remote_latency_sample_bytes_max = 64u << 10;
 
 class RemoteReadModel {
  public:

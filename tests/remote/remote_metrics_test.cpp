@@ -184,6 +184,12 @@ TEST(RemoteMetrics, LatencyHistogramsCountTheRemoteWorkDoneInStatusMetricsAndKvp
       << ctl.out;
   EXPECT_NE(ctl.out.find("; write "), std::string::npos) << ctl.out;
   EXPECT_NE(ctl.out.find("; queued "), std::string::npos) << ctl.out;
+  // B's block restores (64 KiB payloads, under a MiB) measured the store's latency: the
+  // load-versus-recompute model's input, in status and kvparkctl.
+  const uint64_t latency_usec = b.status("remote_read_latency_usec");
+  EXPECT_GT(latency_usec, 0u);
+  EXPECT_NE(ctl.out.find(", " + std::to_string(latency_usec) + " us per restore"), std::string::npos)
+      << ctl.out;
   unsetenv("DBUS_SESSION_BUS_ADDRESS");
   unsetenv("DBUS_SYSTEM_BUS_ADDRESS");
 }

@@ -69,11 +69,22 @@ TEST(RemoteReadModel, SmallRestoresMeasureLatencyAndLargeOnesBandwidth) {
   model.observe(4u << 20, 4000);  // 4 MiB in 4 ms
   EXPECT_DOUBLE_EQ(model.bytes_per_second(), (4u << 20) / 4e-3);
   EXPECT_DOUBLE_EQ(model.latency_usec(), 200);
-  model.observe(256u << 10, 90'000);  // neither: changes nothing
-  EXPECT_DOUBLE_EQ(model.latency_usec(), 200);
+  // Under a MiB, the transfer at the measured bandwidth is taken off: 512 KiB took
+  // 0.5 ms of transfer and 0.2 ms of latency, so the latency stays.
+  model.observe(512u << 10, 700);
+  EXPECT_NEAR(model.latency_usec(), 200, 1e-9);
   EXPECT_DOUBLE_EQ(model.bytes_per_second(), (4u << 20) / 4e-3);
   // An entry costs the latency and its bytes over the bandwidth.
-  EXPECT_DOUBLE_EQ(model.load_seconds(8u << 20), 200e-6 + 8e-3);
+  EXPECT_NEAR(model.load_seconds(8u << 20), 200e-6 + 8e-3, 1e-12);
+}
+
+TEST(RemoteReadModel, OneStallMovesTheLatencyLittleALastingSlowdownIsBelieved) {
+  RemoteReadModel model;
+  model.observe(16u << 10, 200);
+  model.observe(16u << 10, 50'000);  // one stall: counted as 400 us
+  EXPECT_NEAR(model.latency_usec(), 0.7 * 200 + 0.3 * 400, 1e-9);
+  for (int i = 0; i < 30; ++i) model.observe(16u << 10, 5000);
+  EXPECT_NEAR(model.latency_usec(), 5000, 50);  // within 1 %
 }
 
 TEST(RemoteReadModel, ATinyBlockOverASlowRoundTripIsRecomputedInstead) {
