@@ -211,6 +211,8 @@ uint32_t Park::promote_remote_blocks(NamespaceIndex ns, std::span<const remote::
     }
     parent = table_.entry(before).key_hash;
   }
+  // Queued together at the end, so that the worker pipelines them.
+  std::vector<RemoteTier::GetItem> gets;
   for (size_t i = 0; i < results.size() && index < limit; ++i, ++index) {
     const remote::ProbeResult& r = results[i];
     const Hash128 hash = keys[i].key_hash;
@@ -277,10 +279,12 @@ uint32_t Park::promote_remote_blocks(NamespaceIndex ns, std::span<const remote::
                                      .payload_bytes = h.payload_bytes,
                                      .copy = shm::guarded_copy};
     table_.pin_io(slot);  // the worker writes the extent until the read completes
-    options_.remote->get(keys[i], r.manifest, target, slot, table_.entry_id(slot));
+    gets.push_back({.key = keys[i], .manifest = r.manifest, .target = target, .tag = slot,
+                    .tag2 = table_.entry_id(slot)});
     if (lease != nullptr) lease->inflight.emplace_back(slot, table_.entry_id(slot));
     parent = hash;
   }
+  if (!gets.empty()) options_.remote->get_all(std::move(gets));
   return index;
 }
 

@@ -100,75 +100,140 @@ void RemoteTier::remove(const remote::EntryKey& key, uint32_t chunk_count) {
   submit(Job{.kind = RemoteJobKind::Remove, .key = key, .chunk_count = chunk_count}, false);
 }
 
+void RemoteTier::get_all(std::vector<GetItem> items) {
+  const uint64_t now = monotonic_usec();
+  {
+    std::lock_guard lock(mutex_);
+    for (GetItem& g : items) {
+      foreground_.push_back(Job{.kind = RemoteJobKind::Get, .key = g.key,
+                                .manifest = std::move(g.manifest), .target = g.target,
+                                .tag = g.tag, .tag2 = g.tag2, .start_usec = now});
+    }
+  }
+  wake_.notify_one();
+}
+
 size_t RemoteTier::puts_queued() const {
   std::lock_guard lock(mutex_);
   return background_.size();
 }
 
 void RemoteTier::run() {
+  std::vector<Job> jobs;
+  jobs.reserve(remote::batched_gets_max);  // take_batchable_gets reads jobs[0] as it appends
+  std::vector<RemoteCompletion> done;
   for (;;) {
-    Job job;
+    jobs.clear();
     {
       std::unique_lock lock(mutex_);
       wake_.wait(lock, [&] { return stopping_ || !foreground_.empty() || !background_.empty(); });
       if (stopping_) return;
       std::deque<Job>& queue = !foreground_.empty() ? foreground_ : background_;
-      job = std::move(queue.front());
+      jobs.push_back(std::move(queue.front()));
       queue.pop_front();
+      if (&queue == &foreground_) take_batchable_gets(jobs[0], jobs);
     }
     const uint64_t exec_start = monotonic_usec();
-    RemoteCompletion done = execute(job);
-    done.exec_usec = monotonic_usec() - exec_start;
+    done.clear();
+    if (jobs.size() > 1) {
+      execute_gets(jobs, done);
+    } else {
+      done.push_back(execute(jobs[0]));
+    }
+    // A batch's time is shared by its entries: what one of them cost.
+    const uint64_t exec_usec = (monotonic_usec() - exec_start) / done.size();
     {
       std::lock_guard lock(mutex_);
-      stats_.queue_latency.observe(exec_start - job.start_usec);
-      const remote::StoreCounters& c = store_->counters();
-      stats_.bytes_out = c.bytes_written;
-      stats_.bytes_in = c.bytes_read;
-      stats_.writes_refused = c.writes_refused;
-      stats_.corrupt_values = c.corrupt_values;
-      stats_.redirects = client_->redirects();
-      stats_.nodes_known = client_->nodes_known();
-      stats_.nodes_up = client_->nodes_up();
-      stats_.cluster = client_->cluster_mode();
-      switch (done.kind) {
-        case RemoteJobKind::Put:
-          ++(done.status == Status::Ok               ? stats_.puts
-             : done.status == Status::AlreadyPresent ? stats_.puts_present
-                                                     : stats_.puts_failed);
-          stats_.put_latency.observe(done.exec_usec);
-          assert(stats_.puts_pending > 0);
-          --stats_.puts_pending;
-          break;
-        case RemoteJobKind::Probe:
-          ++stats_.probes;
-          stats_.probe_keys += done.keys.size();
-          for (const remote::ProbeResult& r : done.results) stats_.probe_hits += r.status == Status::Ok;
-          stats_.probe_latency.observe(done.exec_usec);
-          break;
-        case RemoteJobKind::Index:
-          ++stats_.probes;
-          stats_.probe_keys += done.keys.size();
-          for (const remote::IndexResult& r : done.indexes) stats_.probe_hits += r.status == Status::Ok;
-          stats_.probe_latency.observe(done.exec_usec);
-          break;
-        case RemoteJobKind::Get:
-          if (done.status == Status::Ok) {
-            ++stats_.gets;
-          } else if (done.status != Status::Corrupt) {
-            ++stats_.get_failures;
-          }
-          stats_.get_latency.observe(done.exec_usec);
-          break;
-        case RemoteJobKind::Remove:
-        case RemoteJobKind::Refresh: break;
+      for (size_t i = 0; i < done.size(); ++i) {
+        done[i].exec_usec = exec_usec;
+        account(done[i], exec_start - jobs[i].start_usec);
+        if (done[i].kind != RemoteJobKind::Remove) done_.push_back(std::move(done[i]));
       }
-      if (done.status == Status::Unavailable && done.kind != RemoteJobKind::Refresh) ++stats_.errors;
-      if (done.kind != RemoteJobKind::Remove) done_.push_back(std::move(done));
     }
     const uint64_t one = 1;
     (void)!write(notify_fd_, &one, sizeof one);
   }
+}
+
+void RemoteTier::take_batchable_gets(const Job& first, std::vector<Job>& ret_more) {
+  if (first.kind != RemoteJobKind::Get || !remote::batchable(first.manifest)) return;
+  uint64_t bytes = first.manifest.image_bytes();
+  while (!foreground_.empty() && ret_more.size() < remote::batched_gets_max) {
+    const Job& next = foreground_.front();
+    if (next.kind != RemoteJobKind::Get || !remote::batchable(next.manifest) ||
+        bytes + next.manifest.image_bytes() > remote::batched_get_bytes_max) {
+      break;
+    }
+    bytes += next.manifest.image_bytes();
+    ret_more.push_back(std::move(foreground_.front()));
+    foreground_.pop_front();
+  }
+}
+
+void RemoteTier::execute_gets(std::vector<Job>& jobs, std::vector<RemoteCompletion>& ret) {
+  std::vector<remote::GetRequest> requests;
+  for (const Job& j : jobs) requests.push_back({.key = j.key, .manifest = &j.manifest, .target = j.target});
+  std::vector<Status> statuses;
+  store_->get_batch(requests, statuses);
+  bool reached = false;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const Job& j = jobs[i];
+    ret.push_back(RemoteCompletion{.kind = RemoteJobKind::Get,
+                                   .status = statuses[i],
+                                   .tag = j.tag,
+                                   .tag2 = j.tag2,
+                                   .start_usec = j.start_usec,
+                                   .bytes = j.manifest.image_bytes(),
+                                   .payload_checksum = j.manifest.header.payload_checksum});
+    reached = reached || statuses[i] != Status::Unavailable;
+  }
+  note_reached(reached);
+}
+
+void RemoteTier::account(const RemoteCompletion& done, uint64_t queued_usec) {
+  stats_.queue_latency.observe(queued_usec);
+  const remote::StoreCounters& c = store_->counters();
+  stats_.bytes_out = c.bytes_written;
+  stats_.bytes_in = c.bytes_read;
+  stats_.writes_refused = c.writes_refused;
+  stats_.corrupt_values = c.corrupt_values;
+  stats_.redirects = client_->redirects();
+  stats_.nodes_known = client_->nodes_known();
+  stats_.nodes_up = client_->nodes_up();
+  stats_.cluster = client_->cluster_mode();
+  switch (done.kind) {
+    case RemoteJobKind::Put:
+      ++(done.status == Status::Ok               ? stats_.puts
+         : done.status == Status::AlreadyPresent ? stats_.puts_present
+                                                 : stats_.puts_failed);
+      stats_.put_latency.observe(done.exec_usec);
+      assert(stats_.puts_pending > 0);
+      --stats_.puts_pending;
+      break;
+    case RemoteJobKind::Probe:
+      ++stats_.probes;
+      stats_.probe_keys += done.keys.size();
+      for (const remote::ProbeResult& r : done.results) stats_.probe_hits += r.status == Status::Ok;
+      stats_.probe_latency.observe(done.exec_usec);
+      break;
+    case RemoteJobKind::Index:
+      ++stats_.probes;
+      stats_.probe_keys += done.keys.size();
+      for (const remote::IndexResult& r : done.indexes) stats_.probe_hits += r.status == Status::Ok;
+      stats_.probe_latency.observe(done.exec_usec);
+      break;
+    case RemoteJobKind::Get:
+      if (done.status == Status::Ok) {
+        ++stats_.gets;
+      } else if (done.status != Status::Corrupt) {
+        ++stats_.get_failures;
+      }
+      stats_.get_latency.observe(done.exec_usec);
+      break;
+    case RemoteJobKind::Remove:
+    case RemoteJobKind::Refresh: break;
+  }
+  if (done.status == Status::Unavailable && done.kind != RemoteJobKind::Refresh) ++stats_.errors;
 }
 
 void RemoteTier::note_reached(bool reached) {

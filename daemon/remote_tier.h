@@ -4,7 +4,8 @@
 // The loop submits jobs and reads completions when notify_fd() is readable (an
 // eventfd), like the disk tier. Restores come first: probes (the pipelined
 // existence check of a lookup's missing chain) and gets (one entry streamed into its
-// reserved arena extent) are taken before write-behind puts; puts past
+// reserved arena extent; small ones queued together are pipelined in one batch) are
+// taken before write-behind puts; puts past
 // remote_puts_queued_max are refused at submit (counted), so a slow store never
 // holds more than that many entries pinned. The tier's state (up or down) is what
 // the last job that reached the store or failed to says; the loop logs each change
@@ -91,7 +92,7 @@ struct RemoteCompletion {
   uint64_t start_usec = 0;  // CLOCK_MONOTONIC at submit
   uint64_t bytes = 0;
   uint64_t payload_checksum = 0;             // get: the manifest's
-  uint64_t exec_usec = 0;                    // the worker's time on it (queueing excluded)
+  uint64_t exec_usec = 0;  // the worker's time on it (queueing excluded; a batch's, shared)
   std::vector<remote::EntryKey> keys;        // probe: what was asked
   std::vector<remote::ProbeResult> results;  // probe: one per key
   std::vector<remote::IndexResult> indexes;  // index: one per key
@@ -155,6 +156,16 @@ class RemoteTier {
   // Streams an entry into `target` (kept valid by the caller until completion).
   void get(const remote::EntryKey& key, const remote::Manifest& manifest,
            const remote::ImageTarget& target, uint64_t tag, uint64_t tag2);
+  // The same for several entries, queued at once so that the worker pipelines the small
+  // ones (remote::batchable) in one round trip; one completion each.
+  struct GetItem {
+    remote::EntryKey key;
+    remote::Manifest manifest;
+    remote::ImageTarget target;
+    uint64_t tag = 0;
+    uint64_t tag2 = 0;
+  };
+  void get_all(std::vector<GetItem> items);
   void remove(const remote::EntryKey& key, uint32_t chunk_count);
 
   // Loop thread: completions since the last call; logs state changes.
@@ -198,6 +209,10 @@ class RemoteTier {
   void run();
   void submit(Job&& job, bool foreground);
   RemoteCompletion execute(Job& job);
+  // Worker: small gets at the queue's front, taken with `first` (under mutex_).
+  void take_batchable_gets(const Job& first, std::vector<Job>& ret_more);
+  void execute_gets(std::vector<Job>& jobs, std::vector<RemoteCompletion>& ret);
+  void account(const RemoteCompletion& done, uint64_t queued_usec);  // under mutex_
   void note_reached(bool reached);  // worker: the store answered (or did not)
 
   RemoteTierOptions options_;

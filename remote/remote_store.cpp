@@ -242,13 +242,59 @@ void RemoteStore::probe_index(std::span<const EntryKey> anchors,
   if (!cleanup.empty()) client_.execute(cleanup, replies);
 }
 
+bool batchable(const Manifest& manifest) {
+  return manifest.header.chunk_count == 1 && manifest.image_bytes() <= batched_get_entry_bytes_max;
+}
+
+Status RemoteStore::take_chunk(const Reply& r, const Manifest& manifest, const ImageTarget& target,
+                               uint32_t index) {
+  const ManifestHeader& h = manifest.header;
+  if (r.status != Status::Ok) return Status::Unavailable;
+  if (r.is_nil()) return Status::NotFound;  // evicted by the store: the entry is incomplete
+  const std::string_view value = r.string();
+  counters_.bytes_read += value.size();
+  const uint64_t image_bytes = manifest.image_bytes();
+  const uint64_t offset = uint64_t{index} * h.chunk_bytes;
+  const uint64_t bytes = std::min<uint64_t>(h.chunk_bytes, image_bytes - offset);
+  if (!r.is_string() || value.size() != bytes) return Status::Corrupt;
+  // Copy and checksum fused: each piece is hashed right after it is copied, while the
+  // source is still in cache (one pass over the value, not two).
+  XXH3_state_t sum;
+  XXH3_64bits_reset(&sum);
+  uint64_t consumed = 0;
+  bool copied = true;
+  for_image_range(target.tokens, target.tokens_bytes, target.payload, offset, bytes,
+                  [&](uint8_t* p, uint64_t len) {
+                    for (uint64_t done = 0; done < len && copied; done += copy_piece_bytes) {
+                      const uint64_t piece = std::min<uint64_t>(copy_piece_bytes, len - done);
+                      const char* src = value.data() + consumed + done;
+                      if (target.copy != nullptr) {
+                        copied = target.copy(p + done, src, piece);
+                      } else {
+                        std::memcpy(p + done, src, piece);
+                      }
+                      XXH3_64bits_update(&sum, src, piece);
+                    }
+                    consumed += len;
+                  });
+  if (!copied) return Status::IoError;  // the destination failed, not the store
+  // What was copied is never sealed on a mismatch: the entry is erased.
+  return XXH3_64bits_digest(&sum) == manifest.chunk_checksums[index] ? Status::Ok : Status::Corrupt;
+}
+
+namespace {
+
+bool target_fits(const Manifest& manifest, const ImageTarget& target) {
+  const ManifestHeader& h = manifest.header;
+  return target.tokens_bytes == uint64_t{h.token_count} * sizeof(int32_t) &&
+         target.payload_bytes == h.payload_bytes;
+}
+
+}  // namespace
+
 Status RemoteStore::get(const EntryKey& key, const Manifest& manifest, const ImageTarget& target) {
   const ManifestHeader& h = manifest.header;
-  if (target.tokens_bytes != uint64_t{h.token_count} * sizeof(int32_t) ||
-      target.payload_bytes != h.payload_bytes) {
-    return Status::InvalidArgument;
-  }
-  const uint64_t image_bytes = manifest.image_bytes();
+  if (!target_fits(manifest, target)) return Status::InvalidArgument;
   std::vector<std::string> keys(chunks_in_flight_max);
   std::vector<Command> batch;
   std::vector<Reply> replies;
@@ -263,52 +309,7 @@ Status RemoteStore::get(const EntryKey& key, const Manifest& manifest, const Ima
     }
     client_.execute(batch, replies);
     for (uint32_t j = 0; j < n && result == Status::Ok; ++j) {
-      const uint32_t index = first + j;
-      const Reply& r = replies[j];
-      if (r.status != Status::Ok) {
-        result = Status::Unavailable;
-        break;
-      }
-      if (r.is_nil()) {
-        result = Status::NotFound;  // evicted by the store: the entry is incomplete
-        break;
-      }
-      const std::string_view value = r.string();
-      counters_.bytes_read += value.size();
-      const uint64_t offset = uint64_t{index} * h.chunk_bytes;
-      const uint64_t bytes = std::min<uint64_t>(h.chunk_bytes, image_bytes - offset);
-      if (!r.is_string() || value.size() != bytes) {
-        result = Status::Corrupt;
-        break;
-      }
-      // Copy and checksum fused: each piece is hashed right after it is copied, while
-      // the source is still in cache (one pass over the value, not two).
-      XXH3_state_t sum;
-      XXH3_64bits_reset(&sum);
-      uint64_t consumed = 0;
-      bool copied = true;
-      for_image_range(target.tokens, target.tokens_bytes, target.payload, offset, bytes,
-                      [&](uint8_t* p, uint64_t len) {
-                        for (uint64_t done = 0; done < len && copied; done += copy_piece_bytes) {
-                          const uint64_t piece = std::min<uint64_t>(copy_piece_bytes, len - done);
-                          const char* src = value.data() + consumed + done;
-                          if (target.copy != nullptr) {
-                            copied = target.copy(p + done, src, piece);
-                          } else {
-                            std::memcpy(p + done, src, piece);
-                          }
-                          XXH3_64bits_update(&sum, src, piece);
-                        }
-                        consumed += len;
-                      });
-      if (copied && XXH3_64bits_digest(&sum) != manifest.chunk_checksums[index]) {
-        result = Status::Corrupt;  // what was copied is never sealed: the entry is erased
-        break;
-      }
-      if (!copied) {
-        result = Status::IoError;  // the destination failed, not the store
-        break;
-      }
+      result = take_chunk(replies[j], manifest, target, first + j);
     }
   }
   if (result == Status::Corrupt || result == Status::NotFound) {
@@ -316,6 +317,33 @@ Status RemoteStore::get(const EntryKey& key, const Manifest& manifest, const Ima
     remove(key, h.chunk_count);  // incomplete or damaged: nobody should find it again
   }
   return result;
+}
+
+void RemoteStore::get_batch(std::span<const GetRequest> requests, std::vector<Status>& ret_statuses) {
+  assert(requests.size() <= batched_gets_max);
+  ret_statuses.assign(requests.size(), Status::InvalidArgument);
+  std::vector<std::string> keys(requests.size());
+  std::vector<Command> batch;
+  std::vector<size_t> asked;  // request of each command
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const GetRequest& g = requests[i];
+    assert(batchable(*g.manifest));
+    if (!target_fits(*g.manifest, g.target)) continue;
+    keys[i] = chunk_key(g.key, 0);
+    batch.push_back(Command{{"GET", keys[i]}});
+    asked.push_back(i);
+  }
+  std::vector<Reply> replies;
+  if (!batch.empty()) client_.execute(batch, replies);
+  for (size_t k = 0; k < asked.size(); ++k) {
+    const GetRequest& g = requests[asked[k]];
+    const Status result = take_chunk(replies[k], *g.manifest, g.target, 0);
+    ret_statuses[asked[k]] = result;
+    if (result == Status::Corrupt || result == Status::NotFound) {
+      if (result == Status::Corrupt) ++counters_.corrupt_values;
+      remove(g.key, g.manifest->header.chunk_count);
+    }
+  }
 }
 
 void RemoteStore::remove(const EntryKey& key, uint32_t chunk_count) {

@@ -51,6 +51,16 @@ struct IndexResult {
   std::vector<IndexMember> members;     // at most index_fields_max
 };
 
+// One entry of a batched restore (RemoteStore::get_batch).
+struct GetRequest {
+  EntryKey key;
+  const Manifest* manifest = nullptr;
+  ImageTarget target;
+};
+
+// Whether an entry is restored in a pipelined batch: one chunk, a small image.
+bool batchable(const Manifest& manifest);
+
 class RemoteStore {
  public:
   // chunk_bytes: the size new records are cut at (chunk_bytes_min..chunk_bytes_max).
@@ -70,6 +80,9 @@ class RemoteStore {
   // InvalidArgument). Ok, NotFound (a chunk is gone), Corrupt (deleted), Unavailable,
   // IoError (the target could not be written through its copy function).
   Status get(const EntryKey& key, const Manifest& manifest, const ImageTarget& target);
+  // Restores entries that are all batchable() in one pipelined batch of GETs (at most
+  // batched_gets_max); ret_statuses[i] answers requests[i] as get() would.
+  void get_batch(std::span<const GetRequest> requests, std::vector<Status>& ret_statuses);
   // Deletes the manifest first (readers stop seeing it), then the chunks (and a
   // snapshot's index field).
   void remove(const EntryKey& key, uint32_t chunk_count);
@@ -78,6 +91,10 @@ class RemoteStore {
   ClusterClient& client() { return client_; }
 
  private:
+  // Checks chunk `index` of an entry (its size and checksum) while copying it into
+  // `target`: Ok, NotFound (nil: evicted), Corrupt, Unavailable, IoError.
+  Status take_chunk(const Reply& reply, const Manifest& manifest, const ImageTarget& target,
+                    uint32_t index);
   // Sets (or clears) a snapshot's field in its anchor's index.
   Status index_set(const EntryKey& key, std::span<const int32_t> tail_tokens);
   void index_clear(const EntryKey& key);

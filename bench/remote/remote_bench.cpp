@@ -151,6 +151,105 @@ bool restore_section(const std::string& address, int port, size_t entries, uint6
   return true;
 }
 
+// Section 3: a chain of small blocks (a 16k-token head of 64-token blocks), restored
+// one get at a time and in pipelined batches (RemoteStore::get_batch, as the worker
+// restores small entries), next to raw hiredis: a GET loop and one pipelined batch of
+// the same chunk keys, all interleaved round by round.
+bool small_section(const std::string& address, int port, uint64_t payload_bytes, int rounds) {
+  ClientOptions o;
+  if (parse_endpoints(address, o.seeds) != Status::Ok) return false;
+  ClusterClient client(o);
+  RemoteStore store(client, chunk_bytes_default);
+  std::vector<Entry> set;
+  std::vector<EntryKey> keys;
+  for (uint32_t i = 0; i < chain_keys; ++i) {
+    set.push_back(make_entry(200'000 + i, payload_bytes));
+    if (put(store, set.back()) != Status::Ok) return false;
+    keys.push_back(set.back().key);
+  }
+  std::vector<ProbeResult> found;
+  store.probe(keys, found);
+  for (const ProbeResult& r : found) {
+    if (r.status != Status::Ok || !batchable(r.manifest)) return false;
+  }
+  const uint64_t image_bytes = chain_block_tokens * sizeof(int32_t) + payload_bytes;
+  std::vector<std::vector<int32_t>> tokens(set.size(), std::vector<int32_t>(chain_block_tokens));
+  std::vector<std::vector<uint8_t>> payloads(set.size(), std::vector<uint8_t>(payload_bytes, 1));
+  std::vector<GetRequest> requests;
+  for (size_t i = 0; i < set.size(); ++i) {
+    requests.push_back({.key = keys[i],
+                        .manifest = &found[i].manifest,
+                        .target = {.tokens = reinterpret_cast<uint8_t*>(tokens[i].data()),
+                                   .tokens_bytes = chain_block_tokens * sizeof(int32_t),
+                                   .payload = payloads[i].data(),
+                                   .payload_bytes = payload_bytes}});
+  }
+  std::vector<std::string> chunk_keys;
+  for (const EntryKey& k : keys) chunk_keys.push_back(chunk_key(k, 0));
+  redisContext* raw = redisConnect("127.0.0.1", port);
+  if (raw == nullptr || raw->err != 0) return false;
+  std::vector<double> one_ms, batch_ms, raw_loop_ms, raw_pipe_ms, raw_all_ms;
+  std::vector<Status> statuses;
+  for (int round = 0; round < rounds; ++round) {
+    double t0 = now_sec();
+    for (const GetRequest& g : requests) {
+      if (store.get(g.key, *g.manifest, g.target) != Status::Ok) return false;
+    }
+    one_ms.push_back((now_sec() - t0) * 1e3);
+    t0 = now_sec();
+    uint64_t bytes = 0;
+    size_t first = 0;
+    for (size_t i = 0; i <= requests.size(); ++i) {
+      const bool full = i == requests.size() || i - first >= batched_gets_max ||
+                        bytes + image_bytes > batched_get_bytes_max;
+      if (full && i > first) {
+        store.get_batch({requests.data() + first, i - first}, statuses);
+        for (Status st : statuses) {
+          if (st != Status::Ok) return false;
+        }
+        first = i;
+        bytes = 0;
+      }
+      bytes += image_bytes;
+    }
+    batch_ms.push_back((now_sec() - t0) * 1e3);
+    t0 = now_sec();
+    for (const std::string& k : chunk_keys) {
+      auto* r = static_cast<redisReply*>(redisCommand(raw, "GET %b", k.data(), k.size()));
+      if (r == nullptr) return false;
+      freeReplyObject(r);
+    }
+    raw_loop_ms.push_back((now_sec() - t0) * 1e3);
+    // The same keys pipelined in batches of the size kvpark's are, then all at once.
+    const size_t per_batch = std::min<size_t>(batched_gets_max, batched_get_bytes_max / image_bytes);
+    for (size_t batch : {per_batch, chunk_keys.size()}) {
+      t0 = now_sec();
+      for (size_t from = 0; from < chunk_keys.size(); from += batch) {
+        const size_t last = std::min(chunk_keys.size(), from + batch);
+        for (size_t i = from; i < last; ++i) {
+          redisAppendCommand(raw, "GET %b", chunk_keys[i].data(), chunk_keys[i].size());
+        }
+        for (size_t i = from; i < last; ++i) {
+          void* r = nullptr;
+          if (redisGetReply(raw, &r) != REDIS_OK) return false;
+          freeReplyObject(r);
+        }
+      }
+      (batch == per_batch ? raw_pipe_ms : raw_all_ms).push_back((now_sec() - t0) * 1e3);
+    }
+  }
+  redisFree(raw);
+  printf("small entries: %u blocks of %.0f KiB (a %u-token chain), %d rounds, medians\n", chain_keys,
+         static_cast<double>(image_bytes) / 1024, chain_tokens, rounds);
+  printf("  kvpark, one get at a time                     %7.2f ms\n", percentile(one_ms, 0.5));
+  printf("  kvpark, pipelined batches of <= %3llu KiB       %7.2f ms\n",
+         static_cast<unsigned long long>(batched_get_bytes_max >> 10), percentile(batch_ms, 0.5));
+  printf("  raw GET loop of the same chunk keys           %7.2f ms\n", percentile(raw_loop_ms, 0.5));
+  printf("  raw GETs pipelined in batches of that size    %7.2f ms\n", percentile(raw_pipe_ms, 0.5));
+  printf("  raw GETs pipelined all at once                %7.2f ms\n", percentile(raw_all_ms, 0.5));
+  return true;
+}
+
 // Section 2: one pipelined batch of manifest GETs for a 16k-token chain.
 bool probe_section(const std::string& seeds, const char* what, int iterations) {
   ClientOptions o;
@@ -220,6 +319,7 @@ int main(int argc, char** argv) {
                                                 kvpark::remote::chain_block_tokens * sizeof(int32_t),
                                             quick ? 1 : 9);
   ok = kvpark::remote::probe_section(address, "one Redis", quick ? 20 : 200) && ok;
+  ok = kvpark::remote::small_section(address, redis.port(), 16 * 1024, quick ? 1 : 9) && ok;
   if (cluster && !quick) {
     kvpark::testing::RedisCluster c(3);
     if (!c.start()) {

@@ -129,6 +129,60 @@ TEST_F(SingleRedis, ProbeAnswersEveryKeyOfAChainInOneBatch) {
   }
 }
 
+// Small entries (one chunk each) restored in one pipelined batch: each answered as a
+// get() would be, the damaged and the evicted ones misses and deleted, the rest exact.
+TEST_F(SingleRedis, ABatchedGetRestoresEachEntryAndMissesOnlyTheDamagedOrGone) {
+  ClusterClient client(options_for(redis_.address()));
+  RemoteStore store(client, chunk_bytes_default);
+  constexpr size_t entries = 6;
+  std::vector<TestEntry> put;
+  std::vector<EntryKey> keys;
+  for (uint64_t i = 0; i < entries; ++i) {
+    put.push_back(make_entry(300 + i, 16 * 1024 + i));
+    ASSERT_EQ(store.put(put[i].key, put[i].header(), put[i].view()), Status::Ok);
+    keys.push_back(put[i].key);
+  }
+  std::vector<ProbeResult> found;
+  store.probe(keys, found);
+  redis_.cli({"SETRANGE", chunk_key(keys[1], 0), "300", "kvpark-was-here"});  // damaged
+  redis_.cli({"DEL", chunk_key(keys[4], 0)});                                 // evicted
+  std::vector<std::vector<int32_t>> tokens(entries);
+  std::vector<std::vector<uint8_t>> payloads(entries);
+  std::vector<GetRequest> requests;
+  for (size_t i = 0; i < entries; ++i) {
+    ASSERT_EQ(found[i].status, Status::Ok);
+    ASSERT_TRUE(batchable(found[i].manifest));
+    tokens[i].resize(found[i].manifest.header.token_count);
+    payloads[i].resize(found[i].manifest.header.payload_bytes);
+    requests.push_back({.key = keys[i],
+                        .manifest = &found[i].manifest,
+                        .target = {.tokens = reinterpret_cast<uint8_t*>(tokens[i].data()),
+                                   .tokens_bytes = tokens[i].size() * sizeof(int32_t),
+                                   .payload = payloads[i].data(),
+                                   .payload_bytes = payloads[i].size()}});
+  }
+  std::vector<Status> statuses;
+  store.get_batch(requests, statuses);
+  ASSERT_EQ(statuses.size(), entries);
+  for (size_t i = 0; i < entries; ++i) {
+    const Status want = i == 1 ? Status::Corrupt : i == 4 ? Status::NotFound : Status::Ok;
+    EXPECT_EQ(statuses[i], want) << i;
+    if (want == Status::Ok) {
+      EXPECT_EQ(tokens[i], put[i].tokens) << i;
+      EXPECT_EQ(payloads[i], put[i].payload) << i;
+    } else {
+      EXPECT_EQ(redis_.cli({"EXISTS", manifest_key(keys[i])}), "0\n") << i;  // deleted
+    }
+  }
+  EXPECT_EQ(store.counters().corrupt_values, 1u);
+  // A large entry (several chunks) is not batchable: it streams chunk by chunk.
+  const TestEntry big = make_entry(399, 2 * chunk_bytes_default);
+  ASSERT_EQ(store.put(big.key, big.header(), big.view()), Status::Ok);
+  store.probe({&big.key, 1}, found);
+  ASSERT_EQ(found[0].status, Status::Ok);
+  EXPECT_FALSE(batchable(found[0].manifest));
+}
+
 TEST_F(SingleRedis, ACorruptChunkIsAMissAndTheEntryIsDeleted) {
   ClusterClient client(options_for(redis_.address()));
   RemoteStore store(client, test_chunk_bytes);
