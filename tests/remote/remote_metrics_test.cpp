@@ -5,19 +5,15 @@
 // histogram: cumulative buckets, +Inf = _count) and in `kvparkctl status` over a
 // private D-Bus.
 #include <gtest/gtest.h>
-#include <httplib.h>
-#include <rapidjson/document.h>
 #include <stdlib.h>
 
-#include <filesystem>
-#include <memory>
 #include <string>
 #include <vector>
 
 #include "tests/ops/ctl_runner.h"
 #include "tests/ops/dbus_bus.h"
 #include "tests/ops/prometheus_parser.h"
-#include "tests/testing/daemon_process.h"
+#include "tests/remote/remote_hosts.h"
 #include "tests/testing/engine_runner.h"
 #include "tests/testing/eventually.h"
 #include "tests/testing/redis_process.h"
@@ -31,51 +27,6 @@ constexpr uint32_t blocks_per_head = head_tokens / block_tokens;
 constexpr int ctl_timeout_msec = 20'000;
 // Nothing of these before the engines run (the queue has the start's topology read).
 const char* const job_histograms[] = {"remote_probe", "remote_get", "remote_write"};
-
-struct ScratchDirectory {
-  ScratchDirectory() {
-    char templ[] = "/var/tmp/kvpark-remote-metrics-XXXXXX";
-    path = mkdtemp(templ);
-  }
-  ~ScratchDirectory() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-  std::string path;
-};
-
-// One host: a kvparkd with its own arena, disk directory and HTTP port, on the
-// private session bus when `dbus`.
-struct Host {
-  Host(const std::string& seeds, const std::string& label, bool dbus) {
-    std::vector<std::string> args = {"--remote", seeds,           "--disk-dir",
-                                     disk.path,  "--http-listen", "127.0.0.1:0"};
-    if (dbus) args.insert(args.end(), {"--dbus", "session"});
-    daemon = std::make_unique<DaemonProcess>(
-        DaemonConfig{.arena_bytes = 32ull << 20, .extra_args = args, .label = label});
-  }
-  std::string get(const char* path) const {
-    httplib::Client http("127.0.0.1", daemon->http_port());
-    auto res = http.Get(path);
-    return res && res->status == 200 ? res->body : "";
-  }
-  // A number of /v1/status; fails the test when it is not there.
-  uint64_t status(const std::string& key) const {
-    rapidjson::Document d;
-    d.Parse(get("/v1/status").c_str());
-    if (d.HasParseError() || !d.HasMember(key.c_str()) || !d[key.c_str()].IsUint64()) {
-      ADD_FAILURE() << "no number '" << key << "' in /v1/status";
-      return 0;
-    }
-    return d[key.c_str()].GetUint64();
-  }
-  uint64_t writes_done() const {
-    return status("remote_writes") + status("remote_writes_present") +
-           status("remote_writes_failed");
-  }
-  ScratchDirectory disk;
-  std::unique_ptr<DaemonProcess> daemon;
-};
 
 std::vector<std::string> head_args(std::vector<std::string> more) {
   std::vector<std::string> args = {
@@ -99,7 +50,7 @@ void expect_histograms_agree(const Host& host) {
   for (const auto& [name, family] : families) {
     SCOPED_TRACE(family);
     const std::string key = name;
-    const uint64_t timed = host.status(key + "_timed");
+    const uint64_t timed = host.status_required(key + "_timed");
     ASSERT_EQ(doc.families.count(family), 1u);
     EXPECT_EQ(doc.families.at(family).type, "histogram");
     double count = -1, inf = -1, sum = -1;
@@ -116,16 +67,16 @@ void expect_histograms_agree(const Host& host) {
     }
     if (timed > 0) {
       EXPECT_GT(sum, 0);
-      EXPECT_LE(host.status(key + "_usec_p50"), host.status(key + "_usec_p99"));
-      EXPECT_LE(host.status(key + "_usec_p99"), host.status(key + "_usec_max"));
-      EXPECT_GT(host.status(key + "_usec_max"), 0u);
+      EXPECT_LE(host.status_required(key + "_usec_p50"), host.status_required(key + "_usec_p99"));
+      EXPECT_LE(host.status_required(key + "_usec_p99"), host.status_required(key + "_usec_max"));
+      EXPECT_GT(host.status_required(key + "_usec_max"), 0u);
     }
   }
   // Every job waited in the queue once: the three kinds timed here, and the rest
   // (topology refreshes, deletions).
-  EXPECT_GE(host.status("remote_queue_timed"), host.status("remote_probe_timed") +
-                                                   host.status("remote_get_timed") +
-                                                   host.status("remote_write_timed"));
+  EXPECT_GE(host.status_required("remote_queue_timed"), host.status_required("remote_probe_timed") +
+                                                   host.status_required("remote_get_timed") +
+                                                   host.status_required("remote_write_timed"));
 }
 
 TEST(RemoteMetrics, LatencyHistogramsCountTheRemoteWorkDoneInStatusMetricsAndKvparkctl) {
@@ -138,20 +89,20 @@ TEST(RemoteMetrics, LatencyHistogramsCountTheRemoteWorkDoneInStatusMetricsAndKvp
   RedisProcess redis;
   ASSERT_TRUE(redis.start()) << redis.log_tail();
   const std::string seeds = "redis://" + redis.address();
-  Host a(seeds, "metrics-a", false);
-  Host b(seeds, "metrics-b", true);
+  Host a(seeds, "metrics-a");
+  Host b(seeds, "metrics-b", "shared", /*dbus=*/true);
   ASSERT_TRUE(a.daemon->start()) << a.daemon->log_tail();
   ASSERT_TRUE(b.daemon->start()) << b.daemon->log_tail();
-  for (const char* name : job_histograms) EXPECT_EQ(b.status(std::string(name) + "_timed"), 0u) << name;
+  for (const char* name : job_histograms) EXPECT_EQ(b.status_required(std::string(name) + "_timed"), 0u) << name;
 
   // A writes the head behind: one write-behind timed per block.
   ASSERT_EQ(run_engine(*a.daemon, head_args({"--shared", "publish"})).exit_code, 0);
   ASSERT_TRUE(eventually("A wrote the head behind", [&] {
-    return a.status("remote_writes") >= blocks_per_head;
+    return a.status_required("remote_writes") >= blocks_per_head;
   })) << a.daemon->log_tail();
   ASSERT_TRUE(eventually("every write-behind of A is timed",
-                         [&] { return a.status("remote_write_timed") == a.writes_done(); }));
-  EXPECT_GE(a.status("remote_write_timed"), blocks_per_head);
+                         [&] { return a.status_required("remote_write_timed") == a.writes_done(); }));
+  EXPECT_GE(a.status_required("remote_write_timed"), blocks_per_head);
   expect_histograms_agree(a);
 
   // B restores it from the store: its checks and restores are timed.
@@ -162,12 +113,12 @@ TEST(RemoteMetrics, LatencyHistogramsCountTheRemoteWorkDoneInStatusMetricsAndKvp
   ASSERT_FALSE(restores.empty()) << run.output;
   EXPECT_EQ(restores.back().tokens, full_restore_tokens(head_tokens, block_tokens));
   ASSERT_TRUE(eventually("B's remote jobs settled", [&] {
-    return b.status("remote_probe_timed") == b.status("remote_probes") &&
-           b.status("remote_get_timed") == b.status("remote_hits") &&
-           b.status("remote_write_timed") == b.writes_done();
+    return b.status_required("remote_probe_timed") == b.status_required("remote_probes") &&
+           b.status_required("remote_get_timed") == b.status_required("remote_hits") &&
+           b.status_required("remote_write_timed") == b.writes_done();
   }));
-  EXPECT_GE(b.status("remote_probe_timed"), 1u);
-  EXPECT_GE(b.status("remote_get_timed"),
+  EXPECT_GE(b.status_required("remote_probe_timed"), 1u);
+  EXPECT_GE(b.status_required("remote_get_timed"),
             full_restore_tokens(head_tokens, block_tokens) / block_tokens);
   expect_histograms_agree(b);
 
@@ -176,17 +127,17 @@ TEST(RemoteMetrics, LatencyHistogramsCountTheRemoteWorkDoneInStatusMetricsAndKvp
       run_capture({built_binary("KVPARKCTL"), "--user", "status"}, ctl_timeout_msec);
   ASSERT_EQ(ctl.code, 0) << ctl.err;
   const std::string line =
-      "    Latency: probe " + std::to_string(b.status("remote_probe_timed")) + " timed, p50 ";
+      "    Latency: probe " + std::to_string(b.status_required("remote_probe_timed")) + " timed, p50 ";
   EXPECT_NE(ctl.out.find(line), std::string::npos) << ctl.out;
   EXPECT_NE(
-      ctl.out.find("; restore " + std::to_string(b.status("remote_get_timed")) + " timed, p50 "),
+      ctl.out.find("; restore " + std::to_string(b.status_required("remote_get_timed")) + " timed, p50 "),
       std::string::npos)
       << ctl.out;
   EXPECT_NE(ctl.out.find("; write "), std::string::npos) << ctl.out;
   EXPECT_NE(ctl.out.find("; queued "), std::string::npos) << ctl.out;
   // B's block restores (64 KiB payloads, under a MiB) measured the store's latency: the
   // load-versus-recompute model's input, in status and kvparkctl.
-  const uint64_t latency_usec = b.status("remote_read_latency_usec");
+  const uint64_t latency_usec = b.status_required("remote_read_latency_usec");
   EXPECT_GT(latency_usec, 0u);
   EXPECT_NE(ctl.out.find(", " + std::to_string(latency_usec) + " us per restore"), std::string::npos)
       << ctl.out;
