@@ -29,14 +29,19 @@ Status RemoteTier::open(const RemoteTierOptions& options, std::unique_ptr<Remote
   if (tier->options_.chunk_bytes == 0) tier->options_.chunk_bytes = remote::chunk_bytes_default;
   tier->notify_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (tier->notify_fd_ < 0) return Status::IoError;
-  remote::ClientOptions client_options{.seeds = options.seeds,
-                                       .user = options.user,
-                                       .password = options.password};
-  tier->client_ = std::make_unique<remote::ClusterClient>(std::move(client_options));
-  tier->store_ = std::make_unique<remote::RemoteStore>(*tier->client_, tier->options_.chunk_bytes);
+  for (Lane* lane : {&tier->checks_lane_, &tier->data_lane_}) {
+    remote::ClientOptions client_options{.seeds = options.seeds,
+                                         .user = options.user,
+                                         .password = options.password,
+                                         .io_timeout_msec = options.io_timeout_msec};
+    lane->client = std::make_unique<remote::ClusterClient>(std::move(client_options));
+    lane->store = std::make_unique<remote::RemoteStore>(*lane->client, tier->options_.chunk_bytes);
+  }
   tier->stats_.nodes_known = options.seeds.size();
-  tier->worker_ = std::thread([t = tier.get()] { t->run(); });
-  tier->submit(Job{.kind = RemoteJobKind::Refresh}, true);
+  for (Lane* lane : {&tier->checks_lane_, &tier->data_lane_}) {
+    lane->thread = std::thread([t = tier.get(), lane] { t->run(*lane); });
+  }
+  tier->submit(Job{.kind = RemoteJobKind::Refresh});
   ret = std::move(tier);
   return Status::Ok;
 }
@@ -46,8 +51,10 @@ RemoteTier::~RemoteTier() {
     std::lock_guard lock(mutex_);
     stopping_ = true;
   }
-  wake_.notify_all();
-  if (worker_.joinable()) worker_.join();
+  for (Lane* lane : {&checks_lane_, &data_lane_}) {
+    lane->wake.notify_all();
+    if (lane->thread.joinable()) lane->thread.join();
+  }
   if (notify_fd_ >= 0) close(notify_fd_);
 }
 
@@ -56,13 +63,18 @@ bool RemoteTier::probing_useful() const {
          monotonic_usec() - last_failure_usec_.load(std::memory_order_relaxed) >= remote_down_retry_usec;
 }
 
-void RemoteTier::submit(Job&& job, bool foreground) {
+void RemoteTier::submit(Job&& job) {
   job.start_usec = monotonic_usec();
+  const bool check = job.kind == RemoteJobKind::Probe || job.kind == RemoteJobKind::Index ||
+                     job.kind == RemoteJobKind::Refresh;
   {
     std::lock_guard lock(mutex_);
-    (foreground ? foreground_ : background_).push_back(std::move(job));
+    (check                              ? checks_
+     : job.kind == RemoteJobKind::Get ? foreground_
+                                        : background_)
+        .push_back(std::move(job));
   }
-  wake_.notify_one();
+  (check ? checks_lane_ : data_lane_).wake.notify_one();
 }
 
 bool RemoteTier::put(const remote::EntryKey& key, const remote::ManifestHeader& header,
@@ -76,28 +88,26 @@ bool RemoteTier::put(const remote::EntryKey& key, const remote::ManifestHeader& 
     ++stats_.puts_pending;
   }
   submit(Job{.kind = RemoteJobKind::Put, .key = key, .header = header, .image = image, .tag = tag,
-             .tag2 = tag2},
-         false);
+             .tag2 = tag2});
   return true;
 }
 
 void RemoteTier::probe(std::vector<remote::EntryKey> keys, uint64_t tag, uint64_t tag2) {
-  submit(Job{.kind = RemoteJobKind::Probe, .keys = std::move(keys), .tag = tag, .tag2 = tag2}, true);
+  submit(Job{.kind = RemoteJobKind::Probe, .keys = std::move(keys), .tag = tag, .tag2 = tag2});
 }
 
 void RemoteTier::probe_index(std::vector<remote::EntryKey> anchors, uint64_t tag, uint64_t tag2) {
-  submit(Job{.kind = RemoteJobKind::Index, .keys = std::move(anchors), .tag = tag, .tag2 = tag2}, true);
+  submit(Job{.kind = RemoteJobKind::Index, .keys = std::move(anchors), .tag = tag, .tag2 = tag2});
 }
 
 void RemoteTier::get(const remote::EntryKey& key, const remote::Manifest& manifest,
                      const remote::ImageTarget& target, uint64_t tag, uint64_t tag2) {
   submit(Job{.kind = RemoteJobKind::Get, .key = key, .manifest = manifest, .target = target,
-             .tag = tag, .tag2 = tag2},
-         true);
+             .tag = tag, .tag2 = tag2});
 }
 
 void RemoteTier::remove(const remote::EntryKey& key, uint32_t chunk_count) {
-  submit(Job{.kind = RemoteJobKind::Remove, .key = key, .chunk_count = chunk_count}, false);
+  submit(Job{.kind = RemoteJobKind::Remove, .key = key, .chunk_count = chunk_count});
 }
 
 void RemoteTier::get_all(std::vector<GetItem> items) {
@@ -110,7 +120,7 @@ void RemoteTier::get_all(std::vector<GetItem> items) {
                                 .tag = g.tag, .tag2 = g.tag2, .start_usec = now});
     }
   }
-  wake_.notify_one();
+  data_lane_.wake.notify_one();
 }
 
 size_t RemoteTier::puts_queued() const {
@@ -118,7 +128,16 @@ size_t RemoteTier::puts_queued() const {
   return background_.size();
 }
 
-void RemoteTier::run() {
+void RemoteTier::take_jobs(Lane& lane, std::vector<Job>& ret) {
+  std::deque<Job>* queue = &checks_;
+  if (&lane == &data_lane_) queue = !foreground_.empty() ? &foreground_ : &background_;
+  if (queue->empty()) return;
+  ret.push_back(std::move(queue->front()));
+  queue->pop_front();
+  if (queue == &foreground_) take_batchable_gets(ret[0], ret);
+}
+
+void RemoteTier::run(Lane& lane) {
   std::vector<Job> jobs;
   jobs.reserve(remote::batched_gets_max);  // take_batchable_gets reads jobs[0] as it appends
   std::vector<RemoteCompletion> done;
@@ -126,19 +145,18 @@ void RemoteTier::run() {
     jobs.clear();
     {
       std::unique_lock lock(mutex_);
-      wake_.wait(lock, [&] { return stopping_ || !foreground_.empty() || !background_.empty(); });
+      lane.wake.wait(lock, [&] {
+        if (!stopping_) take_jobs(lane, jobs);
+        return stopping_ || !jobs.empty();
+      });
       if (stopping_) return;
-      std::deque<Job>& queue = !foreground_.empty() ? foreground_ : background_;
-      jobs.push_back(std::move(queue.front()));
-      queue.pop_front();
-      if (&queue == &foreground_) take_batchable_gets(jobs[0], jobs);
     }
     const uint64_t exec_start = monotonic_usec();
     done.clear();
     if (jobs.size() > 1) {
-      execute_gets(jobs, done);
+      execute_gets(lane, jobs, done);
     } else {
-      done.push_back(execute(jobs[0]));
+      done.push_back(execute(lane, jobs[0]));
     }
     // A batch's time is shared by its entries: what one of them cost.
     const uint64_t exec_usec = (monotonic_usec() - exec_start) / done.size();
@@ -146,7 +164,7 @@ void RemoteTier::run() {
       std::lock_guard lock(mutex_);
       for (size_t i = 0; i < done.size(); ++i) {
         done[i].exec_usec = exec_usec;
-        account(done[i], exec_start - jobs[i].start_usec);
+        account(lane, done[i], exec_start - jobs[i].start_usec);
         if (done[i].kind != RemoteJobKind::Remove) done_.push_back(std::move(done[i]));
       }
     }
@@ -170,11 +188,11 @@ void RemoteTier::take_batchable_gets(const Job& first, std::vector<Job>& ret_mor
   }
 }
 
-void RemoteTier::execute_gets(std::vector<Job>& jobs, std::vector<RemoteCompletion>& ret) {
+void RemoteTier::execute_gets(Lane& lane, std::vector<Job>& jobs, std::vector<RemoteCompletion>& ret) {
   std::vector<remote::GetRequest> requests;
   for (const Job& j : jobs) requests.push_back({.key = j.key, .manifest = &j.manifest, .target = j.target});
   std::vector<Status> statuses;
-  store_->get_batch(requests, statuses);
+  lane.store->get_batch(requests, statuses);
   bool reached = false;
   for (size_t i = 0; i < jobs.size(); ++i) {
     const Job& j = jobs[i];
@@ -187,20 +205,25 @@ void RemoteTier::execute_gets(std::vector<Job>& jobs, std::vector<RemoteCompleti
                                    .payload_checksum = j.manifest.header.payload_checksum});
     reached = reached || statuses[i] != Status::Unavailable;
   }
-  note_reached(reached);
+  note_reached(lane, reached);
 }
 
-void RemoteTier::account(const RemoteCompletion& done, uint64_t queued_usec) {
+void RemoteTier::account(Lane& lane, const RemoteCompletion& done, uint64_t queued_usec) {
   stats_.queue_latency.observe(queued_usec);
-  const remote::StoreCounters& c = store_->counters();
-  stats_.bytes_out = c.bytes_written;
-  stats_.bytes_in = c.bytes_read;
-  stats_.writes_refused = c.writes_refused;
-  stats_.corrupt_values = c.corrupt_values;
-  stats_.redirects = client_->redirects();
-  stats_.nodes_known = client_->nodes_known();
-  stats_.nodes_up = client_->nodes_up();
-  stats_.cluster = client_->cluster_mode();
+  // Each lane's store counts its own traffic; the tier's figures are their sums.
+  lane.counted = lane.store->counters();
+  lane.redirects = lane.client->redirects();
+  const remote::StoreCounters& c = checks_lane_.counted;
+  const remote::StoreCounters& d = data_lane_.counted;
+  stats_.bytes_out = c.bytes_written + d.bytes_written;
+  stats_.bytes_in = c.bytes_read + d.bytes_read;
+  stats_.writes_refused = c.writes_refused + d.writes_refused;
+  stats_.corrupt_values = c.corrupt_values + d.corrupt_values;
+  stats_.redirects = checks_lane_.redirects + data_lane_.redirects;
+  // The topology as the lane that ran last sees it.
+  stats_.nodes_known = lane.client->nodes_known();
+  stats_.nodes_up = lane.client->nodes_up();
+  stats_.cluster = lane.client->cluster_mode();
   switch (done.kind) {
     case RemoteJobKind::Put:
       ++(done.status == Status::Ok               ? stats_.puts
@@ -236,52 +259,52 @@ void RemoteTier::account(const RemoteCompletion& done, uint64_t queued_usec) {
   if (done.status == Status::Unavailable && done.kind != RemoteJobKind::Refresh) ++stats_.errors;
 }
 
-void RemoteTier::note_reached(bool reached) {
+void RemoteTier::note_reached(Lane& lane, bool reached) {
   // A cluster with some masters still connected is degraded (their keys are served,
   // the others miss), not down.
-  reached = reached || (client_->cluster_mode() && client_->nodes_connected() > 0);
+  reached = reached || (lane.client->cluster_mode() && lane.client->nodes_connected() > 0);
   up_.store(reached, std::memory_order_relaxed);
   if (!reached) last_failure_usec_.store(monotonic_usec(), std::memory_order_relaxed);
 }
 
-RemoteCompletion RemoteTier::execute(Job& job) {
+RemoteCompletion RemoteTier::execute(Lane& lane, Job& job) {
   RemoteCompletion done{.kind = job.kind, .tag = job.tag, .tag2 = job.tag2, .start_usec = job.start_usec};
   switch (job.kind) {
     case RemoteJobKind::Put:
-      done.status = store_->put(job.key, job.header, job.image);
+      done.status = lane.store->put(job.key, job.header, job.image);
       done.bytes = job.image.tokens_bytes + job.image.payload_bytes;
-      note_reached(done.status != Status::Unavailable);
+      note_reached(lane, done.status != Status::Unavailable);
       break;
     case RemoteJobKind::Probe: {
-      store_->probe(job.keys, done.results);
+      lane.store->probe(job.keys, done.results);
       bool reached = job.keys.empty();
       for (const remote::ProbeResult& r : done.results) reached = reached || r.status != Status::Unavailable;
-      note_reached(reached);
+      note_reached(lane, reached);
       done.status = reached ? Status::Ok : Status::Unavailable;
       done.keys = std::move(job.keys);
       break;
     }
     case RemoteJobKind::Index: {
-      store_->probe_index(job.keys, done.indexes);
+      lane.store->probe_index(job.keys, done.indexes);
       bool reached = job.keys.empty();
       for (const remote::IndexResult& r : done.indexes) reached = reached || r.status != Status::Unavailable;
-      note_reached(reached);
+      note_reached(lane, reached);
       done.status = reached ? Status::Ok : Status::Unavailable;
       done.keys = std::move(job.keys);
       break;
     }
     case RemoteJobKind::Get:
-      done.status = store_->get(job.key, job.manifest, job.target);
+      done.status = lane.store->get(job.key, job.manifest, job.target);
       done.bytes = job.manifest.image_bytes();
       done.payload_checksum = job.manifest.header.payload_checksum;
-      note_reached(done.status != Status::Unavailable);
+      note_reached(lane, done.status != Status::Unavailable);
       break;
     case RemoteJobKind::Remove:
-      store_->remove(job.key, job.chunk_count);
+      lane.store->remove(job.key, job.chunk_count);
       break;
     case RemoteJobKind::Refresh:
-      done.status = client_->refresh();
-      note_reached(done.status == Status::Ok);
+      done.status = lane.client->refresh();
+      note_reached(lane, done.status == Status::Ok);
       break;
   }
   return done;

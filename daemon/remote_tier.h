@@ -1,11 +1,14 @@
-// The daemon's side of the remote tier: a worker thread that owns the Redis client
-// (remote/), so no remote I/O ever runs on the loop thread.
+// The daemon's side of the remote tier: two worker threads, each owning a Redis
+// client (remote/) with its own connections, so no remote I/O ever runs on the loop
+// thread and a lookup's check never waits behind moving data.
 //
 // The loop submits jobs and reads completions when notify_fd() is readable (an
-// eventfd), like the disk tier. Restores come first: probes (the pipelined
-// existence check of a lookup's missing chain) and gets (one entry streamed into its
-// reserved arena extent; small ones queued together are pipelined in one batch) are
-// taken before write-behind puts; puts past
+// eventfd), like the disk tier. The check lane runs the lookups' checks (the pipelined
+// existence check of a missing chain, snapshot index reads) and topology refreshes;
+// the data lane runs restores (gets: one entry streamed into its reserved arena
+// extent; small ones queued together are pipelined in one batch) before write-behind
+// puts and deletions. So a multi-GiB restore or a slow write never holds a check past
+// its budget. Puts past
 // remote_puts_queued_max are refused at submit (counted), so a slow store never
 // holds more than that many entries pinned. The tier's state (up or down) is what
 // the last job that reached the store or failed to says; the loop logs each change
@@ -78,7 +81,8 @@ struct RemoteTierOptions {
   std::string user;
   std::string password;
   RemoteWritePolicy write_policy = RemoteWritePolicy::Shared;
-  uint32_t chunk_bytes = 0;  // 0: remote::chunk_bytes_default
+  uint32_t chunk_bytes = 0;      // 0: remote::chunk_bytes_default
+  uint32_t io_timeout_msec = 0;  // 0: remote::io_timeout_msec_default (tests stretch it)
 };
 
 // Index: the snapshot indexes of a lookup's anchors (snapshot-only namespaces).
@@ -133,10 +137,10 @@ struct RemoteTierStats {
 
 class RemoteTier {
  public:
-  // Starts the worker, whose first job reads the topology (a store down at start is
-  // fine: the tier starts down and says so once).
+  // Starts the workers; the check lane's first job reads the topology (a store down at
+  // start is fine: the tier starts down and says so once).
   static Status open(const RemoteTierOptions& options, std::unique_ptr<RemoteTier>& ret);
-  ~RemoteTier();  // stops the worker after the job in hand
+  ~RemoteTier();  // stops the workers after the jobs in hand
   RemoteTier(const RemoteTier&) = delete;
   RemoteTier& operator=(const RemoteTier&) = delete;
 
@@ -205,23 +209,34 @@ class RemoteTier {
     uint64_t tag2 = 0;
     uint64_t start_usec = 0;
   };
+  // A worker thread, the client it alone uses, and what its store counted so far.
+  struct Lane {
+    std::unique_ptr<remote::ClusterClient> client;
+    std::unique_ptr<remote::RemoteStore> store;
+    std::thread thread;
+    std::condition_variable wake;
+    remote::StoreCounters counted;  // under mutex_
+    uint64_t redirects = 0;         // under mutex_
+  };
   explicit RemoteTier(const RemoteTierOptions& options);
-  void run();
-  void submit(Job&& job, bool foreground);
-  RemoteCompletion execute(Job& job);
+  void run(Lane& lane);
+  // Under mutex_: the next jobs `lane` should run (empty: none).
+  void take_jobs(Lane& lane, std::vector<Job>& ret);
+  void submit(Job&& job);
+  RemoteCompletion execute(Lane& lane, Job& job);
   // Worker: small gets at the queue's front, taken with `first` (under mutex_).
   void take_batchable_gets(const Job& first, std::vector<Job>& ret_more);
-  void execute_gets(std::vector<Job>& jobs, std::vector<RemoteCompletion>& ret);
-  void account(const RemoteCompletion& done, uint64_t queued_usec);  // under mutex_
-  void note_reached(bool reached);  // worker: the store answered (or did not)
+  void execute_gets(Lane& lane, std::vector<Job>& jobs, std::vector<RemoteCompletion>& ret);
+  void account(Lane& lane, const RemoteCompletion& done, uint64_t queued_usec);  // under mutex_
+  void note_reached(Lane& lane, bool reached);  // worker: the store answered (or did not)
 
   RemoteTierOptions options_;
-  std::unique_ptr<remote::ClusterClient> client_;  // worker thread only
-  std::unique_ptr<remote::RemoteStore> store_;     // worker thread only
+  Lane checks_lane_;  // probes, index reads, refreshes
+  Lane data_lane_;    // gets first, then puts and removes
   int notify_fd_ = -1;
   mutable std::mutex mutex_;
-  std::condition_variable wake_;
-  std::deque<Job> foreground_;  // probes and gets
+  std::deque<Job> checks_;      // probes, index reads, refreshes
+  std::deque<Job> foreground_;  // gets
   std::deque<Job> background_;  // puts and removes
   std::vector<RemoteCompletion> done_;
   RemoteTierStats stats_;  // under mutex_
@@ -238,7 +253,6 @@ class RemoteTier {
   RemoteReadModel read_model_;  // loop thread
   bool logged_up_ = false;  // loop thread: the state last logged
   bool logged_once_ = false;
-  std::thread worker_;
 };
 
 }  // namespace kvpark::daemon

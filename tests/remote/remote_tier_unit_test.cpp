@@ -1,6 +1,6 @@
-// daemon/remote_tier.h without a daemon: its queue limit and its state, against a real
-// redis-server that is stopped (SIGSTOP: it accepts connections and never answers); and
-// the read model its load-versus-recompute decisions use.
+// daemon/remote_tier.h without a daemon: its queue limit and its two lanes, against real
+// redis-servers that are stopped (SIGSTOP: they accept connections and never answer);
+// and the read model its load-versus-recompute decisions use.
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -9,6 +9,8 @@
 
 #include "daemon/remote_tier.h"
 #include "remote/record_layout.h"
+#include "remote/remote_limits.h"
+#include "remote/remote_store.h"
 #include "tests/testing/eventually.h"
 #include "tests/testing/redis_process.h"
 
@@ -54,6 +56,90 @@ TEST(RemoteTier, WriteBehindQueueRefusesPastItsLimit) {
     for (const RemoteCompletion& d : done) completed += d.kind == RemoteJobKind::Put;
     return completed == accepted;
   }));
+}
+
+// A restore stuck on a node that does not answer must not hold a lookup's check on
+// another node: the check has a budget, the restore only the socket timeout.
+TEST(RemoteTier, ACheckIsAnsweredWhileARestoreHangsOnAStoppedNode) {
+  if (testing::redis_server_path().empty()) GTEST_SKIP() << "redis-server is not installed";
+  testing::RedisCluster cluster(3);
+  ASSERT_TRUE(cluster.start()) << cluster.failure();
+  remote::ClientOptions writer_options;
+  ASSERT_EQ(remote::parse_endpoints(cluster.seeds(), writer_options.seeds), Status::Ok);
+  remote::ClusterClient writer_client(writer_options);
+  remote::RemoteStore writer(writer_client, remote::chunk_bytes_default);
+  static const std::vector<uint8_t> payload(64 << 10, 7);
+  static const std::vector<int32_t> tokens(64, 1);
+  const remote::ImageView image{.tokens = reinterpret_cast<const uint8_t*>(tokens.data()),
+                                .tokens_bytes = tokens.size() * sizeof(int32_t),
+                                .payload = payload.data(),
+                                .payload_bytes = payload.size()};
+  auto node_of = [&](const remote::EntryKey& key) {
+    for (size_t n = 0; n < cluster.size(); ++n) {
+      if (cluster.node(n).cli({"EXISTS", remote::manifest_key(key)}) == "1\n") return n;
+    }
+    return cluster.size();
+  };
+  // The entry to restore, and one to check that lives on another node.
+  const remote::EntryKey restored{.ns = {1, 2}, .key_hash = {3, 4}};
+  ASSERT_EQ(writer.put(restored, remote::manifest_header_for(restored), image), Status::Ok);
+  const size_t stuck = node_of(restored);
+  ASSERT_LT(stuck, cluster.size());
+  remote::EntryKey checked{};
+  for (uint64_t i = 0; i < 64 && checked.key_hash == Hash128{}; ++i) {
+    const remote::EntryKey k{.ns = {1, 2}, .key_hash = {5, i}};
+    ASSERT_EQ(writer.put(k, remote::manifest_header_for(k), image), Status::Ok);
+    if (node_of(k) != stuck) checked = k;
+  }
+  ASSERT_NE(checked.key_hash, Hash128{});
+  std::vector<remote::ProbeResult> found;
+  writer.probe({&restored, 1}, found);
+  ASSERT_EQ(found[0].status, Status::Ok);
+
+  RemoteTierOptions options;
+  ASSERT_EQ(remote::parse_endpoints(cluster.seeds(), options.seeds), Status::Ok);
+  options.io_timeout_msec = 120'000;  // the restore hangs for the whole test
+  std::unique_ptr<RemoteTier> tier;
+  ASSERT_EQ(RemoteTier::open(options, tier), Status::Ok);
+  std::vector<RemoteCompletion> done;
+  ASSERT_TRUE(testing::eventually("the tier reads the topology", [&] {
+    tier->take_completions(done);
+    return tier->stats().up;
+  }));
+  std::vector<int32_t> got_tokens(tokens.size());
+  std::vector<uint8_t> got_payload(payload.size());
+  const remote::ImageTarget target{.tokens = reinterpret_cast<uint8_t*>(got_tokens.data()),
+                                   .tokens_bytes = got_tokens.size() * sizeof(int32_t),
+                                   .payload = got_payload.data(),
+                                   .payload_bytes = got_payload.size()};
+  ASSERT_EQ(kill(cluster.node(stuck).pid(), SIGSTOP), 0);
+  tier->get(restored, found[0].manifest, target, 1, 1);
+  tier->probe({checked}, 2, 2);
+  bool probed = false, got = false;
+  Status got_status = Status::Unavailable;
+  auto drain = [&] {
+    tier->take_completions(done);
+    for (const RemoteCompletion& d : done) {
+      if (d.kind == RemoteJobKind::Probe) {
+        probed = true;
+        EXPECT_EQ(d.results.at(0).status, Status::Ok);
+      }
+      if (d.kind == RemoteJobKind::Get) got = true, got_status = d.status;
+    }
+  };
+  EXPECT_TRUE(testing::eventually("the check is answered while the restore hangs", [&] {
+    drain();
+    return probed;
+  }));
+  EXPECT_FALSE(got) << "the restore's node was stopped";
+  ASSERT_EQ(kill(cluster.node(stuck).pid(), SIGCONT), 0);
+  EXPECT_TRUE(testing::eventually("the restore completes once the node answers", [&] {
+    drain();
+    return got;
+  }));
+  EXPECT_EQ(got_status, Status::Ok);
+  EXPECT_EQ(got_tokens, tokens);
+  EXPECT_EQ(got_payload, payload);
 }
 
 TEST(RemoteReadModel, UnmeasuredLoadsCostNothingSoTheStoreIsTried) {
