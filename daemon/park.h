@@ -225,12 +225,9 @@ class Park {
     std::vector<uint32_t> anchors;      // anchor_chunks of each index asked, as asked
     std::vector<RemoteSnapshotCandidate> candidates;  // manifests asked, best first
     // Hybrid namespaces: the prompt's chunk hashes up to the deepest anchor asked, and
-    // the blocks whose manifests were asked after the candidates' (chain index of the
-    // first, and how many).
-    bool hybrid = false;
+    // the chain index of the first block whose manifest was asked after the candidates'.
     std::vector<Hash128> chunk_hashes;
     uint32_t blocks_first = 0;
-    uint32_t blocks_asked = 0;
   };
   // The anchors (as anchor_chunks, deepest first) whose indexes a lookup should read;
   // returns the deepest snapshot position the lease holds.

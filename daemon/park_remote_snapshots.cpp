@@ -113,8 +113,7 @@ void Park::remote_start_snapshot_probe(ConnectionId id, uint64_t lease_id, const
                         .tail_tokens = req.tail_tokens};
   p.local_depth = remote_snapshot_anchors(c, req, lease, p.anchors);
   assert(!p.anchors.empty() && "remote_should_probe_snapshots said there is something to ask");
-  p.hybrid = info.geometry.block_tokens > 0;
-  if (p.hybrid) {
+  if (info.geometry.block_tokens > 0) {  // hybrid
     // Deepest first: the first anchor asked bounds the blocks a candidate can need.
     p.chunk_hashes.assign(req.chunk_hashes.begin(), req.chunk_hashes.begin() + p.anchors[0]);
   }
@@ -138,7 +137,8 @@ void Park::finish_remote_snapshot_index(const RemoteCompletion& done) {
   if (it == remote_snapshot_probes_.end()) return;
   RemoteSnapshotProbe& p = it->second;
   assert(done.indexes.size() == p.anchors.size() && done.keys.size() == p.anchors.size());
-  const uint32_t chain = table_.namespace_info(p.ns).chain_tokens;
+  const NamespaceInfo& info = table_.namespace_info(p.ns);
+  const uint32_t chain = info.chain_tokens;
   const uint64_t now = coarse_monotonic_usec();
   struct Found {
     size_t index = 0;   // of the anchor asked
@@ -191,17 +191,15 @@ void Park::finish_remote_snapshot_index(const RemoteCompletion& done) {
     end_remote_snapshot_probe(done.tag2);
     return;
   }
-  if (p.hybrid) {
+  if (info.geometry.block_tokens > 0) {
     // Hybrid: the blocks not here up to the deepest candidate's anchor, in chain order
     // from the first one missing (those here past it are followed, not fetched).
     uint32_t deepest = 0;
     for (const RemoteSnapshotCandidate& cand : p.candidates) deepest = std::max(deepest, cand.anchor_chunks);
-    const NamespaceInfo& info = table_.namespace_info(p.ns);
     p.blocks_first = sealed_blocks_from(p.ns, p.chunk_hashes, 0);
     for (uint32_t i = p.blocks_first; i < deepest; ++i) {
       keys.push_back({.ns = info.id, .key_hash = p.chunk_hashes[i]});
     }
-    p.blocks_asked = deepest > p.blocks_first ? deepest - p.blocks_first : 0;
   }
   options_.remote->probe(std::move(keys), done.tag, done.tag2);  // the lease still waits
 }
@@ -211,8 +209,9 @@ void Park::finish_remote_snapshot_manifests(const RemoteCompletion& done) {
   if (it == remote_snapshot_probes_.end()) return;
   const RemoteSnapshotProbe& p = it->second;
   const size_t candidates = p.candidates.size();
-  assert(done.results.size() == candidates + p.blocks_asked);
+  assert(done.results.size() >= candidates && done.keys.size() == done.results.size());
   const NamespaceInfo& info = table_.namespace_info(p.ns);
+  const bool hybrid = info.geometry.block_tokens > 0;
   // Whole ones, best first. A manifest the store lost is a miss (the store cleared its
   // index field); a damaged one was deleted.
   std::vector<bool> whole(candidates, false);
@@ -239,10 +238,11 @@ void Park::finish_remote_snapshot_manifests(const RemoteCompletion& done) {
   // Hybrid: how far the blocks here and in the store reach; a candidate anchored past
   // that restores nothing.
   uint32_t blocks_reached = UINT32_MAX;
-  const std::span<const remote::EntryKey> block_keys(done.keys.data() + candidates, p.blocks_asked);
-  const std::span<const remote::ProbeResult> block_results(done.results.data() + candidates,
-                                                           p.blocks_asked);
-  if (p.hybrid) {
+  // The block manifests asked after the candidates' (hybrid namespaces only).
+  const std::span<const remote::EntryKey> block_keys(done.keys.begin() + candidates, done.keys.end());
+  const std::span<const remote::ProbeResult> block_results(done.results.begin() + candidates,
+                                                           done.results.end());
+  if (hybrid) {
     blocks_reached = p.blocks_first;
     if (!block_results.empty() && anchor_needed > p.blocks_first) {
       if (block_results[0].status == Status::Ok &&
@@ -262,7 +262,7 @@ void Park::finish_remote_snapshot_manifests(const RemoteCompletion& done) {
     end_remote_snapshot_probe(done.tag2);
     return;
   }
-  if (p.hybrid && p.candidates[chosen].anchor_chunks > p.blocks_first) {
+  if (hybrid && p.candidates[chosen].anchor_chunks > p.blocks_first) {
     // The blocks under the chosen one, and no more; a full arena that stops them short
     // leaves the snapshot unanchored, not fetched.
     const uint32_t anchor = p.candidates[chosen].anchor_chunks;

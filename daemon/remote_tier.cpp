@@ -64,15 +64,13 @@ bool RemoteTier::probing_useful() const {
 }
 
 void RemoteTier::submit(Job&& job) {
+  assert(job.kind != RemoteJobKind::Get && "gets are queued by get_all");
   job.start_usec = monotonic_usec();
   const bool check = job.kind == RemoteJobKind::Probe || job.kind == RemoteJobKind::Index ||
                      job.kind == RemoteJobKind::Refresh;
   {
     std::lock_guard lock(mutex_);
-    (check                              ? checks_
-     : job.kind == RemoteJobKind::Get ? foreground_
-                                        : background_)
-        .push_back(std::move(job));
+    (check ? checks_ : background_).push_back(std::move(job));
   }
   (check ? checks_lane_ : data_lane_).wake.notify_one();
 }
@@ -102,8 +100,7 @@ void RemoteTier::probe_index(std::vector<remote::EntryKey> anchors, uint64_t tag
 
 void RemoteTier::get(const remote::EntryKey& key, const remote::Manifest& manifest,
                      const remote::ImageTarget& target, uint64_t tag, uint64_t tag2) {
-  submit(Job{.kind = RemoteJobKind::Get, .key = key, .manifest = manifest, .target = target,
-             .tag = tag, .tag2 = tag2});
+  get_all({{.key = key, .manifest = manifest, .target = target, .tag = tag, .tag2 = tag2}});
 }
 
 void RemoteTier::remove(const remote::EntryKey& key, uint32_t chunk_count) {
