@@ -84,6 +84,7 @@ bool DiskMover::start_spill(EntrySlot slot, uint64_t flush_job, bool budget_exem
   }
   disk->charge(e.extent_bytes);
   table_.pin_io(slot);
+  table_.hold_disk_predecessor(slot);
   const uint64_t job = disk->spill(e, table_.namespace_info(e.ns), h.payload_bytes,
                                    arena_data_ + e.extent_offset);
   jobs_[job] = DiskJob{.spill = true, .start_usec = monotonic_usec(), .slot = slot,
@@ -220,6 +221,7 @@ void DiskMover::finish_spill(const DiskJob& job, Status status, uint64_t bytes, 
     ++counters_.chain_spills_dropped;
     status = Status::NotFound;
   }
+  if (status != Status::Ok) table_.release_disk_predecessor(job.slot);
   if (status == Status::Ok) {
     table_.attach_disk_record(job.slot, bytes);
     counters_.spill_latency.observe(monotonic_usec() - job.start_usec);

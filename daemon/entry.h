@@ -50,6 +50,10 @@ struct Entry {
   uint32_t anchor_chunks = 0;
   uint32_t leases = 0;
   uint32_t io_pins = 0;              // spills or restores in flight
+  // Records that lead from this one's record on disk (blocks after it, snapshots at it),
+  // written or being written: while any do, disk eviction leaves this record alone.
+  uint32_t disk_dependents = 0;
+  uint64_t disk_predecessor_id = 0;  // the entry_id this one holds, when holds_disk_predecessor
   uint32_t reserved_by = 0;          // connection writing it, while reserved
   EntrySlot lru_prev = no_slot;
   EntrySlot lru_next = no_slot;
@@ -69,6 +73,7 @@ struct Entry {
   bool on_lru = false;
   bool on_disk_lru = false;
   bool adoption_hold = false;  // adopted; a lease of the previous daemon may still read it
+  bool holds_disk_predecessor = false;
 };
 
 struct NewEntry {

@@ -251,6 +251,7 @@ void EntryTable::free_slot(EntrySlot slot) {
   assert(!e.on_lru && !e.on_disk_lru && e.leases == 0 && e.io_pins == 0 &&
          e.state_record == no_record);
   if (e.pinned) --pinned_;
+  release_disk_predecessor(slot);  // a spill that never finished
   e = Entry{};
   ++generations_[slot];
   free_slots_.push_back(slot);
@@ -322,13 +323,42 @@ void EntryTable::attach_disk_record(EntrySlot slot, uint64_t disk_bytes) {
   namespaces_[e.ns].disk_bytes += disk_bytes;
   disk_bytes_ += disk_bytes;
   ++disk_entries_;
+  hold_disk_predecessor(slot);
   sync_lists(slot, true);
+}
+
+void EntryTable::hold_disk_predecessor(EntrySlot slot) {
+  Entry& e = slots_.at(slot);
+  if (e.holds_disk_predecessor || e.anchor_chunks == 0) return;
+  const NamespaceInfo& info = namespaces_[e.ns];
+  if (e.kind == EntryKind::Snapshot && info.geometry.block_tokens == 0) return;
+  const EntrySlot predecessor =
+      find_block(e.ns, e.kind == EntryKind::Block ? e.parent_hash : e.key_hash);
+  if (predecessor == no_slot) return;  // nothing to hold: the record is unreachable anyway
+  e.holds_disk_predecessor = true;
+  e.disk_predecessor_id = entry_id(predecessor);
+  ++slots_[predecessor].disk_dependents;
+  sync_lists(predecessor, false);
+}
+
+void EntryTable::release_disk_predecessor(EntrySlot slot) {
+  Entry& e = slots_.at(slot);
+  if (!e.holds_disk_predecessor) return;
+  e.holds_disk_predecessor = false;
+  const auto predecessor = static_cast<EntrySlot>(e.disk_predecessor_id & 0xffffffffu);
+  // Freed meanwhile (its slot's generation moved on): its count went with it.
+  if (generations_.at(predecessor) != e.disk_predecessor_id >> 32) return;
+  Entry& p = slots_[predecessor];
+  assert(p.in_use && p.disk_dependents > 0);
+  --p.disk_dependents;
+  if (disk_evictable(p) && !p.on_disk_lru) order_.disk_push_back(predecessor);
 }
 
 void EntryTable::forget_disk_copy(EntrySlot slot) {
   Entry& e = slots_[slot];
   assert(e.on_disk);
   if (e.on_disk_lru) order_.remove_disk(slot);
+  release_disk_predecessor(slot);
   namespaces_[e.ns].disk_bytes -= e.disk_bytes;
   disk_bytes_ -= e.disk_bytes;
   --disk_entries_;

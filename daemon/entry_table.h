@@ -11,6 +11,9 @@
 //    host, readable (not promoting), no lease, no pin, no I/O in flight; the list
 //    holds exactly what host eviction may take, oldest at the tail;
 //  - likewise the disk eviction list holds exactly the disk_evictable() entries;
+//  - a record being written or on disk holds its predecessor's (a block's previous
+//    block, a snapshot's anchor block): a held record is not disk-evictable, so disk
+//    eviction takes a chain from its tip and never leaves a record behind a missing one;
 //  - evictable_bytes() is the sum of extents on the host eviction list;
 //  - a dead entry (its disk copy failed verification while leased) is out of the
 //    index and is freed when its last lease goes.
@@ -109,6 +112,12 @@ class EntryTable {
   void attach_disk_record(EntrySlot slot, uint64_t disk_bytes);
   // Forgets the disk copy; an entry left on no tier is erased (false returned).
   bool detach_disk_record(EntrySlot slot);
+  // A spill about to write the entry's record holds its predecessor's from now on
+  // (attach_disk_record() takes the hold too, for records found at recovery); a spill
+  // that failed lets go. Forgetting the record lets go as well. A predecessor let go
+  // by its last dependent rejoins the disk list at the cold end, where that record was.
+  void hold_disk_predecessor(EntrySlot slot);
+  void release_disk_predecessor(EntrySlot slot);
   // The disk copy failed verification: the entry leaves the index now and its slot
   // is freed with its last lease. The caller deletes the record.
   void kill(EntrySlot slot);
@@ -175,7 +184,7 @@ class EntryTable {
   }
   bool disk_evictable(const Entry& e) const {
     return e.sealed && !e.dead && e.on_disk && e.leases == 0 && !e.pinned &&
-           e.io_pins == 0;
+           e.io_pins == 0 && e.disk_dependents == 0;
   }
   // Puts the entry on, or takes it off, each eviction list as its state now
   // requires; `to_front` makes a listed entry the most recent.

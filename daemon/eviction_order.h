@@ -30,6 +30,8 @@ class EvictionOrder {
   // Takes the entry off a list it is on.
   void remove_host(EntrySlot slot);
   void remove_disk(EntrySlot slot);
+  // Lists an unlisted disk copy as the next to evict.
+  void disk_push_back(EntrySlot slot);
 
   EntrySlot host_tail() const { return lru_tail_; }  // the next to evict
   EntrySlot host_prev(EntrySlot slot) const { return slots_.at(slot).lru_prev; }
@@ -102,6 +104,16 @@ inline void EvictionOrder::disk_push_front(EntrySlot slot) {
   assert(!slots_[slot].on_disk_lru);
   link_front(disk_head_, disk_tail_, &Entry::disk_prev, &Entry::disk_next, slot);
   slots_[slot].on_disk_lru = true;
+}
+
+inline void EvictionOrder::disk_push_back(EntrySlot slot) {
+  Entry& e = slots_[slot];
+  assert(!e.on_disk_lru && e.disk_prev == no_slot && e.disk_next == no_slot);
+  e.disk_prev = disk_tail_;
+  if (disk_tail_ != no_slot) slots_[disk_tail_].disk_next = slot;
+  disk_tail_ = slot;
+  if (disk_head_ == no_slot) disk_head_ = slot;
+  e.on_disk_lru = true;
 }
 
 inline void EvictionOrder::remove_disk(EntrySlot slot) {

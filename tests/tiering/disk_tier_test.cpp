@@ -393,7 +393,11 @@ TEST_F(DiskTierTest, DailyWriteBudgetStopsBackgroundSpillsButNotAFlush) {
   EXPECT_EQ(disk_.records().size(), blocks_per_head);
 }
 
-TEST_F(DiskTierTest, DiskCapacityEvictsTheColdestRecords) {
+// Two heads of 16 blocks into room for 10 records: the first head's chain is taken
+// from its tip, then the second's. Every record kept leads from its predecessor's,
+// so a restart keeps them all. (Plain LRU took each chain's root first: the records
+// it kept were unreachable, and a spill landing behind an evicted record was lost.)
+TEST_F(DiskTierTest, DiskCapacityEvictsChainsFromTheirTipAndKeepsWhatItHoldsReachable) {
   constexpr uint64_t capacity_records = 10;
   restart_with({"--disk-capacity", std::to_string(capacity_records * block_record_bytes)});
   ASSERT_EQ(publish(8, true).exit_code, 0);
@@ -410,6 +414,15 @@ TEST_F(DiskTierTest, DiskCapacityEvictsTheColdestRecords) {
       << disk_.records().size() << " records";
   EXPECT_EQ(disk_.records().size(), capacity_records);
   for (uint64_t seed : {8, 9}) EXPECT_EQ(verify(seed).exit_code, 0);
+  daemon_->kill_hard();
+  ASSERT_TRUE(daemon_->start());
+  EXPECT_EQ(StatsClient(daemon_->socket_path()).get().disk_entries, capacity_records)
+      << read_file(daemon_->log_path());
+  const std::string log = read_file(daemon_->log_path());  // every start's, appended
+  const std::string last_recovery = log.substr(std::min(log.rfind("disk tier at"), log.size()));
+  EXPECT_NE(last_recovery.find("10 records recovered"), std::string::npos) << last_recovery;
+  EXPECT_NE(last_recovery.find("of which 0 unreachable and removed"), std::string::npos)
+      << last_recovery;
 }
 
 TEST(DiskTierStart, AnUnusableDirectoryIsOneLogLineAndTheHostTierServes) {

@@ -1,5 +1,6 @@
 // EntryTable: dedup by key, LRU eviction order, leases and pins keep entries,
-// and a request that can never fit costs no parked state.
+// a request that can never fit costs no parked state, and disk eviction never
+// leaves a record behind a missing one.
 #include "daemon/entry_table.h"
 
 #include <gtest/gtest.h>
@@ -32,6 +33,17 @@ class EntryTableTest : public ::testing::Test {
     return slot;
   }
   bool present(uint64_t key) const { return table_.find_block(ns_, {key, 0}) != no_slot; }
+  // A sealed block `index` of a chain of keys first..first+index, with a disk record.
+  EntrySlot block_on_disk(uint64_t first, uint32_t index) {
+    EntrySlot slot = no_slot;
+    NewEntry n{.ns = ns_, .kind = EntryKind::Block, .key_hash = {first + index, 0},
+               .parent_hash = {index == 0 ? 0 : first + index - 1, 0}, .extent_bytes = granule,
+               .anchor_chunks = index};
+    EXPECT_EQ(table_.insert_reserved(n, slot), Status::Ok);
+    table_.seal(slot, 0, coarse_monotonic_usec());
+    table_.attach_disk_record(slot, granule);
+    return slot;
+  }
 
   EntryTable table_;
   NamespaceIndex ns_ = 0;
@@ -173,6 +185,45 @@ TEST_F(EntryTableTest, EraseReturnsBytesAndSlots) {
   EXPECT_EQ(table_.namespace_info(ns_).bytes, 0u);
   EXPECT_FALSE(present(1));
   EXPECT_FALSE(present(2));
+}
+
+TEST_F(EntryTableTest, DiskEvictionTakesAChainFromItsTip) {
+  // Written root first, so plain LRU would take the root and strand the rest.
+  const EntrySlot chain[3] = {block_on_disk(10, 0), block_on_disk(10, 1), block_on_disk(10, 2)};
+  const EntrySlot other = block_on_disk(20, 0);  // written last: the most recent
+  EXPECT_EQ(table_.disk_lru_tail(), chain[2]) << "only a chain's tip is evictable";
+  EXPECT_TRUE(table_.detach_disk_record(chain[2]));
+  EXPECT_EQ(table_.disk_lru_tail(), chain[1]) << "the new tip takes the cold end";
+  EXPECT_TRUE(table_.detach_disk_record(chain[1]));
+  EXPECT_EQ(table_.disk_lru_tail(), chain[0]);
+  EXPECT_TRUE(table_.detach_disk_record(chain[0]));
+  EXPECT_EQ(table_.disk_lru_tail(), other);
+}
+
+TEST_F(EntryTableTest, ARecordBeingWrittenHoldsItsPredecessorUntilItsSpillFails) {
+  const EntrySlot root = block_on_disk(10, 0);
+  EntrySlot next = no_slot;
+  NewEntry n{.ns = ns_, .kind = EntryKind::Block, .key_hash = {11, 0}, .parent_hash = {10, 0},
+             .extent_bytes = granule, .anchor_chunks = 1};
+  ASSERT_EQ(table_.insert_reserved(n, next), Status::Ok);
+  table_.seal(next, 0, coarse_monotonic_usec());
+  table_.pin_io(next);
+  table_.hold_disk_predecessor(next);
+  EXPECT_EQ(table_.disk_lru_tail(), no_slot) << "the root's record is held by the write";
+  table_.release_disk_predecessor(next);  // the spill failed
+  table_.unpin_io(next);
+  EXPECT_EQ(table_.disk_lru_tail(), root);
+}
+
+TEST_F(EntryTableTest, AHoldOnAFreedPredecessorIsDroppedNotMovedToItsSlotsNextEntry) {
+  const EntrySlot root = block_on_disk(10, 0);
+  const EntrySlot next = block_on_disk(10, 1);
+  table_.erase(root);  // an operator's eviction: the record behind it is stranded
+  const EntrySlot reused = block_on_disk(30, 0);
+  ASSERT_EQ(reused, root) << "the freed slot is reused";
+  EXPECT_TRUE(table_.detach_disk_record(next));
+  EXPECT_EQ(table_.entry(reused).disk_dependents, 0u);
+  EXPECT_EQ(table_.disk_lru_tail(), reused);
 }
 
 TEST_F(EntryTableTest, SnapshotsAreKeyedByAnchorAndExactTail) {
