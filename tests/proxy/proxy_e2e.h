@@ -148,6 +148,34 @@ inline bool park_corrupt_snapshot(const std::string& socket, const std::string& 
   return ok;
 }
 
+// A suite's scratch directory: made at the suite's set-up, removed at its tear-down
+// (kept when KVPARK_KEEP_TEST_DIR is set); each test works in a folder of its own.
+class SuiteDirectory {
+ public:
+  bool make(const std::string& prefix) {
+    std::string templ = "/tmp/" + prefix + "-XXXXXX";
+    const char* made = mkdtemp(templ.data());
+    path_ = made != nullptr ? made : "";
+    return made != nullptr;
+  }
+  void remove() {
+    if (path_.empty()) return;
+    if (std::getenv("KVPARK_KEEP_TEST_DIR") == nullptr) std::system(("rm -rf " + path_).c_str());
+    path_.clear();
+  }
+  const std::string& path() const { return path_; }
+  // The running test's folder, made on the first call.
+  std::string test_folder() const {
+    const std::string folder =
+        path_ + "/" + ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    mkdir(folder.c_str(), 0755);
+    return folder;
+  }
+
+ private:
+  std::string path_;
+};
+
 class ProxyE2E : public ::testing::Test {
  protected:
   static bool available() {
@@ -156,30 +184,22 @@ class ProxyE2E : public ::testing::Test {
   }
   static void SetUpTestSuite() {
     if (!available()) return;  // SetUp skips
-    char templ[] = "/tmp/kvpark-proxy-test-XXXXXX";
-    directory_ = new std::string(mkdtemp(templ));
+    ASSERT_TRUE(suite_.make("kvpark-proxy-test"));
     ASSERT_TRUE(make_test_model(built_binary("KVPARK_MAKE_TEST_MODEL"), model_path()));
     // Heads of 32 dimensions: the only size here a q8_0 K cache (32-value blocks) takes.
     ASSERT_TRUE(make_test_model(built_binary("KVPARK_MAKE_TEST_MODEL"), wide_model_path(),
                                 /*seed=*/1, /*embedding=*/128));
   }
-  static void TearDownTestSuite() {
-    if (directory_ == nullptr) return;
-    if (std::getenv("KVPARK_KEEP_TEST_DIR") == nullptr)
-      std::system(("rm -rf " + *directory_).c_str());
-    delete directory_;
-    directory_ = nullptr;
-  }
-  static std::string model_path() { return *directory_ + "/model.gguf"; }
-  static std::string wide_model_path() { return *directory_ + "/model-wide.gguf"; }
+  static void TearDownTestSuite() { suite_.remove(); }
+  static std::string model_path() { return suite_.path() + "/model.gguf"; }
+  static std::string wide_model_path() { return suite_.path() + "/model-wide.gguf"; }
 
   void SetUp() override {
     if (!available())
       GTEST_SKIP() << "needs KVPARK_PROXY, KVPARK_LLAMA_SERVER, KVPARK_MAKE_TEST_MODEL "
                       "(meson -Dllama=enabled -Dllama_server=PATH)";
-    test_dir_ = *directory_ + "/" + ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    test_dir_ = suite_.test_folder();
     slot_dir_ = test_dir_ + "/slots";
-    mkdir(test_dir_.c_str(), 0755);
     mkdir(slot_dir_.c_str(), 0755);
     ASSERT_TRUE(daemon_.start());
   }
@@ -313,7 +333,7 @@ class ProxyE2E : public ::testing::Test {
     EXPECT_EQ(restored.content, direct.content);
   }
 
-  static inline std::string* directory_ = nullptr;
+  static inline SuiteDirectory suite_;
   std::string test_dir_;
   std::string slot_dir_;
   DaemonProcess daemon_{DaemonConfig{.arena_bytes = 256ull << 20,

@@ -74,25 +74,17 @@ class ProxyRemoteE2E : public ::testing::Test {
   }
   static void SetUpTestSuite() {
     if (!available()) return;  // SetUp skips
-    char templ[] = "/tmp/kvpark-proxy-remote-test-XXXXXX";
-    directory_ = new std::string(mkdtemp(templ));
+    ASSERT_TRUE(suite_.make("kvpark-proxy-remote-test"));
     ASSERT_TRUE(make_test_model(built_binary("KVPARK_MAKE_TEST_MODEL"), model_path()));
   }
-  static void TearDownTestSuite() {
-    if (directory_ == nullptr) return;
-    if (std::getenv("KVPARK_KEEP_TEST_DIR") == nullptr)
-      std::system(("rm -rf " + *directory_).c_str());
-    delete directory_;
-    directory_ = nullptr;
-  }
-  static std::string model_path() { return *directory_ + "/model.gguf"; }
+  static void TearDownTestSuite() { suite_.remove(); }
+  static std::string model_path() { return suite_.path() + "/model.gguf"; }
 
   void SetUp() override {
     if (!available())
       GTEST_SKIP() << "needs redis-server and KVPARK_PROXY, KVPARK_LLAMA_SERVER, "
                       "KVPARK_MAKE_TEST_MODEL (meson -Dllama=enabled -Dllama_server=PATH)";
-    test_dir_ = *directory_ + "/" + ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    mkdir(test_dir_.c_str(), 0755);
+    test_dir_ = suite_.test_folder();
     ASSERT_TRUE(redis_.start()) << redis_.log_tail();
     const std::string remote = "redis://" + redis_.address();
     start_stack(a_, "a", remote);
@@ -157,7 +149,7 @@ class ProxyRemoteE2E : public ::testing::Test {
     return a;
   }
 
-  static inline std::string* directory_ = nullptr;
+  static inline SuiteDirectory suite_;
   std::string test_dir_;
   RedisProcess redis_;
   Stack a_;  // destroyed before redis_: proxies, servers, then daemons
