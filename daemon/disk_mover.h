@@ -65,6 +65,11 @@ class DiskMover {
   // Takes the disk tier's completions and settles them; true when a promotion
   // finished (WAITs on it may be answered).
   bool take_completions();
+  // Deletes records from the cold end of the disk list (chain tips first) until the
+  // tier fits its capacity. Run after each batch of completions and on each tick: a
+  // capacity lowered at run time, or a tip that was leased, is enforced without
+  // waiting for the next spill.
+  void enforce_disk_capacity();
   // Writes host-only entries to disk: all of them (operator flush) or only those
   // worth keeping (planned shutdown). BadState without a disk tier.
   Status start_flush(bool everything, uint64_t& ret_job_id);
@@ -106,7 +111,6 @@ class DiskMover {
   bool stamp_promoted_image(const Entry& e);
   // Settles spills that completed before their predecessor did.
   void settle_waiting_spills();
-  void enforce_disk_capacity();
   // Recovery: the records a lookup can reach, in chain order; the rest in ret_unreachable.
   static std::vector<const disk::RecordInfo*> reachable_records(
       const disk::RecoveryReport& report, std::vector<const disk::RecordInfo*>& ret_unreachable);

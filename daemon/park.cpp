@@ -456,6 +456,7 @@ void Park::tick_at(uint64_t now_usec) {
   expire_remote_probes();
   answer_waiters(true);
   keep_low_water();
+  disk_.enforce_disk_capacity();
   advance_flush();
 }
 

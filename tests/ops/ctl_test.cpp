@@ -20,6 +20,8 @@
 #include "tests/ops/ctl_runner.h"
 #include "tests/ops/dbus_bus.h"
 #include "tests/testing/daemon_process.h"
+#include "tests/testing/engine_runner.h"
+#include "tests/testing/eventually.h"
 
 using namespace kvpark::testing;
 
@@ -358,6 +360,37 @@ TEST_F(CtlSurface, DiskCapacityLargerThanItsFileSystemIsRefusedWithTheFigure) {
   EXPECT_EQ(over.code, 2) << "N+1";
   EXPECT_TRUE(contains(over.err, "is larger than the file system holding " + dir)) << over.err;
   EXPECT_TRUE(contains(over.err, std::to_string(fs_bytes))) << over.err;
+  daemon_.reset();
+  std::filesystem::remove_all(dir);
+}
+
+// A capacity lowered at run time takes records at once, chain tips first, without
+// waiting for a spill to complete (there is none here).
+TEST_F(CtlSurface, LoweringDiskCapacityTakesRecordsAtOnce) {
+  start_bus();
+  char templ[] = "/var/tmp/kvpark-ctl-test-XXXXXX";
+  const std::string dir = mkdtemp(templ);
+  start_daemon("session", {"--disk-dir", dir});
+  constexpr size_t blocks = 16, kept = 4;
+  publish(9, blocks, /*shared=*/true);  // written through
+  StatsClient stats(daemon_->socket_path());
+  uint64_t entries = 0, bytes = 0;
+  const auto read_disk = [&] {
+    const kvpark_stats st = stats.get();
+    entries = st.disk_entries;
+    bytes = st.disk_bytes;
+  };
+  ASSERT_TRUE(eventually("the head is on disk", [&] {
+    read_disk();
+    return entries == blocks;
+  }));
+  const uint64_t capacity = bytes / blocks * kept;  // records of one size
+  ASSERT_EQ(ctl({"--user", "set-limit", "disk-capacity", std::to_string(capacity)}).code, 0);
+  EXPECT_TRUE(eventually("the tier fits its new capacity", [&] {
+    read_disk();
+    return bytes <= capacity;
+  })) << entries << " records, " << bytes << " bytes";
+  EXPECT_EQ(entries, kept);
   daemon_.reset();
   std::filesystem::remove_all(dir);
 }
