@@ -221,13 +221,15 @@ void DiskMover::finish_spill(const DiskJob& job, Status status, uint64_t bytes, 
     ++counters_.chain_spills_dropped;
     status = Status::NotFound;
   }
-  if (status != Status::Ok) table_.release_disk_predecessor(job.slot);
   if (status == Status::Ok) {
     table_.attach_disk_record(job.slot, bytes);
     counters_.spill_latency.observe(monotonic_usec() - job.start_usec);
     ++counters_.spills;
     counters_.spill_bytes += bytes;
-  } else if (status != Status::NotFound) {
+  } else {
+    table_.release_disk_predecessor(job.slot);  // no record leads from it after all
+  }
+  if (status != Status::Ok && status != Status::NotFound) {
     ++counters_.spill_failures;
     log_warning_limited("kvparkd: spill of entry %llx failed: %s (%s); it stays in memory",
                         static_cast<unsigned long long>(job.entry_id),

@@ -14,6 +14,8 @@ namespace kvpark::daemon {
 
 using EntrySlot = uint32_t;
 inline constexpr EntrySlot no_slot = UINT32_MAX;
+// No entry's id (EntryTable::entry_id: its slot is never no_slot).
+inline constexpr uint64_t no_entry_id = UINT64_MAX;
 using NamespaceIndex = uint32_t;
 
 struct NamespaceInfo {
@@ -53,7 +55,7 @@ struct Entry {
   // Records that lead from this one's record on disk (blocks after it, snapshots at it),
   // written or being written: while any do, disk eviction leaves this record alone.
   uint32_t disk_dependents = 0;
-  uint64_t disk_predecessor_id = 0;  // the entry_id this one holds, when holds_disk_predecessor
+  uint64_t disk_predecessor_id = no_entry_id;  // the entry_id of the record this one holds
   uint32_t reserved_by = 0;          // connection writing it, while reserved
   EntrySlot lru_prev = no_slot;
   EntrySlot lru_next = no_slot;
@@ -73,7 +75,6 @@ struct Entry {
   bool on_lru = false;
   bool on_disk_lru = false;
   bool adoption_hold = false;  // adopted; a lease of the previous daemon may still read it
-  bool holds_disk_predecessor = false;
 };
 
 struct NewEntry {

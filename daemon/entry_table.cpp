@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cassert>
 #include <tuple>
+#include <utility>
 
 #include "daemon/clock.h"
 #include "proto/limits.h"
@@ -329,13 +330,12 @@ void EntryTable::attach_disk_record(EntrySlot slot, uint64_t disk_bytes) {
 
 void EntryTable::hold_disk_predecessor(EntrySlot slot) {
   Entry& e = slots_.at(slot);
-  if (e.holds_disk_predecessor || e.anchor_chunks == 0) return;
+  if (e.disk_predecessor_id != no_entry_id || e.anchor_chunks == 0) return;
   const NamespaceInfo& info = namespaces_[e.ns];
   if (e.kind == EntryKind::Snapshot && info.geometry.block_tokens == 0) return;
   const EntrySlot predecessor =
       find_block(e.ns, e.kind == EntryKind::Block ? e.parent_hash : e.key_hash);
   if (predecessor == no_slot) return;  // nothing to hold: the record is unreachable anyway
-  e.holds_disk_predecessor = true;
   e.disk_predecessor_id = entry_id(predecessor);
   ++slots_[predecessor].disk_dependents;
   sync_lists(predecessor, false);
@@ -343,11 +343,11 @@ void EntryTable::hold_disk_predecessor(EntrySlot slot) {
 
 void EntryTable::release_disk_predecessor(EntrySlot slot) {
   Entry& e = slots_.at(slot);
-  if (!e.holds_disk_predecessor) return;
-  e.holds_disk_predecessor = false;
-  const auto predecessor = static_cast<EntrySlot>(e.disk_predecessor_id & 0xffffffffu);
+  const uint64_t id = std::exchange(e.disk_predecessor_id, no_entry_id);
+  if (id == no_entry_id) return;
+  const auto predecessor = static_cast<EntrySlot>(id & 0xffffffffu);
   // Freed meanwhile (its slot's generation moved on): its count went with it.
-  if (generations_.at(predecessor) != e.disk_predecessor_id >> 32) return;
+  if (generations_.at(predecessor) != id >> 32) return;
   Entry& p = slots_[predecessor];
   assert(p.in_use && p.disk_dependents > 0);
   --p.disk_dependents;

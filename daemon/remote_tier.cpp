@@ -221,6 +221,13 @@ void RemoteTier::account(Lane& lane, const RemoteCompletion& done, uint64_t queu
   stats_.nodes_known = lane.client->nodes_known();
   stats_.nodes_up = lane.client->nodes_up();
   stats_.cluster = lane.client->cluster_mode();
+  // An existence check or an index read: its keys, how many the store had, its time.
+  const auto count_check = [&](const auto& results) {
+    ++stats_.probes;
+    stats_.probe_keys += done.keys.size();
+    for (const auto& r : results) stats_.probe_hits += r.status == Status::Ok;
+    stats_.probe_latency.observe(done.exec_usec);
+  };
   switch (done.kind) {
     case RemoteJobKind::Put:
       ++(done.status == Status::Ok               ? stats_.puts
@@ -231,16 +238,10 @@ void RemoteTier::account(Lane& lane, const RemoteCompletion& done, uint64_t queu
       --stats_.puts_pending;
       break;
     case RemoteJobKind::Probe:
-      ++stats_.probes;
-      stats_.probe_keys += done.keys.size();
-      for (const remote::ProbeResult& r : done.results) stats_.probe_hits += r.status == Status::Ok;
-      stats_.probe_latency.observe(done.exec_usec);
+      count_check(done.results);
       break;
     case RemoteJobKind::Index:
-      ++stats_.probes;
-      stats_.probe_keys += done.keys.size();
-      for (const remote::IndexResult& r : done.indexes) stats_.probe_hits += r.status == Status::Ok;
-      stats_.probe_latency.observe(done.exec_usec);
+      count_check(done.indexes);
       break;
     case RemoteJobKind::Get:
       if (done.status == Status::Ok) {
