@@ -151,15 +151,14 @@ double touch_msec(uint64_t entries, bool huge) {
 
 struct Row {
   uint64_t entries = 0, arena_bytes = 0, adopted = 0, dropped = 0;
-  double adopt_msec = 0, adopt_cpu_msec = 0, again_msec = 0, floor_msec = 0, touch_4k_msec = 0,
+  double adopt_msec = 0, adopt_cpu_msec = 0, again_cpu_msec = 0, floor_msec = 0, touch_4k_msec = 0,
          touch_huge_msec = 0;
 };
 
 // Runs `measure` in a forked child and returns what it filled in. Each figure comes
 // from a process of its own, as a restarted kvparkd is: in one process, memory freed
 // by an earlier step is handed back already backed, and a later step looks faster
-// than a restart would (on this project's VM, 1M adoptions read 0.3 s after the touch
-// rows and 0.8-1.4 s in a fresh process).
+// than a restart would (docs/operations.md has the figures).
 template <typename Measure>
 Row in_fresh_process(const Row& row, Measure measure) {
   int out[2];
@@ -209,9 +208,7 @@ Row measure(uint64_t entries) {
   const int fd = write_kept_segment(entries, row.arena_bytes);
   row = in_fresh_process(row, [&](Row& r) {
     r.adopt_msec = adopt_once(fd, r, r.adopt_cpu_msec);
-    double again_cpu = 0;
-    (void)adopt_once(fd, r, again_cpu);  // into the memory the first one freed
-    r.again_msec = again_cpu;
+    (void)adopt_once(fd, r, r.again_cpu_msec);  // into the memory the first one freed
   });
   row = in_fresh_process(row, [&](Row& r) { r.floor_msec = floor_msec(fd, entries); });
   row = in_fresh_process(row, [&](Row& r) { r.touch_4k_msec = touch_msec(entries, false); });
@@ -239,10 +236,12 @@ int main(int argc, char** argv) {
     }
   }
   if (counts.empty()) {
-    counts = quick ? std::vector<uint64_t>{10'000} : std::vector<uint64_t>{10'000, 100'000, 1'000'000};
+    counts =
+        quick ? std::vector<uint64_t>{10'000} : std::vector<uint64_t>{10'000, 100'000, 1'000'000};
   }
-  std::printf("kvpark-adoption-bench: sealed blocks of %llu KiB extents, arena sized to hold them\n",
-              static_cast<unsigned long long>(extent_bytes >> 10));
+  std::printf(
+      "kvpark-adoption-bench: sealed blocks of %llu KiB extents, arena sized to hold them\n",
+      static_cast<unsigned long long>(extent_bytes >> 10));
   std::printf("%10s %9s %9s %9s %9s %9s %9s %10s %10s\n", "entries", "arena GiB", "adopt ms",
               "cpu ms", "ns/entry", "again ms", "floor ms", "4k-touch", "huge-touch");
   for (uint64_t n : counts) {
@@ -251,13 +250,14 @@ int main(int argc, char** argv) {
     std::printf("%10llu %9.2f %9.1f %9.1f %9.0f %9.1f %9.1f %10.1f %10.1f\n",
                 static_cast<unsigned long long>(r.entries),
                 static_cast<double>(r.arena_bytes) / (1ull << 30), r.adopt_msec, r.adopt_cpu_msec,
-                r.adopt_cpu_msec * 1e6 / static_cast<double>(r.entries), r.again_msec, r.floor_msec,
-                r.touch_4k_msec, r.touch_huge_msec);
+                r.adopt_cpu_msec * 1e6 / static_cast<double>(r.entries), r.again_cpu_msec,
+                r.floor_msec, r.touch_4k_msec, r.touch_huge_msec);
   }
-  std::printf("each figure from a process of its own, as a restarted daemon is.\n"
-              "adopt: wall and thread CPU time; ns/entry from CPU time; again: a second\n"
-              "adoption in the same process, into memory the first freed (CPU ms); floor:\n"
-              "reading and checking the records; 4k-touch / huge-touch: first-touching memory\n"
-              "the size of the index on 4 KiB / huge pages (CPU ms)\n");
+  std::printf(
+      "each figure from a process of its own, as a restarted daemon is.\n"
+      "adopt: wall and thread CPU time; ns/entry from CPU time; again: a second\n"
+      "adoption in the same process, into memory the first freed (CPU ms); floor:\n"
+      "reading and checking the records; 4k-touch / huge-touch: first-touching memory\n"
+      "the size of the index on 4 KiB / huge pages (CPU ms)\n");
   return 0;
 }
