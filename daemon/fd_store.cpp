@@ -18,10 +18,11 @@ StoredFds take_stored_fds() {
     const int fd = SD_LISTEN_FDS_START + i;
     (void)fcntl(fd, F_SETFD, FD_CLOEXEC);
     const char* name = names != nullptr && names[i] != nullptr ? names[i] : "";
-    int* slot = std::strcmp(name, fd_name_arena_header) == 0 ? &fds.arena_header
-                : std::strcmp(name, fd_name_arena_data) == 0 ? &fds.arena_data
-                : std::strcmp(name, fd_name_state) == 0      ? &fds.state
-                                                             : nullptr;
+    int* slot = std::strcmp(name, fd_name_arena_header) == 0   ? &fds.arena_header
+                : std::strcmp(name, fd_name_arena_data) == 0   ? &fds.arena_data
+                : std::strcmp(name, fd_name_state) == 0        ? &fds.state
+                : std::strcmp(name, fd_name_index_memory) == 0 ? &fds.index_memory
+                                                               : nullptr;
     if (slot == nullptr || *slot >= 0) {
       close(fd);
       ++fds.others;

@@ -3,6 +3,7 @@
 
 #include <sys/mman.h>
 
+#include "daemon/kept_memory.h"
 
 namespace kvpark::daemon {
 namespace {
@@ -12,6 +13,9 @@ size_t rounded(size_t bytes) { return (bytes + huge_page_bytes - 1) / huge_page_
 }  // namespace
 
 void* map_huge_pages(size_t bytes) {
+  if (KeptMemory* kept = kept_memory_in_use(); kept != nullptr) {
+    if (void* p = kept->map(bytes); p != nullptr) return p;
+  }
   const size_t size = rounded(bytes);
   // Map a page more than needed, then trim both ends to a 2 MiB boundary: mmap
   // aligns to 4 KiB only, and a huge page must lie on a 2 MiB boundary.
@@ -29,7 +33,9 @@ void* map_huge_pages(size_t bytes) {
 }
 
 void unmap_huge_pages(void* p, size_t bytes) {
-  if (p != nullptr) munmap(p, rounded(bytes));
+  if (p == nullptr) return;
+  if (KeptMemory* kept = kept_memory_in_use(); kept != nullptr && kept->unmap(p)) return;
+  munmap(p, rounded(bytes));
 }
 
 }  // namespace kvpark::daemon

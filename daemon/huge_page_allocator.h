@@ -10,6 +10,8 @@
 // smaller ones use operator new.
 // Where the kernel has no huge page to give (THP off, fragmentation), the same mappings
 // are simply 4 KiB pages: a slower first touch, nothing else changes.
+// Under a service manager the mappings come from memory kept in its fd store instead
+// (kept_memory.h), which a restarted daemon finds already backed.
 #pragma once
 
 #include <cstddef>
@@ -22,8 +24,9 @@ namespace kvpark::daemon {
 inline constexpr size_t huge_page_bytes = 2u << 20;
 inline constexpr size_t huge_allocation_bytes_min = huge_page_bytes;  // smaller: operator new
 
-// A 2 MiB-aligned anonymous mapping of `bytes` (rounded up to 2 MiB), advised
-// MADV_HUGEPAGE; throws std::bad_alloc when the kernel refuses.
+// A 2 MiB-aligned mapping of `bytes` (rounded up to 2 MiB), advised MADV_HUGEPAGE:
+// from the kept memory when one is in use and has room, else anonymous; throws
+// std::bad_alloc when the kernel refuses.
 void* map_huge_pages(size_t bytes);
 void unmap_huge_pages(void* p, size_t bytes);
 

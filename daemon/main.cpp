@@ -78,7 +78,12 @@ int main(int argc, char** argv) {
   std::unique_ptr<shm::StateSegment> state;
   bool adopted = false;
   std::string fresh_reason;
-  if (!daemon::open_host_tier(options, arena, state, adopted, fresh_reason)) return exit_failure;
+  std::unique_ptr<daemon::KeptMemory> index_memory;
+  if (!daemon::open_host_tier(options, arena, state, index_memory, adopted, fresh_reason)) {
+    return exit_failure;
+  }
+  // Before the entry table: its bulk comes from the kept memory, which outlives it.
+  daemon::use_kept_memory(index_memory.get());
   shm::guard_arena(arena->data(), arena->data_bytes());
   std::unique_ptr<daemon::EntryState> entry_state;
   if (state) entry_state = std::make_unique<daemon::EntryState>(*state);
@@ -191,5 +196,7 @@ int main(int argc, char** argv) {
   http.stop();
   dbus.reset();
   log_info("kvparkd: stopped");
+  // The entry table's arrays are freed on the way out; the next instance reuses them.
+  if (index_memory) index_memory->keep_pages();
   return 0;
 }

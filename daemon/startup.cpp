@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <utility>
 
 #include "daemon/adoption.h"
 #include "daemon/clock.h"
@@ -283,11 +284,42 @@ void spill_before_stopping(Park& park, DiskTier& disk, Notifier& notifier) {
            static_cast<unsigned long long>(f.bytes_done >> 20), f.done ? "" : " (timed out)");
 }
 
+namespace {
+
+// Under a service manager (or over memory one kept), the memory the entry table's
+// bulk comes from; null when there is neither, or none can be made (logged).
+std::unique_ptr<KeptMemory> open_index_memory(int kept_fd) {
+  if (kept_fd < 0 && !service_manager_present()) return nullptr;
+  std::unique_ptr<KeptMemory> memory;
+  int err = 0;
+  if (KeptMemory::open(kept_fd, memory, err) != Status::Ok) {
+    log_warning(
+        "kvparkd: no index memory to keep (%s): a restart rebuilds the index in fresh memory",
+        strerror(err));
+    return nullptr;
+  }
+  if (memory->kept()) {
+    log_info("kvparkd: reusing %llu MiB of index memory kept by the previous instance",
+             static_cast<unsigned long long>(memory->kept_bytes() >> 20));
+    return memory;
+  }
+  if (kept_fd >= 0) (void)remove_stored_fds(fd_name_index_memory);  // it could not serve
+  if (const int r = store_fd(fd_name_index_memory, memory->fd()); r < 0) {
+    log_warning("kvparkd: cannot keep the index memory with the service manager (%s)",
+                strerror(-r));
+  }
+  return memory;
+}
+
+}  // namespace
+
 bool open_host_tier(const DaemonOptions& options, std::unique_ptr<shm::ArenaOwner>& ret_arena,
-                    std::unique_ptr<shm::StateSegment>& ret_state, bool& ret_adopted,
+                    std::unique_ptr<shm::StateSegment>& ret_state,
+                    std::unique_ptr<KeptMemory>& ret_index_memory, bool& ret_adopted,
                     std::string& ret_fresh_reason) {
   ret_adopted = false;
   StoredFds stored = take_stored_fds();
+  ret_index_memory = open_index_memory(std::exchange(stored.index_memory, -1));
   KeptArena kept;
   std::string& fresh_reason = ret_fresh_reason;
   if (take_over(stored, {.configured_arena_bytes = options.arena_bytes, .huge_pages = options.huge_pages},

@@ -11,6 +11,7 @@
 #include "daemon/control_plane.h"
 #include "daemon/disk_tier.h"
 #include "daemon/entry_state.h"
+#include "daemon/kept_memory.h"
 #include "daemon/notify.h"
 #include "daemon/options.h"
 #include "daemon/park.h"
@@ -56,8 +57,11 @@ int claim_socket(const DaemonOptions& options, SocketClaim& ret_claim);
 // The arena and its state: adopted from what the service manager kept when that agrees
 // with this configuration, else made new (and stored with the manager, when there is
 // one). A fresh start over kept fds says why in one line and has the manager drop them.
+// Under a manager, ret_index_memory is the memory the entry table's bulk is to come
+// from (kept_memory.h), kept with the manager too; null without one.
 bool open_host_tier(const DaemonOptions& options, std::unique_ptr<shm::ArenaOwner>& ret_arena,
-                    std::unique_ptr<shm::StateSegment>& ret_state, bool& ret_adopted,
+                    std::unique_ptr<shm::StateSegment>& ret_state,
+                    std::unique_ptr<KeptMemory>& ret_index_memory, bool& ret_adopted,
                     std::string& ret_fresh_reason);
 // The remote tier, if configured; null (logged) when it cannot start. A store that is
 // down is fine: the tier starts and picks the store up when it answers.

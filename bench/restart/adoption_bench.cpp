@@ -9,7 +9,10 @@
 // table: wall time, and the thread's CPU time (the figure that holds on a loaded
 // machine: it excludes waiting for a core, and includes page faults). The same
 // process then adopts once more into the memory the first adoption freed: the work
-// itself, without first-touching fresh memory. Next to it, each in a process of its
+// itself, without first-touching fresh memory. Then, as under a service manager, one
+// process adopts into index memory kept in a memfd and leaves its pages there, and a
+// fresh process adopts over them (daemon/kept_memory.h): the "kept" figures, mapping
+// the kept memory included. Next to it, each in a process of its
 // own: the floor (copying the records out and checking them), and what
 // first-touching fresh memory the size of the index costs on 4 KiB pages and on huge
 // pages (the entry table's bulk is on huge pages where the kernel allows:
@@ -39,6 +42,7 @@
 #include "daemon/entry_state.h"
 #include "daemon/entry_table.h"
 #include "daemon/huge_page_allocator.h"
+#include "daemon/kept_memory.h"
 #include "proto/limits.h"
 #include "shm/state_segment.h"
 
@@ -151,8 +155,8 @@ double touch_msec(uint64_t entries, bool huge) {
 
 struct Row {
   uint64_t entries = 0, arena_bytes = 0, adopted = 0, dropped = 0;
-  double adopt_msec = 0, adopt_cpu_msec = 0, again_cpu_msec = 0, floor_msec = 0, touch_4k_msec = 0,
-         touch_huge_msec = 0;
+  double adopt_msec = 0, adopt_cpu_msec = 0, kept_msec = 0, kept_cpu_msec = 0, again_cpu_msec = 0,
+         floor_msec = 0, touch_4k_msec = 0, touch_huge_msec = 0;
 };
 
 // Runs `measure` in a forked child and returns what it filled in. Each figure comes
@@ -203,6 +207,25 @@ double adopt_once(int fd, Row& row, double& ret_cpu_msec) {
   return wall;
 }
 
+// An adoption in this process with the index memory over `memory_fd` (kept_memory.h);
+// returns wall ms, and CPU ms in ret_cpu_msec. keep: leave the pages to the next one,
+// as a stopping daemon does.
+double adopt_over_kept_memory(int fd, int memory_fd, Row& row, bool keep, double& ret_cpu_msec) {
+  std::unique_ptr<daemon::KeptMemory> memory;
+  int err = 0;
+  const double start = now_msec();
+  const double cpu_start = cpu_msec();
+  if (daemon::KeptMemory::open(dup(memory_fd), memory, err) != Status::Ok) fail("kept memory");
+  daemon::use_kept_memory(memory.get());
+  // Before adopt_once() frees the table on its way out (nothing else is freed before).
+  if (keep) memory->keep_pages();
+  double adopt_cpu = 0;
+  (void)adopt_once(fd, row, adopt_cpu);
+  const double wall = now_msec() - start;
+  ret_cpu_msec = cpu_msec() - cpu_start;
+  return wall;
+}
+
 Row measure(uint64_t entries) {
   Row row{.entries = entries, .arena_bytes = entries * extent_bytes};
   const int fd = write_kept_segment(entries, row.arena_bytes);
@@ -210,6 +233,23 @@ Row measure(uint64_t entries) {
     r.adopt_msec = adopt_once(fd, r, r.adopt_cpu_msec);
     (void)adopt_once(fd, r, r.again_cpu_msec);  // into the memory the first one freed
   });
+  // Under a service manager: an instance adopts into index memory it keeps, stops, and
+  // the next one adopts over the pages it left (what kvparkd does, daemon/main.cpp).
+  int memory_fd = -1;
+  {
+    std::unique_ptr<daemon::KeptMemory> memory;
+    int err = 0;
+    if (daemon::KeptMemory::open(-1, memory, err) != Status::Ok) fail("kept memory");
+    memory_fd = dup(memory->fd());
+  }
+  row = in_fresh_process(row, [&](Row& r) {
+    double cpu = 0;
+    (void)adopt_over_kept_memory(fd, memory_fd, r, true, cpu);
+  });
+  row = in_fresh_process(row, [&](Row& r) {
+    r.kept_msec = adopt_over_kept_memory(fd, memory_fd, r, false, r.kept_cpu_msec);
+  });
+  close(memory_fd);
   row = in_fresh_process(row, [&](Row& r) { r.floor_msec = floor_msec(fd, entries); });
   row = in_fresh_process(row, [&](Row& r) { r.touch_4k_msec = touch_msec(entries, false); });
   row = in_fresh_process(row, [&](Row& r) { r.touch_huge_msec = touch_msec(entries, true); });
@@ -242,20 +282,24 @@ int main(int argc, char** argv) {
   std::printf(
       "kvpark-adoption-bench: sealed blocks of %llu KiB extents, arena sized to hold them\n",
       static_cast<unsigned long long>(extent_bytes >> 10));
-  std::printf("%10s %9s %9s %9s %9s %9s %9s %10s %10s\n", "entries", "arena GiB", "adopt ms",
-              "cpu ms", "ns/entry", "again ms", "floor ms", "4k-touch", "huge-touch");
+  std::printf("%10s %9s %9s %9s %9s %9s %9s %9s %9s %10s %10s\n", "entries", "arena GiB",
+              "adopt ms", "cpu ms", "ns/entry", "kept ms", "kept cpu", "again ms", "floor ms",
+              "4k-touch", "huge-touch");
   for (uint64_t n : counts) {
     if (n == 0) continue;
     const Row r = measure(n);
-    std::printf("%10llu %9.2f %9.1f %9.1f %9.0f %9.1f %9.1f %10.1f %10.1f\n",
+    std::printf("%10llu %9.2f %9.1f %9.1f %9.0f %9.1f %9.1f %9.1f %9.1f %10.1f %10.1f\n",
                 static_cast<unsigned long long>(r.entries),
                 static_cast<double>(r.arena_bytes) / (1ull << 30), r.adopt_msec, r.adopt_cpu_msec,
-                r.adopt_cpu_msec * 1e6 / static_cast<double>(r.entries), r.again_cpu_msec,
-                r.floor_msec, r.touch_4k_msec, r.touch_huge_msec);
+                r.adopt_cpu_msec * 1e6 / static_cast<double>(r.entries), r.kept_msec,
+                r.kept_cpu_msec, r.again_cpu_msec, r.floor_msec, r.touch_4k_msec,
+                r.touch_huge_msec);
   }
   std::printf(
       "each figure from a process of its own, as a restarted daemon is.\n"
-      "adopt: wall and thread CPU time; ns/entry from CPU time; again: a second\n"
+      "adopt: wall and thread CPU time, in fresh memory; ns/entry from CPU time;\n"
+      "kept: wall and CPU time with the index memory an earlier process kept (the fd\n"
+      "store: daemon/kept_memory.h), mapping it included; again: a second\n"
       "adoption in the same process, into memory the first freed (CPU ms); floor:\n"
       "reading and checking the records; 4k-touch / huge-touch: first-touching memory\n"
       "the size of the index on 4 KiB / huge pages (CPU ms)\n");

@@ -2,9 +2,11 @@
 // store, played here by the harness: tests/testing/fd_store.h): every sealed entry is
 // served again, byte for byte, after SIGTERM and after SIGKILL; a changed arena size
 // starts fresh, has the stale fds removed and says why in one line; a state segment
-// written over drops what fails its checks and serves nothing wrong.
+// written over drops what fails its checks and serves nothing wrong; the index memory
+// is kept too, reused at the next start, and trusted for nothing.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -229,6 +231,56 @@ TEST(Adoption, ScribbledStateDropsWhatFailsItsCheckAndServesNothingWrong) {
   // Republishing repairs what was dropped.
   publish(daemon, seeds);
   expect_all_restored(daemon, seeds);
+}
+
+TEST(Adoption, TheIndexMemoryIsKeptReusedAndTrustedForNothing) {
+  // 12,241 blocks of 4 KiB (one head block, 48 bodies of 255): the entry table's slab
+  // is past 2 MiB, so it lives in the kept index memory (daemon/kept_memory.h).
+  DaemonProcess daemon(kept_config(128ull << 20));
+  ASSERT_TRUE(daemon.start());
+  // Each iteration publishes its prompt (nothing when every block is parked), then
+  // restores it and checks every byte.
+  const std::vector<std::string> bodies = {"stress", "--block-tokens", "16", "--block-bytes",
+                                           "4096",   "--head-tokens",  "16", "--body-tokens",
+                                           "4080",   "--iterations",   "48"};
+  constexpr uint64_t blocks = 1 + 48 * 255;
+  EngineRun first = run_engine(daemon, bodies);
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const kvpark_stats before = stats_of(daemon);
+  ASSERT_EQ(before.blocks, blocks);
+  constexpr const char* memory_name = "kvpark-index-memory";
+  ASSERT_EQ(daemon.fd_store().count(memory_name), 1u);
+
+  ASSERT_EQ(daemon.stop(), 0);
+  // What the stopped daemon left: its arrays' pages. Written over with garbage here.
+  const int memory_fd = daemon.fd_store().fd(memory_name);
+  struct stat st {};
+  ASSERT_EQ(fstat(memory_fd, &st), 0);
+  const uint64_t left_bytes = static_cast<uint64_t>(st.st_blocks) * 512;
+  EXPECT_GE(left_bytes, 2ull << 20);
+  const std::vector<uint8_t> garbage(left_bytes + (8ull << 20), 0xa5);
+  ASSERT_EQ(pwrite(memory_fd, garbage.data(), garbage.size(), 0),
+            static_cast<ssize_t>(garbage.size()));
+
+  ASSERT_TRUE(daemon.start());
+  const auto reused = log_lines(daemon, "of index memory kept by the previous instance");
+  ASSERT_EQ(reused.size(), 1u);
+  EXPECT_EQ(reused[0].find("reusing 0 MiB"), std::string::npos) << reused[0];
+  const auto adopted = log_lines(daemon, "from the previous instance");
+  ASSERT_EQ(adopted.size(), 1u);
+  EXPECT_NE(adopted[0].find("adopted " + to_string(blocks) + " entries"), std::string::npos)
+      << adopted[0];
+  EXPECT_NE(adopted[0].find("dropped 0"), std::string::npos) << adopted[0];
+  EXPECT_EQ(daemon.fd_store().count(memory_name), 1u);  // reused, not stored again
+  EXPECT_EQ(stats_of(daemon).arena_free_bytes, before.arena_free_bytes);
+  // Every block is found (nothing published again) and restores byte for byte.
+  EngineRun again = run_engine(daemon, bodies);
+  ASSERT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_EQ(published_in(again.output), 0);
+  const auto restores = restores_in(again.output);
+  ASSERT_EQ(restores.size(), 48u);
+  for (const auto& r : restores) EXPECT_EQ(r.tokens, full_restore_tokens(16 + 4080, 16));
+  EXPECT_EQ(stats_of(daemon).blocks, blocks);
 }
 
 }  // namespace

@@ -1,0 +1,98 @@
+// Memory for the entry table's bulk that a restarted kvparkd finds already backed.
+//
+// Why: rebuilding the index of 1M adopted entries writes about a quarter of a gigabyte.
+// In a new process that is fresh memory, and on the VMs kvpark runs on first-touching
+// that much costs about a second (the host backs guest memory lazily: docs/operations.md
+// has the figures), several times the rebuild's own work. So under a service manager
+// the daemon draws the table's large arrays (huge_page_allocator.h) from one memfd that
+// it keeps in the fd store beside the arena. The next instance gets it back with the
+// pages of the arrays that were live still allocated, hands those ranges out first, and
+// maps them with MADV_POPULATE_WRITE (page-table entries only, no new pages).
+//
+// The memfd holds no state: every array is constructed over its range before it is
+// read, so a new instance trusts nothing it finds there, and no client ever sees it.
+// Its size is virtual (kept_memory_bytes_max, sparse); a range freed is punched out,
+// so the pages it holds are the live arrays' and no more.
+// Thread-safe (one mutex): the allocator that calls it is global.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "proto/status.h"
+
+namespace kvpark::daemon {
+
+// The memfd's virtual size: room for the index of some 800M entries. Sparse: only the
+// pages of live arrays are allocated.
+inline constexpr uint64_t kept_memory_bytes_max = 256ull << 30;
+// Ranges are handed out in these units, so every mapping can be on huge pages.
+inline constexpr uint64_t kept_memory_unit_bytes = 2ull << 20;
+// At start, the memfd's ranges that still hold pages are listed up to this many (the
+// live arrays of the instance before: a handful); the rest are treated as empty.
+inline constexpr size_t kept_memory_backed_ranges_max = 4096;
+
+class KeptMemory {
+ public:
+  // Over `kept_fd` (a memfd the previous instance stored; taken), or a new memfd when
+  // kept_fd < 0. Fails only when no memfd can be made or sized (errno in ret_err);
+  // a kept fd that cannot serve is closed and a new memfd made in its place.
+  static Status open(int kept_fd, std::unique_ptr<KeptMemory>& ret_memory, int& ret_err);
+  ~KeptMemory();
+  KeptMemory(const KeptMemory&) = delete;
+  KeptMemory& operator=(const KeptMemory&) = delete;
+
+  int fd() const { return fd_; }
+  // Over the memfd an earlier instance kept (false: a new one, to be stored).
+  bool kept() const { return kept_; }
+  // Bytes that held pages when this instance opened the memfd: what it can reuse.
+  uint64_t kept_bytes() const { return kept_bytes_; }
+
+  // A 2 MiB-aligned mapping of `bytes` (rounded up to 2 MiB) over a free range of the
+  // memfd, one that still holds pages when one fits; nullptr when none is left.
+  void* map(size_t bytes);
+  // Unmaps what map() returned and frees its pages; false (nothing done) when `p` is
+  // not one of this memory's mappings.
+  bool unmap(void* p);
+  // The daemon is stopping: from now on unmap() leaves the pages to the next instance
+  // (the arrays it frees on its way out are the ones that instance rebuilds).
+  void keep_pages() {
+    std::lock_guard lock(mutex_);
+    keep_pages_ = true;
+  }
+
+ private:
+  struct Range {
+    uint64_t bytes = 0;
+    bool backed = false;  // held pages when listed at open (a candidate to reuse)
+  };
+  struct Mapping {
+    uint64_t offset = 0;
+    uint64_t bytes = 0;
+  };
+
+  KeptMemory(int fd, bool kept) : fd_(fd), kept_(kept) {}
+  void list_ranges();  // the free list over the whole memfd, backed ranges marked
+  // Takes [offset, +bytes) out of the free range starting at `at`.
+  void carve(std::map<uint64_t, Range>::iterator at, uint64_t bytes);
+  void release(uint64_t offset, uint64_t bytes);  // back on the free list, merged
+
+  int fd_ = -1;
+  bool kept_ = false;
+  bool keep_pages_ = false;
+  uint64_t kept_bytes_ = 0;
+  std::mutex mutex_;
+  std::map<uint64_t, Range> free_;         // by offset; neighbours never both unbacked
+  std::map<uintptr_t, Mapping> mappings_;  // by address
+};
+
+// Routes map_huge_pages() to `memory` from now on (nullptr: anonymous mappings again).
+// The daemon sets it before it builds its entry table; `memory` must outlive every
+// mapping it serves.
+void use_kept_memory(KeptMemory* memory);
+KeptMemory* kept_memory_in_use();
+
+}  // namespace kvpark::daemon

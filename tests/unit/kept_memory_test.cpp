@@ -1,0 +1,166 @@
+// Index memory kept in the fd store (daemon/kept_memory.h): mappings are aligned and
+// never overlap, a freed array gives its pages back, a restarted instance is handed the
+// pages the last one left before any fresh range, and the entry table's vectors draw
+// from it while it is in use.
+#include "daemon/kept_memory.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "daemon/huge_page_allocator.h"
+
+namespace kvpark::daemon {
+namespace {
+
+constexpr size_t mib = 1u << 20;
+
+std::unique_ptr<KeptMemory> open_memory(int kept_fd = -1) {
+  std::unique_ptr<KeptMemory> memory;
+  int err = 0;
+  EXPECT_EQ(KeptMemory::open(kept_fd, memory, err), Status::Ok) << err;
+  return memory;
+}
+
+// Bytes of pages the memfd holds.
+uint64_t allocated_bytes(int fd) {
+  struct stat st {};
+  EXPECT_EQ(fstat(fd, &st), 0);
+  return static_cast<uint64_t>(st.st_blocks) * 512;
+}
+
+bool all_bytes(const void* p, size_t bytes, uint8_t value) {
+  const auto* b = static_cast<const uint8_t*>(p);
+  for (size_t i = 0; i < bytes; ++i) {
+    if (b[i] != value) return false;
+  }
+  return true;
+}
+
+TEST(KeptMemory, AMappingIsAlignedWholeUnitsAndItsPagesGoWhenItIsFreed) {
+  auto memory = open_memory();
+  ASSERT_TRUE(memory);
+  EXPECT_FALSE(memory->kept());
+  EXPECT_EQ(memory->kept_bytes(), 0u);
+  void* p = memory->map(3 * mib);  // rounded up to 4 MiB
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % kept_memory_unit_bytes, 0u);
+  std::memset(p, 0x5a, 4 * mib);
+  EXPECT_EQ(allocated_bytes(memory->fd()), 4 * mib);
+  EXPECT_TRUE(memory->unmap(p));
+  EXPECT_EQ(allocated_bytes(memory->fd()), 0u);
+  int not_mapped = 0;
+  EXPECT_FALSE(memory->unmap(&not_mapped));
+}
+
+TEST(KeptMemory, MappingsNeverOverlapAndFreedRangesAreReused) {
+  auto memory = open_memory();
+  ASSERT_TRUE(memory);
+  const size_t sizes[] = {2 * mib, 6 * mib, 4 * mib, 2 * mib};
+  std::vector<void*> maps;
+  for (size_t i = 0; i < std::size(sizes); ++i) {
+    maps.push_back(memory->map(sizes[i]));
+    ASSERT_NE(maps.back(), nullptr);
+    std::memset(maps.back(), static_cast<int>(i + 1), sizes[i]);
+  }
+  for (size_t i = 0; i < std::size(sizes); ++i)
+    EXPECT_TRUE(all_bytes(maps[i], sizes[i], i + 1)) << i;
+  // Freeing the 6 MiB one and asking for 8 MiB: it does not fit the hole, so it lands
+  // elsewhere; the hole serves a later 6 MiB and nothing written before changes.
+  ASSERT_TRUE(memory->unmap(maps[1]));
+  void* larger = memory->map(8 * mib);
+  ASSERT_NE(larger, nullptr);
+  std::memset(larger, 9, 8 * mib);
+  void* again = memory->map(6 * mib);
+  ASSERT_NE(again, nullptr);
+  EXPECT_TRUE(all_bytes(again, 6 * mib, 0)) << "a freed range is punched: it reads zero";
+  std::memset(again, 7, 6 * mib);
+  EXPECT_TRUE(all_bytes(maps[0], 2 * mib, 1));
+  EXPECT_TRUE(all_bytes(maps[2], 4 * mib, 3));
+  EXPECT_TRUE(all_bytes(maps[3], 2 * mib, 4));
+  EXPECT_TRUE(all_bytes(larger, 8 * mib, 9));
+  for (void* p : {maps[0], maps[2], maps[3], larger, again}) EXPECT_TRUE(memory->unmap(p));
+  EXPECT_EQ(allocated_bytes(memory->fd()), 0u);
+}
+
+TEST(KeptMemory, ARestartedInstanceIsHandedThePagesTheLastOneLeftBeforeAnyFreshRange) {
+  int fd = -1;
+  {
+    auto previous = open_memory();
+    ASSERT_TRUE(previous);
+    void* live = previous->map(8 * mib);
+    void* untouched = previous->map(4 * mib);  // reserved, never written: no pages
+    ASSERT_NE(live, nullptr);
+    ASSERT_NE(untouched, nullptr);
+    std::memset(live, 0xab, 8 * mib);
+    fd = dup(previous->fd());
+    previous->keep_pages();  // a stopping daemon: its arrays' pages stay
+    previous->unmap(live);
+    previous->unmap(untouched);
+  }
+  ASSERT_GE(fd, 0);
+  auto next = open_memory(fd);
+  ASSERT_TRUE(next);
+  EXPECT_TRUE(next->kept());
+  EXPECT_EQ(next->kept_bytes(), 8 * mib);
+  // The earlier pages, still holding what the last instance wrote (the memory is
+  // trusted for nothing: whoever maps it writes it before reading).
+  void* reused = next->map(4 * mib);
+  ASSERT_NE(reused, nullptr);
+  EXPECT_TRUE(all_bytes(reused, 4 * mib, 0xab));
+  // 4 MiB of kept pages are left, too few for 8: that comes from a fresh range.
+  void* fresh = next->map(8 * mib);
+  ASSERT_NE(fresh, nullptr);
+  EXPECT_TRUE(all_bytes(fresh, 8 * mib, 0));
+  void* rest = next->map(4 * mib);
+  ASSERT_NE(rest, nullptr);
+  EXPECT_TRUE(all_bytes(rest, 4 * mib, 0xab));
+  for (void* p : {reused, fresh, rest}) EXPECT_TRUE(next->unmap(p));
+}
+
+TEST(KeptMemory, AKeptFdThatIsNoMemfdIsReplacedByANewOne) {
+  int pipe_fds[2];
+  ASSERT_EQ(pipe(pipe_fds), 0);
+  close(pipe_fds[1]);
+  auto memory = open_memory(pipe_fds[0]);  // taken: closed, a new memfd made
+  ASSERT_TRUE(memory);
+  EXPECT_FALSE(memory->kept());
+  void* p = memory->map(2 * mib);
+  ASSERT_NE(p, nullptr);
+  EXPECT_TRUE(memory->unmap(p));
+}
+
+TEST(KeptMemory, ARequestLargerThanTheMemoryIsRefused) {
+  auto memory = open_memory();
+  ASSERT_TRUE(memory);
+  EXPECT_EQ(memory->map(kept_memory_bytes_max + 1), nullptr);
+  void* whole = memory->map(kept_memory_bytes_max);  // virtual: nothing is allocated
+  ASSERT_NE(whole, nullptr);
+  EXPECT_EQ(memory->map(kept_memory_unit_bytes), nullptr);
+  EXPECT_TRUE(memory->unmap(whole));
+}
+
+TEST(KeptMemory, HugePageVectorsDrawFromTheMemoryInUseAndFallBackWithout) {
+  auto memory = open_memory();
+  ASSERT_TRUE(memory);
+  use_kept_memory(memory.get());
+  {
+    HugePageVector<uint64_t> v(4 * mib / sizeof(uint64_t));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = i;
+    EXPECT_EQ(allocated_bytes(memory->fd()), 4 * mib);
+    v.resize(v.size() * 2);  // grows into a new range, the old one freed
+    for (size_t i = 0; i < v.size() / 2; ++i) ASSERT_EQ(v[i], i);
+    EXPECT_EQ(allocated_bytes(memory->fd()), 8 * mib);
+  }
+  EXPECT_EQ(allocated_bytes(memory->fd()), 0u);
+  use_kept_memory(nullptr);
+  HugePageVector<uint64_t> anonymous(4 * mib / sizeof(uint64_t), 1);
+  EXPECT_EQ(allocated_bytes(memory->fd()), 0u);
+}
+
+}  // namespace
+}  // namespace kvpark::daemon
