@@ -20,9 +20,6 @@ namespace {
 constexpr uint64_t adopted_hits_max = uint64_t{1} << 32;
 // Records are read in batches of this many (about 600 KiB, reused).
 constexpr uint64_t records_per_read = 4096;
-// How far ahead the index cells of coming records are prefetched: enough to cover a
-// memory access at the loop's pace of a few hundred nanoseconds a record.
-constexpr uint64_t index_prefetch_records = 8;
 
 const char* huge_pages_name(uint32_t setting) {
   switch (static_cast<shm::HugePages>(setting)) {
@@ -148,6 +145,16 @@ AdoptionReport adopt_entries(EntryState& state, const uint8_t* arena_data, uint6
     if (table.register_namespace(r.id, g, r.prefill_tokens_per_second, ns) == Status::Ok)
       by_id[r.id] = ns;
   }
+  // Records come in runs of one namespace: the last one found answers most lookups.
+  NamespaceId last_id{};
+  auto last_ns = by_id.end();
+  auto find_namespace = [&](const NamespaceId& id) {
+    if (last_ns == by_id.end() || !(id == last_id)) {
+      last_ns = by_id.find(id);
+      last_id = id;
+    }
+    return last_ns;
+  };
   const uint64_t now = coarse_monotonic_usec();
   std::vector<int32_t> tail;
   const uint64_t high_water = segment.records_high_water();
@@ -157,15 +164,6 @@ AdoptionReport adopt_entries(EntryState& state, const uint8_t* arena_data, uint6
   for (uint64_t i = 0; i < high_water; ++i) {
     if (i % records_per_read == 0) {
       batch_read = segment.read_records(i, std::min(records_per_read, high_water - i), batch.data());
-    }
-    // The index cell of a record a few ahead, so its insert finds it in the cache
-    // (the cells of 1M entries are far larger than any cache: a miss each otherwise).
-    if (const uint64_t ahead = i + index_prefetch_records;
-        ahead < high_water && ahead / records_per_read == i / records_per_read) {
-      const shm::StateRecordBody& next = batch[ahead % records_per_read].body;
-      if (auto it = by_id.find(next.namespace_id); it != by_id.end()) {
-        table.prefetch_block(it->second, next.key_hash);
-      }
     }
     const shm::StateRecord& record = batch[i % records_per_read];
     // A batch that cannot be read is dropped as damaged: nothing unread is trusted.
@@ -181,7 +179,7 @@ AdoptionReport adopt_entries(EntryState& state, const uint8_t* arena_data, uint6
       continue;
     }
     const shm::StateRecordBody& b = record.body;
-    auto ns_it = by_id.find(b.namespace_id);
+    const auto ns_it = find_namespace(b.namespace_id);
     if (ns_it == by_id.end()) {
       drop(DropReason::Namespace);
       continue;
@@ -255,7 +253,12 @@ AdoptionReport adopt_entries(EntryState& state, const uint8_t* arena_data, uint6
     ++report.entries;
     report.bytes += b.extent_bytes;
   }
-  table.finish_adoption();
+  // Blocks whose key an earlier record holds (found as the index is built).
+  const EntryTable::Refused refused = table.finish_adoption();
+  for (const uint32_t record : refused.records) state.drop(record);
+  report.entries -= refused.records.size();
+  report.bytes -= refused.bytes;
+  report.dropped[static_cast<size_t>(DropReason::Extent)] += refused.records.size();
   state.finish_adoption(static_cast<uint32_t>(table.namespace_count()));
   report.previous_pids = state.take_previous_connections();
   report.usec = monotonic_usec() - start;

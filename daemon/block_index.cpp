@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <cassert>
 #include <utility>
 
@@ -13,6 +14,9 @@ namespace kvpark::daemon {
 namespace {
 
 constexpr size_t cells_min = 16;
+// insert_batch() sorts into this many buckets (as bits): 2048 runs of the cells, each
+// small enough to stay in the cache while its keys go in.
+constexpr unsigned batch_bucket_bits = 11;
 
 uint64_t random_seed() {
   uint64_t seed = 0;
@@ -34,9 +38,9 @@ size_t BlockIndex::home(NamespaceIndex ns, const Hash128& hash) const {
   return static_cast<size_t>(x) & mask_;
 }
 
-size_t BlockIndex::probe(NamespaceIndex ns, const Hash128& hash) const {
+size_t BlockIndex::probe_from(size_t start, NamespaceIndex ns, const Hash128& hash) const {
   assert(!cells_.empty());
-  for (size_t i = home(ns, hash);; i = (i + 1) & mask_) {
+  for (size_t i = start;; i = (i + 1) & mask_) {
     const Cell& c = cells_[i];
     if (c.slot == no_slot || (c.hash == hash && c.ns == ns)) return i;
   }
@@ -82,6 +86,34 @@ bool BlockIndex::erase(NamespaceIndex ns, const Hash128& hash) {
   cells_[hole] = Cell{};
   --size_;
   return true;
+}
+
+void BlockIndex::insert_batch(std::span<const Key> keys, std::vector<EntrySlot>& ret_refused) {
+  reserve(size_ + keys.size());
+  assert(cells_.size() <= (size_t{1} << 32) && "homes are kept in 32 bits");
+  const unsigned cell_bits = static_cast<unsigned>(std::countr_zero(cells_.size()));
+  const unsigned shift = cell_bits - std::min(cell_bits, batch_bucket_bits);
+  std::vector<uint32_t> homes(keys.size());
+  std::vector<uint32_t> starts((size_t{1} << (cell_bits - shift)) + 1, 0);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    homes[i] = static_cast<uint32_t>(home(keys[i].ns, keys[i].hash));
+    ++starts[(homes[i] >> shift) + 1];
+  }
+  for (size_t b = 1; b < starts.size(); ++b) starts[b] += starts[b - 1];
+  std::vector<uint32_t> order(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i)
+    order[starts[homes[i] >> shift]++] = static_cast<uint32_t>(i);
+  for (const uint32_t i : order) {
+    const Key& k = keys[i];
+    assert(k.slot != no_slot);
+    Cell& c = cells_[probe_from(homes[i], k.ns, k.hash)];
+    if (c.slot != no_slot) {
+      ret_refused.push_back(k.slot);
+      continue;
+    }
+    c = Cell{.hash = k.hash, .ns = k.ns, .slot = k.slot};
+    ++size_;
+  }
 }
 
 void BlockIndex::reserve(size_t keys) {

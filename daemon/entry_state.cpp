@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cassert>
+#include <iterator>
 
 #include "daemon/entry_table.h"
 #include "proto/xxh3.h"
@@ -86,8 +87,18 @@ void EntryState::write_namespace(uint32_t index, const NamespaceInfo& ns) {
 
 void EntryState::finish_adoption(uint32_t namespaces) {
   for (uint32_t record : dropped_) segment_.clear_record(record);  // never read again
+  // Claims come in record order, drops nearly so: sorting is a check, usually.
+  if (!std::is_sorted(claimed_.begin(), claimed_.end()))
+    std::sort(claimed_.begin(), claimed_.end());
+  if (!dropped_.empty()) {  // a record claimed, then refused at the end, is free
+    std::sort(dropped_.begin(), dropped_.end());
+    std::vector<uint32_t> kept;
+    kept.reserve(claimed_.size());
+    std::set_difference(claimed_.begin(), claimed_.end(), dropped_.begin(), dropped_.end(),
+                        std::back_inserter(kept));
+    claimed_ = std::move(kept);
+  }
   dropped_ = {};
-  std::sort(claimed_.begin(), claimed_.end());
   // Ascending indexes already form a valid min-heap.
   std::vector<uint32_t> free_records;
   free_records.reserve(next_fresh_ - claimed_.size());

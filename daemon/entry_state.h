@@ -35,9 +35,9 @@ class EntryState {
   void write_namespace(uint32_t index, const NamespaceInfo& ns);
 
   // Adoption: `record` is an adopted entry's (claim) or a written record adoption
-  // refused (drop: cleared at finish_adoption). Every index below the high-water
-  // mark not claimed is free once finish_adoption() runs; indexes neither claimed
-  // nor dropped are already empty and are not touched.
+  // refused (drop: cleared at finish_adoption), claimed before or not. Every index below the
+  // high-water mark not claimed is free once finish_adoption() runs; indexes neither claimed nor
+  // dropped are already empty and are not touched.
   void claim(uint32_t record) { claimed_.push_back(record); }
   void drop(uint32_t record) { dropped_.push_back(record); }
   void finish_adoption(uint32_t namespaces);

@@ -11,6 +11,13 @@
 #include "shm/arena_format.h"
 
 namespace kvpark::daemon {
+
+namespace {
+// Adopted blocks are indexed this many at a time (BlockIndex::insert_batch): 2 MiB of
+// keys, enough that each batch writes the cells nearly front to back.
+constexpr size_t adoption_block_batch = 65536;
+}  // namespace
+
 EntryTable::EntryTable(uint64_t data_bytes, uint64_t extent_align_bytes)
     : allocator_(data_bytes, extent_align_bytes) {}
 
@@ -189,16 +196,17 @@ void EntryTable::begin_adoption(size_t entries) {
   blocks_.reserve(entries);
   adoption_claims_ =
       std::make_unique<shm::ExtentClaims>(allocator_.capacity_bytes(), allocator_.granularity_bytes());
+  adoption_blocks_.reserve(std::min(entries, adoption_block_batch));
+  adoption_refused_ = {};
 }
 
 Status EntryTable::insert_adopted(const NewEntry& n, uint64_t extent_offset, uint32_t record,
                                   uint64_t hits, uint64_t last_use_usec, bool pinned,
                                   EntrySlot& ret_slot) {
   assert(adoption_claims_);
-  const bool duplicate = n.kind == EntryKind::Block
-                             ? blocks_.find(n.ns, n.key_hash) != no_slot
-                             : find_snapshot(n.ns, n.key_hash, n.tail_tokens) != no_slot;
-  if (duplicate || !adoption_claims_->claim(extent_offset, n.extent_bytes)) return Status::Corrupt;
+  const bool block = n.kind == EntryKind::Block;
+  if (!block && find_snapshot(n.ns, n.key_hash, n.tail_tokens) != no_slot) return Status::Corrupt;
+  if (!adoption_claims_->claim(extent_offset, n.extent_bytes)) return Status::Corrupt;
   const EntrySlot slot = new_slot(n);
   Entry& e = slots_[slot];
   e.extent_offset = extent_offset;
@@ -209,19 +217,48 @@ Status EntryTable::insert_adopted(const NewEntry& n, uint64_t extent_offset, uin
   e.adoption_hold = true;
   held_bytes_ += e.extent_bytes;
   count_sealed(e);
-  index(slot);  // the probe just made found the cell: it is in the cache
   if (pinned) {
     e.pinned = true;
     ++pinned_;
   }
   ret_slot = slot;
+  if (!block) {
+    index(slot);
+    return Status::Ok;
+  }
+  // Last: indexing the batch may refuse this very entry (finish_adoption() says so).
+  adoption_blocks_.push_back({.hash = e.key_hash, .ns = e.ns, .slot = slot});
+  if (adoption_blocks_.size() == adoption_block_batch) index_adopted_blocks();
   return Status::Ok;
 }
 
-void EntryTable::finish_adoption() {
+void EntryTable::index_adopted_blocks() {
+  std::vector<EntrySlot> refused;
+  blocks_.insert_batch(adoption_blocks_, refused);
+  adoption_blocks_.clear();
+  for (const EntrySlot slot : refused) {
+    // Undoes insert_adopted(); the entry was never visible to anyone.
+    Entry& e = slots_[slot];
+    adoption_refused_.records.push_back(e.state_record);
+    adoption_refused_.bytes += e.extent_bytes;
+    adoption_claims_->release(e.extent_offset, e.extent_bytes);
+    held_bytes_ -= e.extent_bytes;
+    NamespaceInfo& info = namespaces_[e.ns];
+    info.bytes -= e.extent_bytes;
+    --info.blocks;
+    --sealed_blocks_;
+    e.state_record = no_record;
+    free_slot(slot);
+  }
+}
+
+EntryTable::Refused EntryTable::finish_adoption() {
   assert(adoption_claims_);
+  index_adopted_blocks();
+  adoption_blocks_ = {};
   allocator_.adopt(*adoption_claims_);
   adoption_claims_.reset();
+  return std::exchange(adoption_refused_, {});
 }
 
 void EntryTable::release_adoption_hold() {

@@ -70,8 +70,6 @@ class EntryTable {
 
   // Lookups by key; no_slot when absent. Reserved entries are returned too.
   EntrySlot find_block(NamespaceIndex ns, const Hash128& hash) const;
-  // Adoption knows its next keys: it brings their index cells in ahead of time.
-  void prefetch_block(NamespaceIndex ns, const Hash128& hash) const { blocks_.prefetch(ns, hash); }
   EntrySlot find_snapshot(NamespaceIndex ns, const Hash128& anchor,
                           std::span<const int32_t> tail) const;
   // Snapshots (reserved or sealed) hanging off an anchor.
@@ -87,12 +85,19 @@ class EntryTable {
   // insert_adopted() indexes a sealed host entry adopted from an earlier daemon at
   // exactly [extent_offset, +extent_bytes), whose record is `record`, or returns
   // Corrupt (nothing changed) when that range overlaps an entry adopted before it,
-  // leaves the arena, or the key is already indexed; finish_adoption() makes every
-  // extent no adopted entry holds free.
+  // leaves the arena, or (a snapshot) the key is already indexed. Blocks are indexed
+  // in batches (BlockIndex::insert_batch), so a block whose key an earlier record
+  // holds is found only then: it is taken out again and its record named in what
+  // finish_adoption() returns. finish_adoption() makes every extent no adopted entry
+  // holds free.
+  struct Refused {
+    std::vector<uint32_t> records;  // of blocks whose key an earlier record holds
+    uint64_t bytes = 0;             // their extents
+  };
   void begin_adoption(size_t entries);
   Status insert_adopted(const NewEntry& entry, uint64_t extent_offset, uint32_t record,
                         uint64_t hits, uint64_t last_use_usec, bool pinned, EntrySlot& ret_slot);
-  void finish_adoption();
+  Refused finish_adoption();
   // Adopted entries become evictable like any other.
   void release_adoption_hold();
   uint64_t held_bytes() const { return held_bytes_; }
@@ -213,6 +218,10 @@ class EntryTable {
   uint64_t held_bytes_ = 0;
   shm::ExtentAllocator allocator_;
   std::unique_ptr<shm::ExtentClaims> adoption_claims_;  // between begin and finish_adoption
+  std::vector<BlockIndex::Key> adoption_blocks_;        // adopted, not yet indexed
+  Refused adoption_refused_;
+  // Indexes the adopted blocks not yet indexed; takes out those whose key is taken.
+  void index_adopted_blocks();
   std::vector<NamespaceInfo> namespaces_;
   std::unordered_map<NamespaceId, NamespaceIndex, Hash128Hasher> namespace_by_id_;
   // The slab, its generations and the block index are the table's bulk (about 250

@@ -102,13 +102,21 @@ bool ExtentClaims::any_set(uint64_t first, uint64_t end) const {
   return false;
 }
 
-void ExtentClaims::set(uint64_t first, uint64_t end) {
+void ExtentClaims::set(uint64_t first, uint64_t end, bool used) {
   for (uint64_t g = first; g < end;) {
     const uint64_t word = g / 64, to = std::min<uint64_t>(end - word * 64, 64);
-    words_[word] |= bit_range(g % 64, to);
+    if (used) {
+      words_[word] |= bit_range(g % 64, to);
+    } else {
+      words_[word] &= ~bit_range(g % 64, to);
+    }
     g = word * 64 + to;
   }
-  claimed_granules_ += end - first;
+  if (used) {
+    claimed_granules_ += end - first;
+  } else {
+    claimed_granules_ -= end - first;
+  }
 }
 
 uint64_t ExtentClaims::next_with(bool used, uint64_t from) const {
@@ -127,8 +135,16 @@ bool ExtentClaims::claim(uint64_t offset, uint64_t bytes) {
   }
   const uint64_t first = offset / granularity_bytes_, end = first + bytes / granularity_bytes_;
   if (any_set(first, end)) return false;
-  set(first, end);
+  set(first, end, true);
   return true;
+}
+
+void ExtentClaims::release(uint64_t offset, uint64_t bytes) {
+  assert(offset % granularity_bytes_ == 0 && bytes % granularity_bytes_ == 0 &&
+         offset <= capacity_bytes_ && bytes <= capacity_bytes_ - offset);
+  const uint64_t first = offset / granularity_bytes_, end = first + bytes / granularity_bytes_;
+  assert(any_set(first, end) && "only a claimed range is released");
+  set(first, end, false);
 }
 
 uint64_t ExtentAllocator::largest_free_bytes() const {

@@ -30,12 +30,14 @@ class ExtentClaims {
   // Takes [offset, offset+bytes) when it lies inside the region, on granules, and
   // overlaps nothing claimed before; false, nothing changed, otherwise.
   bool claim(uint64_t offset, uint64_t bytes);
+  // Gives back a range claim() took (its entry was refused after all).
+  void release(uint64_t offset, uint64_t bytes);
   uint64_t claimed_bytes() const { return claimed_granules_ * granularity_bytes_; }
 
  private:
   friend class ExtentAllocator;
   bool any_set(uint64_t first, uint64_t end) const;  // granules [first, end)
-  void set(uint64_t first, uint64_t end);
+  void set(uint64_t first, uint64_t end, bool used);
   uint64_t next_with(bool used, uint64_t from) const;  // the first such granule at or past `from`
 
   uint64_t capacity_bytes_;

@@ -134,6 +134,32 @@ TEST_F(AdoptionTest, DropsOverlapsDuplicatesStrayExtentsForeignNamespacesAndTorn
   EXPECT_EQ(adopt().entries, 2u);  // and a second adoption finds the same two
 }
 
+TEST_F(AdoptionTest, AKeyAnEarlierIndexBatchHoldsIsRefusedItsExtentFreedItsRecordCleared) {
+  // Blocks are indexed in batches of 65536: the copy of record 3's key sits past the
+  // first batch, so it is found only when its batch goes in, and taken out again.
+  constexpr uint64_t count = 65536 + 16;
+  create(count * block_extent);
+  for (uint64_t i = 0; i < count; ++i) write_block(i, i + 1, i * block_extent);
+  const uint64_t twice = count - 5;
+  write_block(twice, 4, twice * block_extent);
+  segment_->write_upgrade(twice, 0, 0, true);  // pinned: the pin goes with it
+  const AdoptionReport report = adopt();
+  EXPECT_EQ(report.entries, count - 1);
+  EXPECT_EQ(report.bytes, (count - 1) * block_extent);
+  EXPECT_EQ(report.dropped[static_cast<size_t>(DropReason::Extent)], 1u);
+  EXPECT_EQ(table_->slots_in_use(), count - 1);
+  EXPECT_EQ(table_->blocks(), count - 1);
+  EXPECT_EQ(table_->pinned(), 0u);
+  EXPECT_EQ(table_->bytes_free(), block_extent);
+  EXPECT_EQ(table_->largest_free_bytes(), block_extent);  // exactly the refused extent
+  const EntrySlot kept = table_->find_block(ns_index(), {4, 4});
+  ASSERT_NE(kept, no_slot);
+  EXPECT_EQ(table_->entry(kept).extent_offset, 3 * block_extent);
+  EXPECT_EQ(check(twice), shm::StateSegment::RecordCheck::Empty);
+  EXPECT_EQ(check(3), shm::StateSegment::RecordCheck::Valid);
+  EXPECT_EQ(adopt().entries, count - 1);  // the refused record stays gone
+}
+
 TEST_F(AdoptionTest, ReadsRecordsInBatchesAcrossTheirBoundaries) {
   // More records than one read batch holds, every one kept.
   constexpr uint64_t count = 5000;

@@ -1,13 +1,16 @@
 // The block index: finds what was inserted under (namespace, hash) and nothing else,
 // refuses a duplicate, keeps every key reachable through deletions in the middle of a
-// probe run (backward shift), grows, and agrees with a plain map through long churn.
+// probe run (backward shift), grows, agrees with a plain map through long churn, and
+// a batch insert keeps the first of each key, by position, whatever order it writes in.
 #include "daemon/block_index.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <random>
 #include <utility>
+#include <vector>
 
 namespace kvpark::daemon {
 namespace {
@@ -38,6 +41,32 @@ TEST(BlockIndex, ADuplicateInsertChangesNothing) {
   EXPECT_EQ(index.size(), 1u);
   EXPECT_TRUE(index.assign(1, {3, 4}, 12));
   EXPECT_EQ(index.find(1, {3, 4}), 12u);
+}
+
+TEST(BlockIndex, ABatchKeepsTheFirstOfEachKeyAndRefusesTheRestAndWhatIsThere) {
+  BlockIndex index;
+  ASSERT_TRUE(index.insert(1, {500, 500}, 9000));  // indexed before the batch
+  std::vector<BlockIndex::Key> keys;
+  std::mt19937_64 random(12);
+  for (EntrySlot slot = 0; slot < 20000; ++slot) keys.push_back({{random(), random()}, 1, slot});
+  // Given twice: the later copies (by position) are refused, wherever their cells lie.
+  for (EntrySlot twice : {17u, 4000u, 19999u}) keys.push_back({keys[twice].hash, 1, 30000 + twice});
+  keys.push_back({{500, 500}, 1, 40000});
+  keys.push_back({keys[17].hash, 2, 50000});  // the same hash in another namespace
+  std::vector<EntrySlot> refused;
+  index.insert_batch(keys, refused);
+  std::sort(refused.begin(), refused.end());
+  EXPECT_EQ(refused, (std::vector<EntrySlot>{30017, 34000, 40000, 49999}));
+  EXPECT_EQ(index.size(), 1 + 20000 + 1u);
+  for (EntrySlot slot = 0; slot < 20000; ++slot) {
+    ASSERT_EQ(index.find(1, keys[slot].hash), slot) << slot;
+  }
+  EXPECT_EQ(index.find(1, {500, 500}), 9000u);
+  EXPECT_EQ(index.find(2, keys[17].hash), 50000u);
+  // Still an ordinary index afterwards.
+  EXPECT_TRUE(index.erase(1, keys[17].hash));
+  EXPECT_EQ(index.find(1, keys[17].hash), no_slot);
+  EXPECT_EQ(index.find(2, keys[17].hash), 50000u);
 }
 
 TEST(BlockIndex, GrowsPastItsReservationAndKeepsEveryKey) {
