@@ -9,6 +9,8 @@
 #include <atomic>
 #include <cassert>
 #include <cerrno>
+#include <utility>
+#include <vector>
 
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23  // Linux 5.14; older kernels say EINVAL and fault instead
@@ -152,6 +154,23 @@ bool KeptMemory::unmap(void* p) {
                   static_cast<off_t>(m.bytes));
   release(m.offset, m.bytes);
   return true;
+}
+
+uint64_t KeptMemory::release_unused() {
+  std::lock_guard lock(mutex_);
+  uint64_t released = 0;
+  std::vector<std::pair<uint64_t, uint64_t>> backed;
+  for (const auto& [offset, range] : free_) {
+    if (range.backed) backed.emplace_back(offset, range.bytes);
+  }
+  for (const auto& [offset, bytes] : backed) {
+    (void)fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset),
+                    static_cast<off_t>(bytes));
+    free_.erase(offset);
+    release(offset, bytes);
+    released += bytes;
+  }
+  return released;
 }
 
 void KeptMemory::release(uint64_t offset, uint64_t bytes) {

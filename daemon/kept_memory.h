@@ -57,6 +57,10 @@ class KeptMemory {
   // Unmaps what map() returned and frees its pages; false (nothing done) when `p` is
   // not one of this memory's mappings.
   bool unmap(void* p);
+  // Gives back the pages of every kept range no array took (an index smaller than the
+  // last instance's, or a fresh start); returns their bytes. Called once the index is
+  // built, so what the memfd holds is the live arrays again.
+  uint64_t release_unused();
   // The daemon is stopping: from now on unmap() leaves the pages to the next instance
   // (the arrays it frees on its way out are the ones that instance rebuilds).
   void keep_pages() {

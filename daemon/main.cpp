@@ -117,6 +117,12 @@ int main(int argc, char** argv) {
     park.hold_adopted(adoption.previous_pids, monotonic_usec() + limits::adopted_lease_grace_usec);
   }
   if (disk) daemon::recover_disk(park, *disk, recovery);
+  if (index_memory) {
+    if (const uint64_t unused = index_memory->release_unused(); unused > 0) {
+      log_info("kvparkd: gave back %llu MiB of kept index memory the index did not need",
+               static_cast<unsigned long long>(unused >> 20));
+    }
+  }
   park.set_low_water_bytes(options.arena_low_water_bytes);  // derived by finish_options
   daemon::Server server({.socket_path = options.socket_path,
                          .lock_fd = claim.lock_fd,

@@ -1,7 +1,7 @@
 // Index memory kept in the fd store (daemon/kept_memory.h): mappings are aligned and
 // never overlap, a freed array gives its pages back, a restarted instance is handed the
-// pages the last one left before any fresh range, and the entry table's vectors draw
-// from it while it is in use.
+// pages the last one left before any fresh range and gives back what it did not take,
+// and the entry table's vectors draw from it while it is in use.
 #include "daemon/kept_memory.h"
 
 #include <gtest/gtest.h>
@@ -120,6 +120,36 @@ TEST(KeptMemory, ARestartedInstanceIsHandedThePagesTheLastOneLeftBeforeAnyFreshR
   ASSERT_NE(rest, nullptr);
   EXPECT_TRUE(all_bytes(rest, 4 * mib, 0xab));
   for (void* p : {reused, fresh, rest}) EXPECT_TRUE(next->unmap(p));
+}
+
+TEST(KeptMemory, KeptPagesNoArrayTookAreGivenBack) {
+  int fd = -1;
+  {
+    auto previous = open_memory();
+    ASSERT_TRUE(previous);
+    void* live = previous->map(8 * mib);
+    ASSERT_NE(live, nullptr);
+    std::memset(live, 1, 8 * mib);
+    fd = dup(previous->fd());
+    previous->keep_pages();
+    previous->unmap(live);
+  }
+  auto next = open_memory(fd);
+  ASSERT_TRUE(next);
+  void* smaller = next->map(2 * mib);  // a smaller index than the last instance's
+  ASSERT_NE(smaller, nullptr);
+  EXPECT_EQ(allocated_bytes(next->fd()), 8 * mib);
+  EXPECT_EQ(next->release_unused(), 6 * mib);
+  EXPECT_EQ(allocated_bytes(next->fd()), 2 * mib);
+  EXPECT_EQ(next->release_unused(), 0u);
+  // The given-back range is an ordinary empty one, merged with the rest: 8 MiB fits.
+  void* larger = next->map(8 * mib);
+  ASSERT_NE(larger, nullptr);
+  EXPECT_TRUE(all_bytes(larger, 8 * mib, 0));
+  EXPECT_TRUE(all_bytes(smaller, 2 * mib, 1));
+  EXPECT_TRUE(next->unmap(smaller));
+  EXPECT_TRUE(next->unmap(larger));
+  EXPECT_EQ(allocated_bytes(next->fd()), 0u);
 }
 
 TEST(KeptMemory, AKeptFdThatIsNoMemfdIsReplacedByANewOne) {
