@@ -8,28 +8,36 @@
 namespace kvpark::daemon {
 namespace {
 
-size_t rounded(size_t bytes) { return (bytes + huge_page_bytes - 1) / huge_page_bytes * huge_page_bytes; }
+size_t rounded(size_t bytes) {
+  return (bytes + huge_page_bytes - 1) / huge_page_bytes * huge_page_bytes;
+}
 
 }  // namespace
+
+void* map_aligned_anonymous(size_t size) {
+  // Map a page more than needed, then trim both ends to a 2 MiB boundary: mmap
+  // aligns to 4 KiB only, and a huge page must lie on a 2 MiB boundary.
+  void* raw = mmap(nullptr, size + huge_page_bytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (raw == MAP_FAILED) return nullptr;
+  const auto begin = reinterpret_cast<uintptr_t>(raw);
+  const uintptr_t aligned = (begin + huge_page_bytes - 1) & ~uintptr_t{huge_page_bytes - 1};
+  if (aligned > begin) munmap(raw, aligned - begin);
+  const uintptr_t end = begin + size + huge_page_bytes;
+  if (end > aligned + size) munmap(reinterpret_cast<void*>(aligned + size), end - (aligned + size));
+  return reinterpret_cast<void*>(aligned);
+}
 
 void* map_huge_pages(size_t bytes) {
   if (KeptMemory* kept = kept_memory_in_use(); kept != nullptr) {
     if (void* p = kept->map(bytes); p != nullptr) return p;
   }
   const size_t size = rounded(bytes);
-  // Map a page more than needed, then trim both ends to a 2 MiB boundary: mmap
-  // aligns to 4 KiB only, and a huge page must lie on a 2 MiB boundary.
-  void* raw = mmap(nullptr, size + huge_page_bytes, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (raw == MAP_FAILED) throw std::bad_alloc();
-  const auto begin = reinterpret_cast<uintptr_t>(raw);
-  const uintptr_t aligned = (begin + huge_page_bytes - 1) & ~uintptr_t{huge_page_bytes - 1};
-  if (aligned > begin) munmap(raw, aligned - begin);
-  const uintptr_t end = begin + size + huge_page_bytes;
-  if (end > aligned + size) munmap(reinterpret_cast<void*>(aligned + size), end - (aligned + size));
+  void* p = map_aligned_anonymous(size);
+  if (p == nullptr) throw std::bad_alloc();
   // Best effort: with THP off or unavailable the mapping stays on 4 KiB pages.
-  (void)madvise(reinterpret_cast<void*>(aligned), size, MADV_HUGEPAGE);
-  return reinterpret_cast<void*>(aligned);
+  (void)madvise(p, size, MADV_HUGEPAGE);
+  return p;
 }
 
 void unmap_huge_pages(void* p, size_t bytes) {

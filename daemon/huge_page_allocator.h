@@ -28,6 +28,9 @@ inline constexpr size_t huge_allocation_bytes_min = huge_page_bytes;  // smaller
 // from the kept memory when one is in use and has room, else anonymous; throws
 // std::bad_alloc when the kernel refuses.
 void* map_huge_pages(size_t bytes);
+// A 2 MiB-aligned anonymous mapping of `size` bytes (a multiple of 2 MiB), not yet
+// advised; nullptr when the kernel refuses.
+void* map_aligned_anonymous(size_t size);
 void unmap_huge_pages(void* p, size_t bytes);
 
 template <typename T>

@@ -12,12 +12,17 @@
 #include <utility>
 #include <vector>
 
+#include "daemon/huge_page_allocator.h"
+
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23  // Linux 5.14; older kernels say EINVAL and fault instead
 #endif
 
 namespace kvpark::daemon {
 namespace {
+
+static_assert(kept_memory_unit_bytes == huge_page_bytes,
+              "a unit is what map_aligned_anonymous aligns to");
 
 std::atomic<KeptMemory*> kept_memory{nullptr};
 
@@ -117,19 +122,12 @@ void* KeptMemory::map(size_t bytes) {
   const uint64_t offset = chosen->first;
   const bool backed = chosen->second.backed;
   // An aligned window first (mmap aligns to 4 KiB only), then the file over it.
-  void* window = mmap(nullptr, size + kept_memory_unit_bytes, PROT_NONE,
-                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (window == MAP_FAILED) return nullptr;
-  const auto begin = reinterpret_cast<uintptr_t>(window);
-  const uintptr_t aligned =
-      (begin + kept_memory_unit_bytes - 1) & ~uintptr_t{kept_memory_unit_bytes - 1};
-  void* p = mmap(reinterpret_cast<void*>(aligned), size, PROT_READ | PROT_WRITE,
-                 MAP_SHARED | MAP_FIXED, fd_, static_cast<off_t>(offset));
-  if (aligned > begin) munmap(window, aligned - begin);
-  const uintptr_t end = begin + size + kept_memory_unit_bytes;
-  if (end > aligned + size) munmap(reinterpret_cast<void*>(aligned + size), end - (aligned + size));
+  void* window = map_aligned_anonymous(size);
+  if (window == nullptr) return nullptr;
+  void* p = mmap(window, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd_,
+                 static_cast<off_t>(offset));
   if (p == MAP_FAILED) {
-    munmap(reinterpret_cast<void*>(aligned), size);
+    munmap(window, size);
     return nullptr;
   }
   carve(chosen, size);
@@ -137,7 +135,7 @@ void* KeptMemory::map(size_t bytes) {
   // writes page-table entries in one call instead of a fault per page.
   (void)madvise(p, size, MADV_HUGEPAGE);
   if (backed) (void)madvise(p, size, MADV_POPULATE_WRITE);
-  mappings_[aligned] = Mapping{.offset = offset, .bytes = size};
+  mappings_[reinterpret_cast<uintptr_t>(p)] = Mapping{.offset = offset, .bytes = size};
   return p;
 }
 
