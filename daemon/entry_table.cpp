@@ -176,6 +176,17 @@ void EntryTable::count_sealed(const Entry& e) {
   }
 }
 
+void EntryTable::uncount_sealed(const Entry& e) {
+  NamespaceInfo& info = namespaces_[e.ns];
+  if (e.kind == EntryKind::Block) {
+    --info.blocks;
+    --sealed_blocks_;
+  } else {
+    --info.snapshots;
+    --sealed_snapshots_;
+  }
+}
+
 void EntryTable::record_host_copy(EntrySlot slot) {
   Entry& e = slots_[slot];
   if (state_ != nullptr) e.state_record = state_->write(e, namespaces_[e.ns]);
@@ -243,10 +254,8 @@ void EntryTable::index_adopted_blocks() {
     adoption_refused_.bytes += e.extent_bytes;
     adoption_claims_->release(e.extent_offset, e.extent_bytes);
     held_bytes_ -= e.extent_bytes;
-    NamespaceInfo& info = namespaces_[e.ns];
-    info.bytes -= e.extent_bytes;
-    --info.blocks;
-    --sealed_blocks_;
+    namespaces_[e.ns].bytes -= e.extent_bytes;  // the rest of count_sealed()
+    uncount_sealed(e);
     e.state_record = no_record;
     free_slot(slot);
   }
@@ -317,16 +326,7 @@ void EntryTable::erase(EntrySlot slot) {
   if (e.on_disk_lru) order_.remove_disk(slot);
   if (e.on_disk) forget_disk_copy(slot);
   if (e.on_host) drop_host_copy(slot);
-  if (e.sealed && !e.dead) {
-    NamespaceInfo& info = namespaces_[e.ns];
-    if (e.kind == EntryKind::Block) {
-      --info.blocks;
-      --sealed_blocks_;
-    } else {
-      --info.snapshots;
-      --sealed_snapshots_;
-    }
-  }
+  if (e.sealed && !e.dead) uncount_sealed(e);
   if (!e.dead) remove_from_index(slot);
   free_slot(slot);
 }
@@ -420,14 +420,7 @@ void EntryTable::kill(EntrySlot slot) {
   assert(e.sealed && !e.dead);
   if (e.on_disk) forget_disk_copy(slot);
   if (e.on_lru) order_.remove_host(slot);
-  NamespaceInfo& info = namespaces_[e.ns];
-  if (e.kind == EntryKind::Block) {
-    --info.blocks;
-    --sealed_blocks_;
-  } else {
-    --info.snapshots;
-    --sealed_snapshots_;
-  }
+  uncount_sealed(e);
   remove_from_index(slot);
   forget_record(slot);  // never adopted again, whoever still reads it now
   e.dead = true;

@@ -209,6 +209,8 @@ class EntryTable {
 
   // A newly sealed entry in its namespace's and the table's counts.
   void count_sealed(const Entry& e);
+  // Takes a sealed entry out of the counts (its host bytes go with its host copy).
+  void uncount_sealed(const Entry& e);
   // The state record of an entry now readable on the host / about to leave it.
   void record_host_copy(EntrySlot slot);
   void forget_record(EntrySlot slot);
