@@ -84,27 +84,27 @@ Status EntryTable::allocate_extent(uint64_t bytes, uint64_t& ret_offset) {
   return Status::Ok;
 }
 
-EntrySlot EntryTable::new_slot(const NewEntry& n) {
+EntrySlot EntryTable::new_slot(const NewEntry& n, uint64_t last_use_usec) {
   assert(n.ns < namespaces_.size() && n.extent_bytes > 0);
   EntrySlot slot;
   if (!free_slots_.empty()) {
     slot = free_slots_.back();
     free_slots_.pop_back();
+    slots_[slot] = Entry{};
   } else {
     slot = static_cast<EntrySlot>(slots_.size());
     slots_.emplace_back();
     generations_.push_back(1);
   }
   Entry& e = slots_[slot];
-  e = Entry{};
   e.key_hash = n.key_hash;
   e.parent_hash = n.parent_hash;
-  e.tail_tokens.assign(n.tail_tokens.begin(), n.tail_tokens.end());
+  if (!n.tail_tokens.empty()) e.tail_tokens.assign(n.tail_tokens.begin(), n.tail_tokens.end());
   e.extent_bytes = n.extent_bytes;
   e.creator_session = n.creator_session;
   e.payload_checksum = n.payload_checksum;
   e.last_use_tick = ++tick_;
-  e.last_use_usec = coarse_monotonic_usec();
+  e.last_use_usec = last_use_usec;
   e.ns = n.ns;
   e.position = n.position;
   e.anchor_chunks = n.anchor_chunks;
@@ -132,7 +132,7 @@ void EntryTable::index(EntrySlot slot) {
 Status EntryTable::insert_reserved(const NewEntry& n, EntrySlot& ret_slot) {
   uint64_t offset = 0;
   if (Status s = allocate_extent(n.extent_bytes, offset); s != Status::Ok) return s;
-  const EntrySlot slot = new_slot(n);
+  const EntrySlot slot = new_slot(n, coarse_monotonic_usec());
   slots_[slot].extent_offset = offset;
   index(slot);
   ret_slot = slot;
@@ -140,7 +140,7 @@ Status EntryTable::insert_reserved(const NewEntry& n, EntrySlot& ret_slot) {
 }
 
 Status EntryTable::insert_on_disk(const NewEntry& n, uint64_t disk_bytes, EntrySlot& ret_slot) {
-  const EntrySlot slot = new_slot(n);
+  const EntrySlot slot = new_slot(n, coarse_monotonic_usec());
   Entry& e = slots_[slot];
   e.on_host = false;
   e.sealed = true;
@@ -218,13 +218,12 @@ Status EntryTable::insert_adopted(const NewEntry& n, uint64_t extent_offset, uin
   const bool block = n.kind == EntryKind::Block;
   if (!block && find_snapshot(n.ns, n.key_hash, n.tail_tokens) != no_slot) return Status::Corrupt;
   if (!adoption_claims_->claim(extent_offset, n.extent_bytes)) return Status::Corrupt;
-  const EntrySlot slot = new_slot(n);
+  const EntrySlot slot = new_slot(n, last_use_usec);
   Entry& e = slots_[slot];
   e.extent_offset = extent_offset;
   e.sealed = true;
   e.state_record = record;
   e.hits = hits;
-  e.last_use_usec = last_use_usec;
   e.adoption_hold = true;
   held_bytes_ += e.extent_bytes;
   count_sealed(e);

@@ -200,7 +200,8 @@ class EntryTable {
   Status allocate_extent(uint64_t bytes, uint64_t& ret_offset);
   void drop_host_copy(EntrySlot slot);
   void forget_disk_copy(EntrySlot slot);
-  EntrySlot new_slot(const NewEntry& n);
+  // A slot holding the new entry, last used at last_use_usec (CLOCK_MONOTONIC_COARSE).
+  EntrySlot new_slot(const NewEntry& n, uint64_t last_use_usec);
   void index(EntrySlot slot);
   void remove_from_index(EntrySlot slot);
   void free_slot(EntrySlot slot);

@@ -2,6 +2,7 @@
 #include "shm/extent_allocator.h"
 
 #include <algorithm>
+#include <bit>
 #include <cassert>
 #include <iterator>
 
@@ -80,9 +81,10 @@ void ExtentAllocator::free(uint64_t offset, uint64_t bytes) {
 ExtentClaims::ExtentClaims(uint64_t capacity_bytes, uint64_t granularity_bytes)
     : capacity_bytes_(capacity_bytes),
       granularity_bytes_(granularity_bytes),
+      granule_shift_(static_cast<unsigned>(std::countr_zero(granularity_bytes))),
       granules_(capacity_bytes / granularity_bytes),
       words_((granules_ + 63) / 64, 0) {
-  assert(granularity_bytes > 0 && capacity_bytes % granularity_bytes == 0);
+  assert(std::has_single_bit(granularity_bytes) && capacity_bytes % granularity_bytes == 0);
 }
 
 namespace {
@@ -129,11 +131,20 @@ uint64_t ExtentClaims::next_with(bool used, uint64_t from) const {
 }
 
 bool ExtentClaims::claim(uint64_t offset, uint64_t bytes) {
-  if (bytes == 0 || bytes % granularity_bytes_ != 0 || offset % granularity_bytes_ != 0 ||
+  if (bytes == 0 || ((offset | bytes) & (granularity_bytes_ - 1)) != 0 ||
       offset > capacity_bytes_ || bytes > capacity_bytes_ - offset) {
     return false;
   }
-  const uint64_t first = offset / granularity_bytes_, end = first + bytes / granularity_bytes_;
+  const uint64_t first = offset >> granule_shift_, end = first + (bytes >> granule_shift_);
+  if (end - first <= 64 - first % 64) {
+    // Within one word (most extents): one load, one store.
+    uint64_t& word = words_[first / 64];
+    const uint64_t bits = bit_range(first % 64, first % 64 + (end - first));
+    if ((word & bits) != 0) return false;
+    word |= bits;
+    claimed_granules_ += end - first;
+    return true;
+  }
   if (any_set(first, end)) return false;
   set(first, end, true);
   return true;

@@ -26,6 +26,7 @@ namespace kvpark::shm {
 // The extents an adoption keeps, one bit per granule of the data region.
 class ExtentClaims {
  public:
+  // granularity_bytes is a power of two.
   ExtentClaims(uint64_t capacity_bytes, uint64_t granularity_bytes);
   // Takes [offset, offset+bytes) when it lies inside the region, on granules, and
   // overlaps nothing claimed before; false, nothing changed, otherwise.
@@ -42,6 +43,7 @@ class ExtentClaims {
 
   uint64_t capacity_bytes_;
   uint64_t granularity_bytes_;
+  unsigned granule_shift_;  // log2 of granularity_bytes_
   uint64_t granules_;
   uint64_t claimed_granules_ = 0;
   std::vector<uint64_t> words_;

@@ -70,6 +70,41 @@ TEST(ExtentAllocator, AdoptingClaimsInAnyOrderLeavesExactlyTheGapsFree) {
   EXPECT_FALSE(a.allocate(52 * granule, offset));
 }
 
+TEST(ExtentAllocator, ClaimsAgreeWithAGranuleModelAtEveryWordEdge) {
+  // Ranges inside one bitmap word (claim()'s one-word path), ending exactly on a word
+  // edge, spanning whole words and several: each answer and the claimed total match
+  // a plain per-granule model, and adoption frees exactly what the model leaves.
+  constexpr uint64_t granules = 320;  // five words
+  std::mt19937_64 random(20261203);
+  ExtentClaims claims(granules * granule, granule);
+  std::vector<bool> taken(granules, false);
+  uint64_t taken_count = 0;
+  auto model_claim = [&](uint64_t first, uint64_t count) {
+    if (count == 0 || first + count > granules) return false;
+    for (uint64_t g = first; g < first + count; ++g)
+      if (taken[g]) return false;
+    for (uint64_t g = first; g < first + count; ++g) taken[g] = true;
+    taken_count += count;
+    return true;
+  };
+  const std::vector<std::pair<uint64_t, uint64_t>> edges = {{0, 64},   {64, 1},  {127, 1}, {120, 8},
+                                                            {128, 64}, {191, 2}, {250, 70}};
+  for (auto [first, count] : edges) {
+    EXPECT_EQ(claims.claim(first * granule, count * granule), model_claim(first, count))
+        << first << "+" << count;
+  }
+  for (int i = 0; i < 4000; ++i) {
+    const uint64_t first = random() % granules;
+    const uint64_t count = 1 + random() % (i % 3 == 0 ? 130 : 6);
+    ASSERT_EQ(claims.claim(first * granule, count * granule), model_claim(first, count))
+        << "claim " << i << ": " << first << "+" << count;
+  }
+  EXPECT_EQ(claims.claimed_bytes(), taken_count * granule);
+  ExtentAllocator a(granules * granule, granule);
+  a.adopt(claims);
+  EXPECT_EQ(a.bytes_free(), (granules - taken_count) * granule);
+}
+
 TEST(ExtentAllocator, AdoptingNothingLeavesEverythingFreeAndAFullClaimNothing) {
   ExtentAllocator empty(130 * granule, granule);
   empty.adopt(ExtentClaims(130 * granule, granule));
