@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cassert>
 #include <tuple>
+#include <unordered_set>
 #include <utility>
 
 #include "daemon/clock.h"
@@ -13,8 +14,8 @@
 namespace kvpark::daemon {
 
 namespace {
-// Adopted blocks are indexed this many at a time (BlockIndex::insert_batch): 2 MiB of
-// keys, enough that each batch writes the cells nearly front to back.
+// Adopted blocks are indexed this many at a time (BlockIndex::insert_batch): 1.5 MiB
+// of keys, enough that each batch writes the cells nearly front to back.
 constexpr size_t adoption_block_batch = 65536;
 }  // namespace
 
@@ -216,8 +217,10 @@ Status EntryTable::insert_adopted(const NewEntry& n, uint64_t extent_offset, uin
                                   EntrySlot& ret_slot) {
   assert(adoption_claims_);
   const bool block = n.kind == EntryKind::Block;
-  if (!block && find_snapshot(n.ns, n.key_hash, n.tail_tokens) != no_slot) return Status::Corrupt;
-  if (!adoption_claims_->claim(extent_offset, n.extent_bytes)) return Status::Corrupt;
+  if (!block && (find_snapshot(n.ns, n.key_hash, n.tail_tokens) != no_slot ||
+                 !adoption_claims_->claim(extent_offset, n.extent_bytes))) {
+    return Status::Corrupt;
+  }
   const EntrySlot slot = new_slot(n, last_use_usec);
   Entry& e = slots_[slot];
   e.extent_offset = extent_offset;
@@ -243,15 +246,47 @@ Status EntryTable::insert_adopted(const NewEntry& n, uint64_t extent_offset, uin
 }
 
 void EntryTable::index_adopted_blocks() {
+  std::vector<EntrySlot> duplicates;  // keys an earlier record holds
+  blocks_.insert_batch(adoption_blocks_, duplicates);
+  std::sort(duplicates.begin(), duplicates.end());
+  const auto duplicate = [&duplicates](EntrySlot slot) {
+    return !duplicates.empty() && std::binary_search(duplicates.begin(), duplicates.end(), slot);
+  };
+  // The blocks the index took claim their extents now, in record order. Not before: a
+  // duplicate refused above must not have cost a later record its extent.
   std::vector<EntrySlot> refused;
-  blocks_.insert_batch(adoption_blocks_, refused);
+  std::unordered_set<BlockKey, BlockKeyHasher> open;  // keys whose record lost its extent
+  for (const BlockIndex::Key& k : adoption_blocks_) {
+    if (duplicate(k.slot)) continue;
+    const Entry& e = slots_[k.slot];
+    if (adoption_claims_->claim(e.extent_offset, e.extent_bytes)) continue;
+    const bool erased = blocks_.erase(k.ns, k.hash);
+    assert(erased);
+    (void)erased;
+    open.insert({k.ns, k.hash});
+    refused.push_back(k.slot);
+  }
+  // A later record of such a key may hold a range of its own: the first that claims
+  // it takes the key. Every other duplicate goes.
+  for (const BlockIndex::Key& k : adoption_blocks_) {
+    if (!duplicate(k.slot)) continue;
+    const Entry& e = slots_[k.slot];
+    const auto it = open.find({k.ns, k.hash});
+    if (it != open.end() && adoption_claims_->claim(e.extent_offset, e.extent_bytes)) {
+      const bool inserted = blocks_.insert(k.ns, k.hash, k.slot);
+      assert(inserted);
+      (void)inserted;
+      open.erase(it);
+      continue;
+    }
+    refused.push_back(k.slot);
+  }
   adoption_blocks_.clear();
   for (const EntrySlot slot : refused) {
-    // Undoes insert_adopted(); the entry was never visible to anyone.
+    // Undoes insert_adopted(); the entry was never visible to anyone, and holds no claim.
     Entry& e = slots_[slot];
     adoption_refused_.records.push_back(e.state_record);
     adoption_refused_.bytes += e.extent_bytes;
-    adoption_claims_->release(e.extent_offset, e.extent_bytes);
     held_bytes_ -= e.extent_bytes;
     namespaces_[e.ns].bytes -= e.extent_bytes;  // the rest of count_sealed()
     uncount_sealed(e);

@@ -83,13 +83,16 @@ class EntryTable {
   void set_state(EntryState* state) { state_ = state; }
   // Adoption, into an empty table: begin_adoption() makes room for up to `entries`;
   // insert_adopted() indexes a sealed host entry adopted from an earlier daemon at
-  // exactly [extent_offset, +extent_bytes), whose record is `record`, or returns
-  // Corrupt (nothing changed) when that range overlaps an entry adopted before it,
-  // leaves the arena, or (a snapshot) the key is already indexed. Blocks are indexed
-  // in batches (BlockIndex::insert_batch), so a block whose key an earlier record
-  // holds is found only then: it is taken out again and its record named in what
-  // finish_adoption() returns. finish_adoption() makes every extent no adopted entry
-  // holds free.
+  // exactly [extent_offset, +extent_bytes), whose record is `record`. A snapshot is
+  // checked at once: Corrupt (nothing changed) when its range overlaps an entry
+  // adopted before it or leaves the arena, or its key is already indexed. Blocks are
+  // indexed in batches (BlockIndex::insert_batch) and claim their extents only then,
+  // in record order, after the duplicates are out: a block whose key an earlier
+  // record holds, or whose range overlaps an extent taken before, is taken out again
+  // then and its record named in what finish_adoption() returns (a key whose first
+  // record lost its range goes to the next record of it that claims one).
+  // finish_adoption()
+  // makes every extent no adopted entry holds free.
   struct Refused {
     std::vector<uint32_t> records;  // of blocks whose key an earlier record holds
     uint64_t bytes = 0;             // their extents

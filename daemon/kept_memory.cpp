@@ -6,9 +6,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cassert>
 #include <cerrno>
+#include <iterator>
 #include <utility>
 #include <vector>
 
@@ -78,7 +80,8 @@ void KeptMemory::list_ranges() {
   // Backed ranges, rounded out to whole units (a live array may have left its last
   // pages untouched), then the gaps between them as empty ranges.
   uint64_t at = 0;
-  for (size_t n = 0; n < kept_memory_backed_ranges_max && at < kept_memory_bytes_max; ++n) {
+  size_t n = 0;
+  for (; n < kept_memory_backed_ranges_max && at < kept_memory_bytes_max; ++n) {
     const off_t data = lseek(fd_, static_cast<off_t>(at), SEEK_DATA);
     if (data < 0) break;  // ENXIO: no data past `at`
     const off_t hole = lseek(fd_, data, SEEK_HOLE);
@@ -92,8 +95,15 @@ void KeptMemory::list_ranges() {
     }
     at = std::max(at, end);
   }
-  if (at < kept_memory_bytes_max)
+  if (at < kept_memory_bytes_max) {
     free_[at] = Range{.bytes = kept_memory_bytes_max - at, .backed = false};
+    // Past the most runs listed, pages are not reused: give them back now, or nothing
+    // would (release_unused() frees only the ranges listed as backed).
+    if (n == kept_memory_backed_ranges_max) {
+      (void)fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(at),
+                      static_cast<off_t>(kept_memory_bytes_max - at));
+    }
+  }
 }
 
 void KeptMemory::carve(std::map<uint64_t, Range>::iterator at, uint64_t bytes) {
@@ -108,19 +118,29 @@ void KeptMemory::carve(std::map<uint64_t, Range>::iterator at, uint64_t bytes) {
 void* KeptMemory::map(size_t bytes) {
   const uint64_t size = round_up(bytes);
   std::lock_guard lock(mutex_);
-  // First fit among the ranges that hold pages, else the first empty one.
+  // First fit among the ranges that hold pages, else the first empty one. A range that
+  // holds pages also fits with the empty range right after it: an array's last pages
+  // were reserved but never touched, so the same array asked for again finds its
+  // touched pages followed by that empty tail.
   auto chosen = free_.end();
+  uint64_t backed_bytes = 0;  // of the chosen range, the bytes that hold pages
   for (auto it = free_.begin(); it != free_.end(); ++it) {
-    if (it->second.bytes < size) continue;
-    if (it->second.backed) {
+    const Range& range = it->second;
+    if (range.backed) {
+      const auto after = std::next(it);
+      const bool tail_fits = after != free_.end() && after->first == it->first + range.bytes &&
+                             !after->second.backed && range.bytes + after->second.bytes >= size;
+      if (range.bytes >= size || tail_fits) {
+        chosen = it;
+        backed_bytes = std::min(range.bytes, size);
+        break;
+      }
+    } else if (range.bytes >= size && chosen == free_.end()) {
       chosen = it;
-      break;
     }
-    if (chosen == free_.end()) chosen = it;
   }
   if (chosen == free_.end()) return nullptr;
   const uint64_t offset = chosen->first;
-  const bool backed = chosen->second.backed;
   // An aligned window first (mmap aligns to 4 KiB only), then the file over it.
   void* window = map_aligned_anonymous(size);
   if (window == nullptr) return nullptr;
@@ -130,11 +150,19 @@ void* KeptMemory::map(size_t bytes) {
     munmap(window, size);
     return nullptr;
   }
-  carve(chosen, size);
+  if (backed_bytes > 0 && backed_bytes < size) {
+    const uint64_t tail = size - backed_bytes;
+    const auto after = std::next(chosen);
+    free_.erase(chosen);
+    carve(after, tail);
+  } else {
+    carve(chosen, size);
+  }
   // Best effort: shmem huge pages need shmem_enabled=advise; populating kept pages
-  // writes page-table entries in one call instead of a fault per page.
+  // writes page-table entries in one call instead of a fault per page (the empty tail
+  // is left to fault in as it is used).
   (void)madvise(p, size, MADV_HUGEPAGE);
-  if (backed) (void)madvise(p, size, MADV_POPULATE_WRITE);
+  if (backed_bytes > 0) (void)madvise(p, backed_bytes, MADV_POPULATE_WRITE);
   mappings_[reinterpret_cast<uintptr_t>(p)] = Mapping{.offset = offset, .bytes = size};
   return p;
 }

@@ -6,8 +6,10 @@
 // has the figures), several times the rebuild's own work. So under a service manager
 // the daemon draws the table's large arrays (huge_page_allocator.h) from one memfd that
 // it keeps in the fd store beside the arena. The next instance gets it back with the
-// pages of the arrays that were live still allocated, hands those ranges out first, and
-// maps them with MADV_POPULATE_WRITE (page-table entries only, no new pages).
+// pages of the arrays that were live still allocated, hands those ranges out first (a
+// range with the empty range after it, when an array's last pages were never touched),
+// and maps the kept part with MADV_POPULATE_WRITE: page-table entries, and new pages
+// only where a range was rounded out to whole 2 MiB units.
 //
 // The memfd holds no state: every array is constructed over its range before it is
 // read, so a new instance trusts nothing it finds there, and no client ever sees it.
@@ -48,11 +50,13 @@ class KeptMemory {
   int fd() const { return fd_; }
   // Over the memfd an earlier instance kept (false: a new one, to be stored).
   bool kept() const { return kept_; }
-  // Bytes that held pages when this instance opened the memfd: what it can reuse.
+  // Bytes of the ranges that held pages when this instance opened the memfd, rounded
+  // out to whole units: what it can reuse.
   uint64_t kept_bytes() const { return kept_bytes_; }
 
   // A 2 MiB-aligned mapping of `bytes` (rounded up to 2 MiB) over a free range of the
-  // memfd, one that still holds pages when one fits; nullptr when none is left.
+  // memfd, one that still holds pages when one fits (alone, or with the empty range
+  // right after it); nullptr when none is left.
   void* map(size_t bytes);
   // Unmaps what map() returned and frees its pages; false (nothing done) when `p` is
   // not one of this memory's mappings.

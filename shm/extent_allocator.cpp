@@ -150,14 +150,6 @@ bool ExtentClaims::claim(uint64_t offset, uint64_t bytes) {
   return true;
 }
 
-void ExtentClaims::release(uint64_t offset, uint64_t bytes) {
-  assert(offset % granularity_bytes_ == 0 && bytes % granularity_bytes_ == 0 &&
-         offset <= capacity_bytes_ && bytes <= capacity_bytes_ - offset);
-  const uint64_t first = offset / granularity_bytes_, end = first + bytes / granularity_bytes_;
-  assert(any_set(first, end) && "only a claimed range is released");
-  set(first, end, false);
-}
-
 uint64_t ExtentAllocator::largest_free_bytes() const {
   return by_size_.empty() ? 0 : by_size_.rbegin()->first;
 }

@@ -31,8 +31,6 @@ class ExtentClaims {
   // Takes [offset, offset+bytes) when it lies inside the region, on granules, and
   // overlaps nothing claimed before; false, nothing changed, otherwise.
   bool claim(uint64_t offset, uint64_t bytes);
-  // Gives back a range claim() took (its entry was refused after all).
-  void release(uint64_t offset, uint64_t bytes);
   uint64_t claimed_bytes() const { return claimed_granules_ * granularity_bytes_; }
 
  private:

@@ -134,6 +134,49 @@ TEST_F(AdoptionTest, DropsOverlapsDuplicatesStrayExtentsForeignNamespacesAndTorn
   EXPECT_EQ(adopt().entries, 2u);  // and a second adoption finds the same two
 }
 
+TEST_F(AdoptionTest, ARefusedDuplicateKeyCostsNoLaterRecordItsExtent) {
+  // Record 1 repeats record 0's key over another extent, which record 2 then holds
+  // validly. The duplicate is refused, and takes nothing with it: record 2 is kept.
+  write_block(0, 1, 0);
+  write_block(1, 1, 8 * granule);
+  write_block(2, 2, 8 * granule);
+  write_block(3, 3, 9 * granule);  // overlaps record 2: the later record goes
+  const AdoptionReport report = adopt();
+  EXPECT_EQ(report.entries, 2u);
+  EXPECT_EQ(report.dropped[static_cast<size_t>(DropReason::Extent)], 2u);
+  const EntrySlot first = table_->find_block(ns_index(), {1, 1});
+  ASSERT_NE(first, no_slot);
+  EXPECT_EQ(table_->entry(first).extent_offset, 0u);
+  const EntrySlot second = table_->find_block(ns_index(), {2, 2});
+  ASSERT_NE(second, no_slot);
+  EXPECT_EQ(table_->entry(second).extent_offset, 8 * granule);
+  EXPECT_EQ(table_->find_block(ns_index(), {3, 3}), no_slot);
+  EXPECT_EQ(table_->bytes_free(), arena_bytes - 2 * block_extent);
+  EXPECT_EQ(check(1), shm::StateSegment::RecordCheck::Empty);
+  EXPECT_EQ(check(2), shm::StateSegment::RecordCheck::Valid);
+  EXPECT_EQ(check(3), shm::StateSegment::RecordCheck::Empty);
+  EXPECT_EQ(adopt().entries, 2u);
+}
+
+TEST_F(AdoptionTest, AKeyWhoseFirstRecordLosesItsExtentGoesToItsNextRecord) {
+  write_block(0, 5, 0);
+  write_block(1, 1, 0);             // key 1 over record 0's extent: refused
+  write_block(2, 1, 8 * granule);   // key 1 again, over a range of its own: kept
+  write_block(3, 1, 16 * granule);  // and once more: a duplicate of record 2
+  const AdoptionReport report = adopt();
+  EXPECT_EQ(report.entries, 2u);
+  EXPECT_EQ(report.dropped[static_cast<size_t>(DropReason::Extent)], 2u);
+  const EntrySlot kept = table_->find_block(ns_index(), {1, 1});
+  ASSERT_NE(kept, no_slot);
+  EXPECT_EQ(table_->entry(kept).extent_offset, 8 * granule);
+  EXPECT_EQ(table_->entry(kept).state_record, 2u);
+  EXPECT_EQ(table_->blocks(), 2u);
+  EXPECT_EQ(table_->bytes_free(), arena_bytes - 2 * block_extent);
+  for (uint64_t i : {1, 3}) EXPECT_EQ(check(i), shm::StateSegment::RecordCheck::Empty) << i;
+  EXPECT_EQ(check(2), shm::StateSegment::RecordCheck::Valid);
+  EXPECT_EQ(adopt().entries, 2u);
+}
+
 TEST_F(AdoptionTest, AKeyAnEarlierIndexBatchHoldsIsRefusedItsExtentFreedItsRecordCleared) {
   // Blocks are indexed in batches of 65536: the copy of record 3's key sits past the
   // first batch, so it is found only when its batch goes in, and taken out again.

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -112,14 +113,51 @@ TEST(KeptMemory, ARestartedInstanceIsHandedThePagesTheLastOneLeftBeforeAnyFreshR
   void* reused = next->map(4 * mib);
   ASSERT_NE(reused, nullptr);
   EXPECT_TRUE(all_bytes(reused, 4 * mib, 0xab));
-  // 4 MiB of kept pages are left, too few for 8: that comes from a fresh range.
-  void* fresh = next->map(8 * mib);
+  // 4 MiB of kept pages are left, too few for 8 alone: they come with the empty
+  // range after them (the untouched array's), and a later request gets a fresh range.
+  void* extended = next->map(8 * mib);
+  ASSERT_NE(extended, nullptr);
+  EXPECT_TRUE(all_bytes(extended, 4 * mib, 0xab));
+  EXPECT_TRUE(all_bytes(static_cast<uint8_t*>(extended) + 4 * mib, 4 * mib, 0));
+  void* fresh = next->map(4 * mib);
   ASSERT_NE(fresh, nullptr);
-  EXPECT_TRUE(all_bytes(fresh, 8 * mib, 0));
-  void* rest = next->map(4 * mib);
-  ASSERT_NE(rest, nullptr);
-  EXPECT_TRUE(all_bytes(rest, 4 * mib, 0xab));
-  for (void* p : {reused, fresh, rest}) EXPECT_TRUE(next->unmap(p));
+  EXPECT_TRUE(all_bytes(fresh, 4 * mib, 0));
+  for (void* p : {reused, extended, fresh}) EXPECT_TRUE(next->unmap(p));
+}
+
+TEST(KeptMemory, AnArrayWhoseLastPagesWereNeverTouchedGetsItsRangeBackWhole) {
+  // The entry slab is reserved for every record the state ever held and written only
+  // as far as the live entries reached; the next instance asks for the same size.
+  int fd = -1;
+  {
+    auto previous = open_memory();
+    ASSERT_TRUE(previous);
+    void* slab = previous->map(8 * mib);
+    void* cells = previous->map(4 * mib);
+    ASSERT_NE(slab, nullptr);
+    ASSERT_NE(cells, nullptr);
+    std::memset(slab, 0xab, 4 * mib);  // half of it touched
+    std::memset(cells, 0xcd, 4 * mib);
+    fd = dup(previous->fd());
+    previous->keep_pages();
+    previous->unmap(slab);
+    previous->unmap(cells);
+  }
+  ASSERT_GE(fd, 0);
+  auto next = open_memory(fd);
+  ASSERT_TRUE(next);
+  EXPECT_EQ(next->kept_bytes(), 8 * mib);
+  void* slab = next->map(8 * mib);
+  void* cells = next->map(4 * mib);
+  ASSERT_NE(slab, nullptr);
+  ASSERT_NE(cells, nullptr);
+  EXPECT_EQ(next->release_unused(), 0u);  // every kept page was taken
+  // Nothing populated past the touched pages (before reading the tail faults it in).
+  EXPECT_EQ(allocated_bytes(next->fd()), 8 * mib);
+  EXPECT_TRUE(all_bytes(slab, 4 * mib, 0xab));  // its own pages, not a fresh range
+  EXPECT_TRUE(all_bytes(static_cast<uint8_t*>(slab) + 4 * mib, 4 * mib, 0));
+  EXPECT_TRUE(all_bytes(cells, 4 * mib, 0xcd));
+  for (void* p : {slab, cells}) EXPECT_TRUE(next->unmap(p));
 }
 
 TEST(KeptMemory, KeptPagesNoArrayTookAreGivenBack) {
@@ -150,6 +188,30 @@ TEST(KeptMemory, KeptPagesNoArrayTookAreGivenBack) {
   EXPECT_TRUE(next->unmap(smaller));
   EXPECT_TRUE(next->unmap(larger));
   EXPECT_EQ(allocated_bytes(next->fd()), 0u);
+}
+
+TEST(KeptMemory, PagesPastTheMostRunsListedAreGivenBackAtOpen) {
+  // A memfd scattered into more backed runs than are listed (a scribbled store, or
+  // many small arrays): what is not listed cannot be reused, and is not left behind.
+  int fd = -1;
+  {
+    auto previous = open_memory();
+    ASSERT_TRUE(previous);
+    fd = dup(previous->fd());
+  }
+  ASSERT_GE(fd, 0);
+  const uint8_t byte = 1;
+  for (uint64_t run = 0; run < kept_memory_backed_ranges_max + 8; ++run) {
+    ASSERT_EQ(pwrite(fd, &byte, 1, static_cast<off_t>(run * 2 * kept_memory_unit_bytes)), 1);
+  }
+  auto next = open_memory(fd);
+  ASSERT_TRUE(next);
+  EXPECT_EQ(next->kept_bytes(), kept_memory_backed_ranges_max * kept_memory_unit_bytes);
+  // Nothing past the last listed run holds a page any more.
+  const off_t past = static_cast<off_t>(kept_memory_backed_ranges_max * 2 * kept_memory_unit_bytes);
+  errno = 0;
+  EXPECT_EQ(lseek(next->fd(), past - static_cast<off_t>(kept_memory_unit_bytes), SEEK_DATA), -1);
+  EXPECT_EQ(errno, ENXIO);
 }
 
 TEST(KeptMemory, AKeptFdThatIsNoMemfdIsReplacedByANewOne) {
