@@ -253,7 +253,8 @@ AdoptionReport adopt_entries(EntryState& state, const uint8_t* arena_data, uint6
     ++report.entries;
     report.bytes += b.extent_bytes;
   }
-  // Blocks whose key an earlier record holds (found as the index is built).
+  // Blocks refused as the index is built: a key an earlier record holds, or an extent
+  // an earlier record took.
   const EntryTable::Refused refused = table.finish_adoption();
   for (const uint32_t record : refused.records) state.drop(record);
   report.entries -= refused.records.size();

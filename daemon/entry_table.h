@@ -91,10 +91,9 @@ class EntryTable {
   // record holds, or whose range overlaps an extent taken before, is taken out again
   // then and its record named in what finish_adoption() returns (a key whose first
   // record lost its range goes to the next record of it that claims one).
-  // finish_adoption()
-  // makes every extent no adopted entry holds free.
+  // finish_adoption() makes every extent no adopted entry holds free.
   struct Refused {
-    std::vector<uint32_t> records;  // of blocks whose key an earlier record holds
+    std::vector<uint32_t> records;  // of blocks refused as they were indexed
     uint64_t bytes = 0;             // their extents
   };
   void begin_adoption(size_t entries);
