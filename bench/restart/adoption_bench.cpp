@@ -216,9 +216,9 @@ double adopt_once(int fd, Row& row, double wall_start, double cpu_start, double&
 }
 
 // An adoption in this process with the index memory over `memory_fd` (kept_memory.h),
-// mapping it included; returns wall ms, and CPU ms in ret_cpu_msec. keep: leave the
-// pages to the next one, as a stopping daemon does.
-double adopt_over_kept_memory(int fd, int memory_fd, Row& row, bool keep, double& ret_cpu_msec) {
+// mapping it included; returns wall ms, and CPU ms in ret_cpu_msec. It leaves the pages
+// to the next one, as a stopping daemon does.
+double adopt_over_kept_memory(int fd, int memory_fd, Row& row, double& ret_cpu_msec) {
   std::unique_ptr<daemon::KeptMemory> memory;
   int err = 0;
   const double start = now_msec();
@@ -226,7 +226,7 @@ double adopt_over_kept_memory(int fd, int memory_fd, Row& row, bool keep, double
   if (daemon::KeptMemory::open(dup(memory_fd), memory, err) != Status::Ok) fail("kept memory");
   daemon::use_kept_memory(memory.get());
   // Before adopt_once() frees the table on its way out (nothing else is freed before).
-  if (keep) memory->keep_pages();
+  memory->keep_pages();
   return adopt_once(fd, row, start, cpu_start, ret_cpu_msec);
 }
 
@@ -249,13 +249,13 @@ Row measure(uint64_t entries) {
   }
   row = in_fresh_process(row, [&](Row& r) {
     double cpu = 0;
-    (void)adopt_over_kept_memory(fd, memory_fd, r, true, cpu);
+    (void)adopt_over_kept_memory(fd, memory_fd, r, cpu);
   });
   // Several restarts in a row, each over what the one before kept: the median.
   std::vector<std::pair<double, double>> kept;  // wall, CPU
   for (int run = 0; run < kept_runs; ++run) {
     const Row done = in_fresh_process(row, [&](Row& r) {
-      r.kept_msec = adopt_over_kept_memory(fd, memory_fd, r, true, r.kept_cpu_msec);
+      r.kept_msec = adopt_over_kept_memory(fd, memory_fd, r, r.kept_cpu_msec);
     });
     kept.emplace_back(done.kept_msec, done.kept_cpu_msec);
   }
