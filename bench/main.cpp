@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "bench/bench.h"
+#include "client/copy_xxh3.h"
 #include "proto/version.h"
 #include "shm/arena_format.h"
 #include "tests/testing/daemon_process.h"
@@ -126,13 +127,14 @@ void print_table(const Options& o, const Sizes& z, Report& r, const std::string&
   printf("   (full: one round trip plus a one-way RELEASE; socket only: LOOKUP and a replied\n"
          "    RELEASE, two round trips; the reference row is the kernel's floor for one)\n");
   const CopyResult& c0 = r.copies.front();
-  printf("\n2. Copy of a %.0f MiB entry between the arena and private memory, vs memcpy\n"
-         "   medians of %d repetitions, a memcpy run before each pass; each\n"
-         "   interval covers the verbs too (reserve+copy+checksum+seal, lookup+copy+verify+\n"
-         "   release). Targets: publish >= %.2f; restore (verified) warm >= %.2f; first touch\n"
-         "   >= %.2f on huge pages (4 KiB first-touch rows: no target)\n",
-         double(c0.bytes) / (1 << 20), c0.repetitions, copy_ratio_min, verified_restore_ratio_min,
-         copy_ratio_min);
+  printf(
+      "\n2. Copy of a %.0f MiB entry between the arena and private memory, vs memcpy\n"
+      "   medians of %d repetitions, a memcpy run before each pass; each\n"
+      "   interval covers the verbs too (reserve+copy+checksum+seal, lookup+copy+verify+\n"
+      "   release). Targets: publish >= %.2f; restore (verified) warm >= %.2f; first touch\n"
+      "   >= %.2f on huge pages (4 KiB first-touch rows: no target). Copy kernel: %s\n",
+      double(c0.bytes) / (1 << 20), c0.repetitions, copy_ratio_min, verified_restore_ratio_min,
+      copy_ratio_min, kvpark::client::copy_kernel_name(kvpark::client::best_copy_kernel()));
   printf("   %-10s %-8s %-50s %7s %6s  %s\n", "huge_pages", "pages", "measure", "GiB/s", "ratio", "result");
   for (const CopyResult& c : r.copies) {
     const bool huge = c.pages != "4k";
@@ -206,10 +208,12 @@ void print_json(const Options& o, Report& r, const std::string& kvparkd) {
   print_percentiles("socket_pingpong_floor", r.socket_floor, true);
   printf("},\n");
   const CopyResult& c = r.copy;
-  printf(" \n \"copy\": {\"pages\": \"%s\", \"bytes\": %llu, \"repetitions\": %d, \"target_ratio\": %.2f, "
-         "\"memcpy_gib_per_sec\": %.3f, \"warm_reused_extent\": %s",
-         c.pages.c_str(), static_cast<unsigned long long>(c.bytes), c.repetitions, copy_ratio_min,
-         gib_per_sec(c.bytes, c.memcpy_sec), c.warm_reused_extent ? "true" : "false");
+  printf(
+      " \n \"copy\": {\"kernel\": \"%s\", \"pages\": \"%s\", \"bytes\": %llu, \"repetitions\": %d, "
+      "\"target_ratio\": %.2f, \"memcpy_gib_per_sec\": %.3f, \"warm_reused_extent\": %s",
+      kvpark::client::copy_kernel_name(kvpark::client::best_copy_kernel()), c.pages.c_str(),
+      static_cast<unsigned long long>(c.bytes), c.repetitions, copy_ratio_min,
+      gib_per_sec(c.bytes, c.memcpy_sec), c.warm_reused_extent ? "true" : "false");
   struct Line { const char* name; double sec; };
   const Line lines[] = {{"publish_first_touch", c.publish_first_sec},
                         {"publish_warm", c.publish_warm_sec},

@@ -564,8 +564,8 @@ kvpark_status kvpark_plan_copy_block(kvpark_plan* plan, size_t index, void* dst)
     return KVPARK_INVALID_ARGUMENT;
   }
   plan->attachment.mapping->prefault(plan->blocks[index], plan->client->geometry.block_payload_bytes);
-  if (kvpark::client::copy_checksum_destination(dst, plan->blocks[index],
-                                                plan->client->geometry.block_payload_bytes) !=
+  if (kvpark::client::copy_checksum(dst, plan->blocks[index],
+                                    plan->client->geometry.block_payload_bytes) !=
       plan->block_checksums[index]) {
     truncate_at_block(plan, index);
     return KVPARK_CORRUPT;
@@ -581,7 +581,7 @@ kvpark_status kvpark_plan_copy_snapshot(kvpark_plan* plan, void* dst, uint64_t b
     return KVPARK_INVALID_ARGUMENT;
   }
   const uint64_t checksum = copy_prefaulted(plan->attachment, plan->snapshot, bytes, [&] {
-    return kvpark::client::copy_checksum_destination(dst, plan->snapshot, bytes);
+    return kvpark::client::copy_checksum(dst, plan->snapshot, bytes);
   });
   if (checksum != plan->snapshot_checksum) {
     drop_snapshot(plan);
@@ -696,7 +696,7 @@ kvpark_status kvpark_reservation_write_block(kvpark_reservation* r, size_t index
     return KVPARK_INVALID_ARGUMENT;
   }
   r->attachment.mapping->prefault(r->blocks[index], r->block_bytes);
-  r->block_checksums[index] = kvpark::client::copy_checksum_source(r->blocks[index], src, r->block_bytes);
+  r->block_checksums[index] = kvpark::client::copy_checksum(r->blocks[index], src, r->block_bytes);
   r->block_checksummed[index] = 1;
   return KVPARK_OK;
 }

@@ -78,9 +78,11 @@ inline constexpr size_t payload_align_bytes = 4096;
 inline constexpr uint64_t arena_bytes_min = 16ull * 1024 * 1024;
 inline constexpr uint64_t arena_bytes_default = 1024ull * 1024 * 1024;
 inline constexpr size_t arena_name_bytes_max = 200;  // memfd names: the kernel allows 249
-// Fused copy-and-checksum works in pieces this size: the piece just copied is hashed
-// while it is still in the L1/L2 cache, so verifying costs no second pass over memory.
-inline constexpr size_t checksum_piece_bytes = 16 * 1024;
+// Copies into or out of the arena at least this large store around the cache
+// (client/copy_xxh3.h): a cached store reads its line from memory first, and the
+// bytes are not read again by the copier. Smaller copies keep the destination
+// in cache for the engine that reads it next.
+inline constexpr size_t streaming_copy_min_bytes = 64 * 1024;
 // Copies through a client's mapping at least this large fill the page tables of the
 // regions they touch first (shm::ArenaMapping::prefault): smaller ones take their
 // few faults, and a region once filled stays filled for the mapping's life.

@@ -12,22 +12,22 @@ namespace kvpark::client {
 
 uint64_t payload_checksum(const void*, size_t) { return 0; }
 
-uint64_t copy_checksum_destination(void* dst, const void* src, size_t count) {
+uint64_t copy_checksum(void* dst, const void* src, size_t count) {
   std::memcpy(dst, src, count);
   return 0;
 }
 
-uint64_t copy_checksum_source(void* dst, const void* src, size_t count) {
-  std::memcpy(dst, src, count);
-  return 0;
-}
-
-struct StreamingChecksum::State {};
+struct StreamingChecksum::State {
+  uint64_t bytes = 0;
+};
 StreamingChecksum::StreamingChecksum() : state_(std::make_unique<State>()) {}
 StreamingChecksum::~StreamingChecksum() = default;
 void StreamingChecksum::copy(void* dst, const void* src, size_t count) {
   std::memcpy(dst, src, count);
-  bytes_ += count;
+  state_->bytes += count;
+}
+uint64_t StreamingChecksum::bytes() const {
+  return state_->bytes;
 }
 uint64_t StreamingChecksum::digest() const { return 0; }
 

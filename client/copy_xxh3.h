@@ -1,0 +1,61 @@
+// Copy and XXH3-64 in one pass over memory.
+//
+// Every 64-byte stripe is loaded once, stored to the destination and folded into
+// the hash from the same register, so the checksum is of exactly the bytes written,
+// whatever another process does to the source meanwhile: a restore can never hand an
+// engine bytes other than the ones it verified, and a publish seals the bytes it
+// wrote. Large copies store around the cache (non-temporal stores, as memcpy does
+// for large copies): a cached store first reads the destination line from memory,
+// which made copy-then-hash run at half of memcpy's speed (kvpark-bench).
+//
+// The values are XXH3-64 with the default secret and seed, the same as
+// XXH3_64bits() over the whole input however it was split into copy() calls
+// (tests/unit/copy_xxh3_test.cpp checks every kernel against it).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace kvpark::client {
+
+enum class CopyKernel : uint8_t { scalar, avx2, avx512 };
+
+// The fastest kernel this CPU (and its operating system) runs.
+CopyKernel best_copy_kernel();
+bool copy_kernel_supported(CopyKernel kernel);
+const char* copy_kernel_name(CopyKernel kernel);
+
+class CopyXxh3 {
+ public:
+  static constexpr size_t stripe_bytes = 64;
+  static constexpr size_t buffer_bytes = 4 * stripe_bytes;
+
+  explicit CopyXxh3(CopyKernel kernel = best_copy_kernel());
+
+  // Copies `count` bytes of src to dst (they must not overlap) and appends them to
+  // the hashed stream.
+  void copy(void* dst, const void* src, size_t count);
+  uint64_t bytes() const { return total_bytes_; }
+  // XXH3-64 of every byte copied so far; copying may go on after it.
+  uint64_t digest() const;
+
+  // The hash state between calls: XXH3's eight accumulators, the stripe position in
+  // the current block, and the last stripe folded in (the final stripe overlaps it).
+  struct Accumulator {
+    alignas(64) uint64_t lanes[8];
+    size_t stripes_in_block = 0;
+    uint8_t last_stripe[stripe_bytes] = {};
+  };
+
+ private:
+  CopyKernel kernel_;
+  Accumulator accumulator_;
+  // The stream's tail, not yet folded in: XXH3 treats its last stripe (and any input
+  // of 240 bytes or fewer) differently, so the last bytes wait for digest(). Bytes
+  // pass through here on their way to dst, so they too are hashed as written.
+  uint8_t buffer_[buffer_bytes];
+  size_t buffered_ = 0;
+  uint64_t total_bytes_ = 0;
+};
+
+}  // namespace kvpark::client
