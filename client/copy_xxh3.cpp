@@ -6,6 +6,7 @@
 // own, inlined here.
 #include "client/copy_xxh3.h"
 
+#include <algorithm>
 #include <bit>
 #include <cassert>
 #include <cstring>
@@ -42,7 +43,7 @@ constexpr size_t merge_key_offset = 11;
 // left a 1 GiB copy ~10% short of memcpy (kvpark-bench).
 constexpr size_t prefetch_distance_bytes = 2048;
 
-enum class Store : uint8_t { none, cached, streaming };
+enum class Store : uint8_t { cached, streaming };
 
 uint64_t read64(const uint8_t* p) {
   uint64_t v;
@@ -50,7 +51,7 @@ uint64_t read64(const uint8_t* p) {
   return v;
 }
 
-// --- scalar: any CPU -----------------------------------------------------------
+// --- the end of the stream, on every kernel -----------------------------------------
 
 void accumulate_scalar(uint64_t* lanes, const uint8_t* data, const uint8_t* key) {
   for (size_t i = 0; i < 8; ++i) {
@@ -70,21 +71,16 @@ void scramble_scalar(uint64_t* lanes, const uint8_t* key) {
   }
 }
 
-// Store::streaming is a request for non-temporal stores; the scalar kernel stores
-// through the cache either way.
-void consume_scalar(CopyXxh3::Accumulator& a, uint8_t* dst, const uint8_t* src, size_t stripes,
-                    Store store) {
+// Folds in stripes already copied (the buffered tail at digest()).
+void fold_scalar(CopyXxh3::Accumulator& a, const uint8_t* src, size_t stripes) {
   for (size_t s = 0; s < stripes; ++s) {
-    uint8_t data[stripe];
-    std::memcpy(data, src + s * stripe, stripe);
-    if (store != Store::none) std::memcpy(dst + s * stripe, data, stripe);
-    accumulate_scalar(a.lanes, data, XXH3_kSecret + a.stripes_in_block * secret_step);
+    accumulate_scalar(a.lanes, src + s * stripe, XXH3_kSecret + a.stripes_in_block * secret_step);
     if (++a.stripes_in_block == stripes_per_block) {
       scramble_scalar(a.lanes, XXH3_kSecret + scramble_key_offset);
       a.stripes_in_block = 0;
     }
-    if (s + 1 == stripes) std::memcpy(a.last_stripe, data, stripe);
   }
+  if (stripes > 0) std::memcpy(a.last_stripe, src + (stripes - 1) * stripe, stripe);
 }
 
 #if KVPARK_X86_KERNELS
@@ -125,7 +121,7 @@ __attribute__((target("avx2"))) void consume_avx2_with(CopyXxh3::Accumulator& a,
     if constexpr (store == Store::streaming) {
       _mm256_stream_si256((__m256i*)(dst + s * stripe), data_low);
       _mm256_stream_si256((__m256i*)(dst + s * stripe + 32), data_high);
-    } else if constexpr (store == Store::cached) {
+    } else {
       _mm256_storeu_si256((__m256i*)(dst + s * stripe), data_low);
       _mm256_storeu_si256((__m256i*)(dst + s * stripe + 32), data_high);
     }
@@ -151,8 +147,6 @@ __attribute__((target("avx2"))) void consume_avx2_with(CopyXxh3::Accumulator& a,
 void consume_avx2(CopyXxh3::Accumulator& a, uint8_t* dst, const uint8_t* src, size_t stripes,
                   Store store) {
   switch (store) {
-    case Store::none:
-      return consume_avx2_with<Store::none>(a, dst, src, stripes);
     case Store::cached:
       return consume_avx2_with<Store::cached>(a, dst, src, stripes);
     case Store::streaming:
@@ -193,7 +187,7 @@ __attribute__((target("avx512f"))) void consume_avx512_with(CopyXxh3::Accumulato
     data = _mm512_loadu_si512(in);
     if constexpr (store == Store::streaming) {
       _mm512_stream_si512((__m512i*)(dst + s * stripe), data);
-    } else if constexpr (store == Store::cached) {
+    } else {
       _mm512_storeu_si512(dst + s * stripe, data);
     }
     lanes = accumulate_avx512(lanes, data, XXH3_kSecret + in_block * secret_step);
@@ -211,8 +205,6 @@ __attribute__((target("avx512f"))) void consume_avx512_with(CopyXxh3::Accumulato
 void consume_avx512(CopyXxh3::Accumulator& a, uint8_t* dst, const uint8_t* src, size_t stripes,
                     Store store) {
   switch (store) {
-    case Store::none:
-      return consume_avx512_with<Store::none>(a, dst, src, stripes);
     case Store::cached:
       return consume_avx512_with<Store::cached>(a, dst, src, stripes);
     case Store::streaming:
@@ -224,32 +216,46 @@ void consume_avx512(CopyXxh3::Accumulator& a, uint8_t* dst, const uint8_t* src, 
 
 // Non-temporal stores need the destination aligned to the kernel's vector.
 size_t streaming_alignment(CopyKernel kernel) {
-  switch (kernel) {
-    case CopyKernel::avx512:
-      return 64;
-    case CopyKernel::avx2:
-      return 32;
-    case CopyKernel::scalar:
-      return 1;
-  }
-  return 1;
+  return kernel == CopyKernel::avx512 ? 64 : 32;
 }
 
 void consume(CopyKernel kernel, CopyXxh3::Accumulator& a, uint8_t* dst, const uint8_t* src,
              size_t stripes, Store store) {
 #if KVPARK_X86_KERNELS
   if (kernel == CopyKernel::avx512) return consume_avx512(a, dst, src, stripes, store);
-  if (kernel == CopyKernel::avx2) return consume_avx2(a, dst, src, stripes, store);
+  assert(kernel == CopyKernel::avx2);
+  consume_avx2(a, dst, src, stripes, store);
+#else
+  (void)kernel, (void)a, (void)dst, (void)src, (void)stripes, (void)store;
+  assert(!"no vector kernel on this architecture");
 #endif
-  (void)kernel;
-  consume_scalar(a, dst, src, stripes, store);
+}
+
+// The portable kernel's pieces: small enough to stay in L1 between copy and hash.
+constexpr size_t portable_piece_bytes = 8 * 1024;
+
+// The portable kernel's stores, around the cache for large copies where the CPU
+// can (SSE2 is every x86-64).
+void store_piece(uint8_t* dst, const uint8_t* piece, size_t bytes, bool large) {
+#if defined(__x86_64__)
+  if (large && reinterpret_cast<uintptr_t>(dst) % 16 == 0 && bytes % 16 == 0) {
+    for (size_t i = 0; i < bytes; i += 16) {
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i),
+                       _mm_load_si128(reinterpret_cast<const __m128i*>(piece + i)));
+    }
+    _mm_sfence();
+    return;
+  }
+#endif
+  (void)large;
+  std::memcpy(dst, piece, bytes);
 }
 
 }  // namespace
 
 bool copy_kernel_supported(CopyKernel kernel) {
   switch (kernel) {
-    case CopyKernel::scalar:
+    case CopyKernel::portable:
       return true;
 #if KVPARK_X86_KERNELS
     // libgcc's cpu model also checks that the kernel saves the vector registers (XGETBV).
@@ -269,14 +275,14 @@ bool copy_kernel_supported(CopyKernel kernel) {
 CopyKernel best_copy_kernel() {
   static const CopyKernel best = copy_kernel_supported(CopyKernel::avx512) ? CopyKernel::avx512
                                  : copy_kernel_supported(CopyKernel::avx2) ? CopyKernel::avx2
-                                                                           : CopyKernel::scalar;
+                                                                           : CopyKernel::portable;
   return best;
 }
 
 const char* copy_kernel_name(CopyKernel kernel) {
   switch (kernel) {
-    case CopyKernel::scalar:
-      return "scalar";
+    case CopyKernel::portable:
+      return "portable";
     case CopyKernel::avx2:
       return "avx2";
     case CopyKernel::avx512:
@@ -285,15 +291,36 @@ const char* copy_kernel_name(CopyKernel kernel) {
   return "?";
 }
 
+struct CopyXxh3::Portable {
+  XXH3_state_t state;
+};
+
 CopyXxh3::CopyXxh3(CopyKernel kernel) : kernel_(kernel), accumulator_{.lanes = XXH3_INIT_ACC} {
   assert(copy_kernel_supported(kernel));
+  if (kernel == CopyKernel::portable) {
+    portable_ = std::make_unique<Portable>();
+    XXH3_64bits_reset(&portable_->state);
+  }
 }
+
+CopyXxh3::~CopyXxh3() = default;
 
 void CopyXxh3::copy(void* dst_bytes, const void* src_bytes, size_t count) {
   if (count == 0) return;
   auto* dst = static_cast<uint8_t*>(dst_bytes);
   const auto* src = static_cast<const uint8_t*>(src_bytes);
   total_bytes_ += count;
+  if (portable_) {
+    alignas(64) uint8_t piece[portable_piece_bytes];
+    for (size_t done = 0; done < count;) {
+      const size_t n = std::min(portable_piece_bytes, count - done);
+      std::memcpy(piece, src + done, n);
+      XXH3_64bits_update(&portable_->state, piece, n);
+      store_piece(dst + done, piece, n, count >= limits::streaming_copy_min_bytes);
+      done += n;
+    }
+    return;
+  }
   if (buffered_ + count <= buffer_bytes) {
     std::memcpy(buffer_ + buffered_, src, count);
     std::memcpy(dst, buffer_ + buffered_, count);
@@ -304,7 +331,7 @@ void CopyXxh3::copy(void* dst_bytes, const void* src_bytes, size_t count) {
     const size_t fill = buffer_bytes - buffered_;
     std::memcpy(buffer_ + buffered_, src, fill);
     std::memcpy(dst, buffer_ + buffered_, fill);
-    consume(kernel_, accumulator_, nullptr, buffer_, buffer_bytes / stripe, Store::none);
+    fold_scalar(accumulator_, buffer_, buffer_bytes / stripe);
     buffered_ = 0;
     src += fill;
     dst += fill;
@@ -323,11 +350,12 @@ void CopyXxh3::copy(void* dst_bytes, const void* src_bytes, size_t count) {
 }
 
 uint64_t CopyXxh3::digest() const {
+  if (portable_) return XXH3_64bits_digest(&portable_->state);
   if (total_bytes_ <= XXH3_MIDSIZE_MAX) return XXH3_64bits(buffer_, total_bytes_);  // all here
   Accumulator a = accumulator_;
   uint8_t last[stripe];
   if (buffered_ >= stripe) {
-    consume_scalar(a, nullptr, buffer_, (buffered_ - 1) / stripe, Store::none);
+    fold_scalar(a, buffer_, (buffered_ - 1) / stripe);
     std::memcpy(last, buffer_ + buffered_ - stripe, stripe);
   } else {  // the last stripe reaches back into the one folded in before
     const size_t earlier = stripe - buffered_;

@@ -15,10 +15,14 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
 namespace kvpark::client {
 
-enum class CopyKernel : uint8_t { scalar, avx2, avx512 };
+// avx512 and avx2 fold each stripe in from the register they store; `portable` (any
+// other CPU) copies each piece into a small private buffer, hashes it there with
+// xxHash's own code (SSE2, NEON) and stores it from there: as exact, a little slower.
+enum class CopyKernel : uint8_t { portable, avx2, avx512 };
 
 // The fastest kernel this CPU (and its operating system) runs.
 CopyKernel best_copy_kernel();
@@ -31,6 +35,9 @@ class CopyXxh3 {
   static constexpr size_t buffer_bytes = 4 * stripe_bytes;
 
   explicit CopyXxh3(CopyKernel kernel = best_copy_kernel());
+  ~CopyXxh3();
+  CopyXxh3(const CopyXxh3&) = delete;
+  CopyXxh3& operator=(const CopyXxh3&) = delete;
 
   // Copies `count` bytes of src to dst (they must not overlap) and appends them to
   // the hashed stream.
@@ -48,7 +55,10 @@ class CopyXxh3 {
   };
 
  private:
+  struct Portable;  // xxHash's streaming state, for the portable kernel
+
   CopyKernel kernel_;
+  std::unique_ptr<Portable> portable_;
   Accumulator accumulator_;
   // The stream's tail, not yet folded in: XXH3 treats its last stripe (and any input
   // of 240 bytes or fewer) differently, so the last bytes wait for digest(). Bytes

@@ -21,7 +21,7 @@ namespace {
 
 std::vector<CopyKernel> supported_kernels() {
   std::vector<CopyKernel> kernels;
-  for (CopyKernel k : {CopyKernel::scalar, CopyKernel::avx2, CopyKernel::avx512}) {
+  for (CopyKernel k : {CopyKernel::portable, CopyKernel::avx2, CopyKernel::avx512}) {
     if (copy_kernel_supported(k)) kernels.push_back(k);
   }
   return kernels;
