@@ -231,24 +231,68 @@ void consume(CopyKernel kernel, CopyXxh3::Accumulator& a, uint8_t* dst, const ui
 #endif
 }
 
-// The portable kernel's pieces: small enough to stay in L1 between copy and hash.
+// Pieces that pass through a private buffer (the portable kernel's, and every
+// kernel's into a misaligned destination): small enough to stay in L1.
 constexpr size_t portable_piece_bytes = 8 * 1024;
+constexpr size_t unaligned_piece_bytes = 4 * 1024;
 
-// The portable kernel's stores, around the cache for large copies where the CPU
-// can (SSE2 is every x86-64).
-void store_piece(uint8_t* dst, const uint8_t* piece, size_t bytes, bool large) {
-#if defined(__x86_64__)
-  if (large && reinterpret_cast<uintptr_t>(dst) % 16 == 0 && bytes % 16 == 0) {
-    for (size_t i = 0; i < bytes; i += 16) {
-      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i),
-                       _mm_load_si128(reinterpret_cast<const __m128i*>(piece + i)));
-    }
-    _mm_sfence();
-    return;
+// Stores `bytes` from a private buffer to dst around the cache where the CPU can,
+// at any alignment of dst: the bytes before its first and after its last vector
+// boundary go through the cache. The caller fences (store_fence) once it is done.
+#if KVPARK_X86_KERNELS
+// The bytes of `bytes` before dst's first vector boundary, so that every store after
+// them is aligned.
+size_t head_bytes(const uint8_t* dst, size_t bytes, size_t vector_bytes) {
+  const size_t misalignment = reinterpret_cast<uintptr_t>(dst) % vector_bytes;
+  return std::min(bytes, (vector_bytes - misalignment) % vector_bytes);
+}
+
+__attribute__((target("avx512f"))) void stream_store_avx512(uint8_t* dst, const uint8_t* from,
+                                                            size_t bytes) {
+  size_t i = head_bytes(dst, bytes, 64);
+  std::memcpy(dst, from, i);
+  for (; i + 64 <= bytes; i += 64)
+    _mm512_stream_si512((__m512i*)(dst + i), _mm512_loadu_si512(from + i));
+  std::memcpy(dst + i, from + i, bytes - i);
+}
+
+__attribute__((target("avx2"))) void stream_store_avx2(uint8_t* dst, const uint8_t* from,
+                                                       size_t bytes) {
+  size_t i = head_bytes(dst, bytes, 32);
+  std::memcpy(dst, from, i);
+  for (; i + 32 <= bytes; i += 32) {
+    _mm256_stream_si256((__m256i*)(dst + i), _mm256_loadu_si256((const __m256i*)(from + i)));
   }
+  std::memcpy(dst + i, from + i, bytes - i);
+}
+
+void stream_store_sse2(uint8_t* dst, const uint8_t* from, size_t bytes) {
+  size_t i = head_bytes(dst, bytes, 16);
+  std::memcpy(dst, from, i);
+  for (; i + 16 <= bytes; i += 16) {
+    _mm_stream_si128((__m128i*)(dst + i), _mm_loadu_si128((const __m128i*)(from + i)));
+  }
+  std::memcpy(dst + i, from + i, bytes - i);
+}
 #endif
-  (void)large;
-  std::memcpy(dst, piece, bytes);
+
+void stream_store(CopyKernel kernel, uint8_t* dst, const uint8_t* from, size_t bytes) {
+#if KVPARK_X86_KERNELS
+  if (kernel == CopyKernel::avx512) return stream_store_avx512(dst, from, bytes);
+  if (kernel == CopyKernel::avx2) return stream_store_avx2(dst, from, bytes);
+  stream_store_sse2(dst, from, bytes);  // SSE2 is every x86-64
+#else
+  (void)kernel;
+  std::memcpy(dst, from, bytes);
+#endif
+}
+
+// Non-temporal stores are weakly ordered: fence them before the copy returns (the
+// seal or the engine's read that follows must see them).
+void store_fence() {
+#if KVPARK_X86_KERNELS
+  _mm_sfence();
+#endif
 }
 
 }  // namespace
@@ -316,9 +360,14 @@ void CopyXxh3::copy(void* dst_bytes, const void* src_bytes, size_t count) {
       const size_t n = std::min(portable_piece_bytes, count - done);
       std::memcpy(piece, src + done, n);
       XXH3_64bits_update(&portable_->state, piece, n);
-      store_piece(dst + done, piece, n, count >= limits::streaming_copy_min_bytes);
+      if (count >= limits::streaming_copy_min_bytes) {
+        stream_store(kernel_, dst + done, piece, n);
+      } else {
+        std::memcpy(dst + done, piece, n);
+      }
       done += n;
     }
+    store_fence();
     return;
   }
   if (buffered_ + count <= buffer_bytes) {
@@ -340,9 +389,22 @@ void CopyXxh3::copy(void* dst_bytes, const void* src_bytes, size_t count) {
   // Fold in every whole stripe but keep 1 to 64 bytes back: the last stripe of the
   // stream is hashed with its own key at digest().
   const size_t stripes = (count - 1) / stripe;
-  const bool streaming = count >= limits::streaming_copy_min_bytes &&
-                         reinterpret_cast<uintptr_t>(dst) % streaming_alignment(kernel_) == 0;
-  consume(kernel_, accumulator_, dst, src, stripes, streaming ? Store::streaming : Store::cached);
+  if (count < limits::streaming_copy_min_bytes) {
+    consume(kernel_, accumulator_, dst, src, stripes, Store::cached);
+  } else if (reinterpret_cast<uintptr_t>(dst) % streaming_alignment(kernel_) == 0) {
+    consume(kernel_, accumulator_, dst, src, stripes, Store::streaming);
+  } else {
+    // A destination off the vector's alignment (malloc gives 16 bytes) takes the
+    // stripes through an L1-resident piece, stored on from there around the cache.
+    alignas(64) uint8_t piece[unaligned_piece_bytes];
+    for (size_t s = 0; s < stripes;) {
+      const size_t n = std::min(unaligned_piece_bytes / stripe, stripes - s);
+      consume(kernel_, accumulator_, piece, src + s * stripe, n, Store::cached);
+      stream_store(kernel_, dst + s * stripe, piece, n * stripe);
+      s += n;
+    }
+    store_fence();
+  }
   const size_t done = stripes * stripe;
   buffered_ = count - done;
   std::memcpy(buffer_, src + done, buffered_);
