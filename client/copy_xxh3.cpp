@@ -236,9 +236,6 @@ void consume(CopyKernel kernel, CopyXxh3::Accumulator& a, uint8_t* dst, const ui
 constexpr size_t portable_piece_bytes = 8 * 1024;
 constexpr size_t unaligned_piece_bytes = 4 * 1024;
 
-// Stores `bytes` from a private buffer to dst around the cache where the CPU can,
-// at any alignment of dst: the bytes before its first and after its last vector
-// boundary go through the cache. The caller fences (store_fence) once it is done.
 #if KVPARK_X86_KERNELS
 // The bytes of `bytes` before dst's first vector boundary, so that every store after
 // them is aligned.
@@ -276,6 +273,9 @@ void stream_store_sse2(uint8_t* dst, const uint8_t* from, size_t bytes) {
 }
 #endif
 
+// Stores `bytes` from a private buffer to dst around the cache where the CPU can,
+// at any alignment of dst: the bytes before its first and after its last vector
+// boundary go through the cache. The caller fences (store_fence) once it is done.
 void stream_store(CopyKernel kernel, uint8_t* dst, const uint8_t* from, size_t bytes) {
 #if KVPARK_X86_KERNELS
   if (kernel == CopyKernel::avx512) return stream_store_avx512(dst, from, bytes);
