@@ -60,6 +60,8 @@ struct kvpark_plan {
   uint64_t snapshot_extent = 0;
   uint64_t snapshot_checksum = 0;
   bool snapshot_verified = false;
+  // Parts copied so far by kvpark_plan_read_snapshot(), hashed as they were copied.
+  std::unique_ptr<kvpark::client::StreamingChecksum> snapshot_read;
   uint32_t pending_tokens = 0;      // restorable once promotions land (>= restorable)
   uint32_t inflight_tokens = 0;     // past that, what another engine is prefilling now
   uint32_t capture_hint_tokens = 0;
@@ -583,6 +585,39 @@ kvpark_status kvpark_plan_copy_snapshot(kvpark_plan* plan, void* dst, uint64_t b
   const uint64_t checksum = copy_prefaulted(plan->attachment, plan->snapshot, bytes, [&] {
     return kvpark::client::copy_checksum(dst, plan->snapshot, bytes);
   });
+  if (checksum != plan->snapshot_checksum) {
+    drop_snapshot(plan);
+    return KVPARK_CORRUPT;
+  }
+  return KVPARK_OK;
+} catch (...) {
+  return status_of_current_exception();
+}
+
+uint64_t kvpark_plan_snapshot_bytes(const kvpark_plan* plan, uint32_t* ret_position) {
+  const bool has = plan != nullptr && plan->snapshot != nullptr;
+  if (ret_position != nullptr) *ret_position = has ? plan->snapshot_position : 0;
+  return has ? plan->snapshot_bytes : 0;
+}
+
+kvpark_status kvpark_plan_read_snapshot(kvpark_plan* plan, uint64_t offset, void* dst,
+                                        uint64_t bytes) try {
+  if (plan == nullptr || plan->snapshot == nullptr || (dst == nullptr && bytes > 0) ||
+      offset > plan->snapshot_bytes || bytes > plan->snapshot_bytes - offset) {
+    return KVPARK_INVALID_ARGUMENT;
+  }
+  if (offset == 0) {
+    plan->snapshot_read = std::make_unique<kvpark::client::StreamingChecksum>();
+  } else if (!plan->snapshot_read || plan->snapshot_read->bytes() != offset) {
+    return KVPARK_INVALID_ARGUMENT;
+  }
+  copy_prefaulted(plan->attachment, plan->snapshot + offset, bytes, [&] {
+    plan->snapshot_read->copy(dst, plan->snapshot + offset, bytes);
+    return 0;
+  });
+  if (offset + bytes < plan->snapshot_bytes) return KVPARK_OK;
+  const uint64_t checksum = plan->snapshot_read->digest();
+  plan->snapshot_read.reset();
   if (checksum != plan->snapshot_checksum) {
     drop_snapshot(plan);
     return KVPARK_CORRUPT;

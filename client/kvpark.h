@@ -136,6 +136,16 @@ kvpark_status kvpark_plan_copy_block(kvpark_plan* plan, size_t index, void* dst)
  * them) into dst, verifying it. KVPARK_CORRUPT: as above; the plan keeps its blocks
  * (restorable unless the namespace needs a snapshot) and drops the snapshot. */
 kvpark_status kvpark_plan_copy_snapshot(kvpark_plan* plan, void* dst, uint64_t bytes);
+/* The snapshot's size in bytes (0: none) and its position in *ret_position, without
+ * reading a byte of it: for an engine that copies it out in parts. */
+uint64_t kvpark_plan_snapshot_bytes(const kvpark_plan* plan, uint32_t* ret_position);
+/* Copies snapshot bytes [offset, offset + bytes) into dst, verifying as it copies.
+ * Parts come in order: offset 0 first (which starts over), then each where the one
+ * before ended; anything else is KVPARK_INVALID_ARGUMENT. The part that ends at the
+ * snapshot's last byte checks the whole: KVPARK_CORRUPT means no byte of any part
+ * may be used, and the plan drops the snapshot as kvpark_plan_copy_snapshot() does. */
+kvpark_status kvpark_plan_read_snapshot(kvpark_plan* plan, uint64_t offset, void* dst,
+                                        uint64_t bytes);
 /* Entries parked only on disk are promoted into the arena when a lookup reaches
  * them. kvpark_plan_pending_tokens() is what the plan will restore once those
  * promotions land (equal to kvpark_plan_restorable_tokens() when none are in

@@ -19,19 +19,35 @@ constexpr auto reconnect_interval = std::chrono::seconds(1);
 // out read it from the L2 cache the copy just filled.
 constexpr size_t copy_chunk_bytes = 256u << 10;
 
-// Copies the slot file out of a parked payload, checking its header and hashing the
-// very bytes written (the arena is shared memory: what is checked must be what
-// llama-server reads).
-bool write_checked_file(const uint8_t* payload, uint64_t payload_bytes, uint32_t position,
+// Copies the slot file out of a parked payload. Every byte comes out of the arena
+// once, through libkvpark's verified read (kvparkd's checksum, checked as it copies
+// into the staging buffer); the header and the body's own checksum are checked on
+// that private copy: the arena is shared memory, and what is checked must be what
+// llama-server reads.
+bool write_checked_file(kvpark_plan* plan, uint64_t payload_bytes, uint32_t position,
                         const std::string& path, std::string* ret_refused, bool* ret_corrupt) {
+  *ret_corrupt = false;
+  std::vector<uint8_t> staging(copy_chunk_bytes);
+  static_assert(copy_chunk_bytes >= sizeof(SealedPayloadHeader));
+  // Reads the next part into staging; false (with why) when libkvpark refuses it.
+  auto read_part = [&](uint64_t at, size_t n) {
+    const kvpark_status s = kvpark_plan_read_snapshot(plan, at, staging.data(), n);
+    if (s == KVPARK_OK) return true;
+    *ret_corrupt = s == KVPARK_CORRUPT;
+    *ret_refused = *ret_corrupt ? sealed_payload_check_string(SealedPayloadCheck::bad_checksum)
+                                : kvpark_status_string(s);
+    return false;
+  };
+  const size_t first = size_t(std::min<uint64_t>(staging.size(), payload_bytes));
+  if (!read_part(0, first)) return false;
   SealedPayloadHeader header;
-  *ret_corrupt = true;
-  const SealedPayloadCheck check = sealed_payload_check_header(payload, payload_bytes, slot_file_magic, position, &header);
+  const SealedPayloadCheck check = sealed_payload_check_header(staging.data(), payload_bytes,
+                                                               slot_file_magic, position, &header);
   if (check != SealedPayloadCheck::ok) {
     *ret_refused = sealed_payload_check_string(check);
+    *ret_corrupt = true;
     return false;
   }
-  *ret_corrupt = false;
   // Overwritten in place, not truncated: the file's pages (tmpfs, usually) stay
   // allocated from the slot's last restore, and allocating them again costs more
   // than the copy itself at a few hundred megabytes.
@@ -42,15 +58,14 @@ bool write_checked_file(const uint8_t* payload, uint64_t payload_bytes, uint32_t
   }
   XXH3_state_t* hash = XXH3_createState();
   XXH3_64bits_reset(hash);
-  std::vector<uint8_t> staging(copy_chunk_bytes);
-  const uint8_t* file = payload + sizeof header;
   bool ok = true;
-  for (uint64_t at = 0; ok && at < header.body_bytes;) {
-    const size_t n = size_t(std::min<uint64_t>(staging.size(), header.body_bytes - at));
-    std::memcpy(staging.data(), file + at, n);
-    XXH3_64bits_update(hash, staging.data(), n);
+  size_t part_begin = sizeof header;  // the body's first byte in staging
+  size_t part_end = first;
+  for (uint64_t at = first;;) {
+    const size_t n = part_end - part_begin;
+    XXH3_64bits_update(hash, staging.data() + part_begin, n);
     for (size_t done = 0; ok && done < n;) {
-      const ssize_t w = write(fd, staging.data() + done, n - done);
+      const ssize_t w = write(fd, staging.data() + part_begin + done, n - done);
       if (w < 0 && errno == EINTR) continue;
       if (w <= 0) {
         *ret_refused = path + ": " + std::strerror(errno);
@@ -59,7 +74,11 @@ bool write_checked_file(const uint8_t* payload, uint64_t payload_bytes, uint32_t
         done += size_t(w);
       }
     }
-    at += n;
+    if (!ok || at == payload_bytes) break;
+    part_begin = 0;
+    part_end = size_t(std::min<uint64_t>(staging.size(), payload_bytes - at));
+    ok = read_part(at, part_end);
+    at += part_end;
   }
   if (ok && ftruncate(fd, off_t(header.body_bytes)) != 0) {  // a longer last state
     *ret_refused = path + ": " + std::strerror(errno);
@@ -131,15 +150,15 @@ bool Parking::connected() {
   return kvpark_get_stats(client, &stats) == KVPARK_OK;
 }
 
+// The payload is read (and verified) once, when its slot file is written.
 Parked::Parked(kvpark_plan* plan) : plan_(plan) {
-  const void* payload = kvpark_plan_snapshot(plan, &payload_bytes_, &position_);
-  if (payload == nullptr) position_ = 0;
-  payload_ = payload;
+  payload_bytes_ = kvpark_plan_snapshot_bytes(plan, &position_);
   reuse_kind_ = position_ > 0 ? kvpark_plan_reuse_kind(plan) : KVPARK_REUSE_ROOT;
 }
 
 uint64_t Parked::file_bytes() const {
-  return payload_bytes_ > sizeof(SealedPayloadHeader) ? payload_bytes_ - sizeof(SealedPayloadHeader) : 0;
+  return payload_bytes_ > sizeof(SealedPayloadHeader) ? payload_bytes_ - sizeof(SealedPayloadHeader)
+                                                      : 0;
 }
 
 Parked::~Parked() {
@@ -157,13 +176,11 @@ bool Parked::write_slot_file(const std::string& path, std::string* ret_refused,
     *ret_refused = "nothing parked";
     return false;
   }
-  return write_checked_file(static_cast<const uint8_t*>(payload_), payload_bytes_, position_, path,
-                            ret_refused, ret_corrupt);
+  return write_checked_file(plan_, payload_bytes_, position_, path, ret_refused, ret_corrupt);
 }
 
 std::unique_ptr<Parked> Parking::lookup(const std::vector<int32_t>& tokens, uint64_t session_id,
-                                        uint32_t promotion_wait_msec,
-                                        uint32_t inflight_wait_msec) {
+                                        uint32_t promotion_wait_msec, uint32_t inflight_wait_msec) {
   kvpark_client* client = nullptr;
   {
     std::lock_guard lock(mutex_);
@@ -233,7 +250,8 @@ bool Reserved::fill_and_seal(const std::string& file_path, std::string* ret_erro
     const ssize_t n = read(fd, file + at, size_t(file_bytes_ - at));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
-      *ret_error = file_path + (n == 0 ? ": shrank while read" : ": " + std::string(std::strerror(errno)));
+      *ret_error =
+          file_path + (n == 0 ? ": shrank while read" : ": " + std::string(std::strerror(errno)));
       ok = false;
       break;
     }

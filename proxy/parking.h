@@ -43,7 +43,6 @@ class Parked {
   kvpark_plan* plan_ = nullptr;
   uint32_t position_ = 0;
   kvpark_reuse_kind reuse_kind_ = KVPARK_REUSE_ROOT;
-  const void* payload_ = nullptr;
   uint64_t payload_bytes_ = 0;
 };
 

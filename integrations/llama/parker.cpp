@@ -124,15 +124,20 @@ Status Parker::restore(llama_context* ctx, llama_seq_id seq_id, const llama_toke
     return from_kvpark(s);
   if (kvpark_plan_pending_tokens(plan) > kvpark_plan_restorable_tokens(plan))
     kvpark_plan_wait(plan, promotion_wait_msec_max);  // what is ready stays usable on timeout
-  uint64_t payload_bytes = 0;
   uint32_t position = 0;
-  const void* payload = kvpark_plan_snapshot(plan, &payload_bytes, &position);
-  if (payload != nullptr && position > 0 && position < n_tokens) {
-    // Checked on a private copy: the arena is shared memory, and llama.cpp must
-    // get exactly the bytes that passed the checksum.
+  const uint64_t payload_bytes = kvpark_plan_snapshot_bytes(plan, &position);
+  if (payload_bytes > 0 && position > 0 && position < n_tokens) {
+    // Copied out and verified in one pass, then checked on the private copy: the
+    // arena is shared memory, and llama.cpp must get exactly the bytes that passed.
     state_.resize(payload_bytes);
-    std::memcpy(state_.data(), payload, payload_bytes);
-    if (sealed_payload_check(state_.data(), payload_bytes, snapshot_magic, position) != SealedPayloadCheck::ok) {
+    const kvpark_status copied = kvpark_plan_copy_snapshot(plan, state_.data(), payload_bytes);
+    if (copied == KVPARK_CORRUPT) {
+      // A miss: libkvpark dropped the altered entry (kvparkd counts it); prefill.
+    } else if (copied != KVPARK_OK) {
+      kvpark_plan_release(plan);
+      return from_kvpark(copied);
+    } else if (sealed_payload_check(state_.data(), payload_bytes, snapshot_magic, position) !=
+               SealedPayloadCheck::ok) {
       result.refused = Status::corrupt;
     } else {
       const uint8_t* state = state_.data() + sizeof(SealedPayloadHeader);

@@ -368,32 +368,23 @@ TEST_F(HostileClient, ScribblingOverEverythingWritableLosesOnlyPayloads) {
   expect_service_intact(victim_blocks);
 }
 
-TEST(SnapshotVerification, AlteredSnapshotIsAMissAndNeverHandedOver) {
-  DaemonProcess daemon({.arena_bytes = 32ull << 20});
-  ASSERT_TRUE(daemon.start());
-  ClientPtr c = connect_client(daemon.socket_path(), engine_namespace(0x5a9, 0, 0));
-  ASSERT_NE(c, nullptr);
-  const auto tokens = engine_prompt(7, 300);
-  constexpr uint64_t snapshot_bytes = 3 * 1024 * 1024 + 17;
-  std::vector<uint8_t> state(snapshot_bytes);
-  fill_payload(0xabc, state.data(), snapshot_bytes);
+constexpr uint64_t snapshot_test_bytes = 3 * 1024 * 1024 + 17;
+
+// Parks `state` as a snapshot at position 200 of `tokens`, written in two ordered
+// pieces (checksummed while copying).
+void park_snapshot(kvpark_client* c, const std::vector<int32_t>& tokens,
+                   const std::vector<uint8_t>& state) {
   kvpark_publish_options options{1, KVPARK_CLASS_SHARED, KVPARK_EVIDENCE_ENGINE_STRUCTURAL};
   kvpark_reservation* r = nullptr;
-  ASSERT_EQ(kvpark_reserve_snapshot(c.get(), &options, tokens.data(), 200, snapshot_bytes, &r), KVPARK_OK);
-  // Written in two ordered pieces: checksummed while copying.
+  ASSERT_EQ(kvpark_reserve_snapshot(c, &options, tokens.data(), 200, state.size(), &r), KVPARK_OK);
   ASSERT_EQ(kvpark_reservation_write_snapshot(r, 0, state.data(), 1 << 20), KVPARK_OK);
-  ASSERT_EQ(kvpark_reservation_write_snapshot(r, 1 << 20, state.data() + (1 << 20), snapshot_bytes - (1 << 20)),
+  ASSERT_EQ(kvpark_reservation_write_snapshot(r, 1 << 20, state.data() + (1 << 20), state.size() - (1 << 20)),
             KVPARK_OK);
   ASSERT_EQ(kvpark_seal(r), KVPARK_OK);
+}
 
-  std::vector<uint8_t> out(snapshot_bytes);
-  kvpark_plan* plan = nullptr;
-  ASSERT_EQ(kvpark_lookup(c.get(), 2, tokens.data(), tokens.size(), &plan), KVPARK_OK);
-  ASSERT_EQ(kvpark_plan_restorable_tokens(plan), 200u);
-  ASSERT_EQ(kvpark_plan_copy_snapshot(plan, out.data(), snapshot_bytes), KVPARK_OK);
-  EXPECT_EQ(out, state);
-  kvpark_plan_release(plan);
-
+// Another member of the group flips the last byte of the one payload in the arena.
+void flip_the_parked_snapshot(const DaemonProcess& daemon) {
   const int flipped = in_child([&] {
     RawClient raw(daemon.socket_path());
     int hfd = -1, dfd = -1;
@@ -405,19 +396,98 @@ TEST(SnapshotVerification, AlteredSnapshotIsAMissAndNeverHandedOver) {
                                                    [](uint8_t* p, uint64_t n) { p[n - 1] ^= 0x80; }));
   });
   ASSERT_EQ(flipped, 1);
+}
+
+// The altered snapshot was reported and dropped: never offered again.
+void expect_dropped_and_counted(kvpark_client* c, const std::vector<int32_t>& tokens) {
+  kvpark_stats st{};
+  ASSERT_TRUE(wait_until([&] { return kvpark_get_stats(c, &st) == KVPARK_OK && st.corrupt_payloads == 1; },
+                         5'000));
+  kvpark_plan* plan = nullptr;
+  ASSERT_EQ(kvpark_lookup(c, 4, tokens.data(), tokens.size(), &plan), KVPARK_OK);
+  EXPECT_EQ(kvpark_plan_restorable_tokens(plan), 0u) << "a dropped entry is never offered again";
+  kvpark_plan_release(plan);
+}
+
+TEST(SnapshotVerification, AlteredSnapshotIsAMissAndNeverHandedOver) {
+  DaemonProcess daemon({.arena_bytes = 32ull << 20});
+  ASSERT_TRUE(daemon.start());
+  ClientPtr c = connect_client(daemon.socket_path(), engine_namespace(0x5a9, 0, 0));
+  ASSERT_NE(c, nullptr);
+  const auto tokens = engine_prompt(7, 300);
+  std::vector<uint8_t> state(snapshot_test_bytes);
+  fill_payload(0xabc, state.data(), state.size());
+  ASSERT_NO_FATAL_FAILURE(park_snapshot(c.get(), tokens, state));
+
+  std::vector<uint8_t> out(state.size());
+  kvpark_plan* plan = nullptr;
+  ASSERT_EQ(kvpark_lookup(c.get(), 2, tokens.data(), tokens.size(), &plan), KVPARK_OK);
+  ASSERT_EQ(kvpark_plan_restorable_tokens(plan), 200u);
+  ASSERT_EQ(kvpark_plan_copy_snapshot(plan, out.data(), out.size()), KVPARK_OK);
+  EXPECT_EQ(out, state);
+  kvpark_plan_release(plan);
+
+  ASSERT_NO_FATAL_FAILURE(flip_the_parked_snapshot(daemon));
   ASSERT_EQ(kvpark_lookup(c.get(), 3, tokens.data(), tokens.size(), &plan), KVPARK_OK);
   ASSERT_EQ(kvpark_plan_restorable_tokens(plan), 200u) << "header and tail still confirm";
   std::fill(out.begin(), out.end(), 0);
-  EXPECT_EQ(kvpark_plan_copy_snapshot(plan, out.data(), snapshot_bytes), KVPARK_CORRUPT);
+  EXPECT_EQ(kvpark_plan_copy_snapshot(plan, out.data(), out.size()), KVPARK_CORRUPT);
   EXPECT_EQ(kvpark_plan_restorable_tokens(plan), 0u);
   EXPECT_EQ(kvpark_plan_snapshot(plan, nullptr, nullptr), nullptr);
   kvpark_plan_release(plan);
-  kvpark_stats st{};
-  ASSERT_TRUE(wait_until([&] { return kvpark_get_stats(c.get(), &st) == KVPARK_OK && st.corrupt_payloads == 1; },
-                         5'000));
-  ASSERT_EQ(kvpark_lookup(c.get(), 4, tokens.data(), tokens.size(), &plan), KVPARK_OK);
-  EXPECT_EQ(kvpark_plan_restorable_tokens(plan), 0u) << "a dropped entry is never offered again";
+  expect_dropped_and_counted(c.get(), tokens);
+}
+
+// kvpark_plan_read_snapshot(): the same check, for a reader that copies the snapshot
+// out in parts (kvpark-proxy, into a slot file): in order only, and the part that
+// ends the snapshot says whether any of it may be used.
+TEST(SnapshotVerification, AlteredSnapshotReadInPartsFailsAtItsLastPart) {
+  DaemonProcess daemon({.arena_bytes = 32ull << 20});
+  ASSERT_TRUE(daemon.start());
+  ClientPtr c = connect_client(daemon.socket_path(), engine_namespace(0x5aa, 0, 0));
+  ASSERT_NE(c, nullptr);
+  const auto tokens = engine_prompt(8, 300);
+  std::vector<uint8_t> state(snapshot_test_bytes);
+  fill_payload(0xabd, state.data(), state.size());
+  ASSERT_NO_FATAL_FAILURE(park_snapshot(c.get(), tokens, state));
+  constexpr uint64_t part = 256 * 1024 + 3;  // parts that end off every stripe
+  const uint64_t last = (state.size() - 1) / part * part;
+
+  std::vector<uint8_t> out(state.size());
+  kvpark_plan* plan = nullptr;
+  ASSERT_EQ(kvpark_lookup(c.get(), 2, tokens.data(), tokens.size(), &plan), KVPARK_OK);
+  uint32_t position = 0;
+  ASSERT_EQ(kvpark_plan_snapshot_bytes(plan, &position), state.size());
+  EXPECT_EQ(position, 200u);
+  EXPECT_EQ(kvpark_plan_read_snapshot(plan, part, out.data(), part), KVPARK_INVALID_ARGUMENT)
+      << "parts come in order from 0";
+  for (uint64_t at = 0; at < state.size(); at += part) {
+    const uint64_t n = std::min(part, state.size() - at);
+    ASSERT_EQ(kvpark_plan_read_snapshot(plan, at, out.data() + at, n), KVPARK_OK) << at;
+    if (at == part) {
+      EXPECT_EQ(kvpark_plan_read_snapshot(plan, 0, out.data(), 0), KVPARK_OK);  // starts over
+      EXPECT_EQ(kvpark_plan_read_snapshot(plan, at + n, out.data(), 1), KVPARK_INVALID_ARGUMENT)
+          << "after starting over, only offset 0 follows";
+      ASSERT_EQ(kvpark_plan_read_snapshot(plan, 0, out.data(), at + n), KVPARK_OK);
+    }
+  }
+  EXPECT_EQ(out, state);
+  EXPECT_EQ(kvpark_plan_read_snapshot(plan, state.size(), out.data(), 1), KVPARK_INVALID_ARGUMENT)
+      << "past the end";
   kvpark_plan_release(plan);
+
+  ASSERT_NO_FATAL_FAILURE(flip_the_parked_snapshot(daemon));
+  ASSERT_EQ(kvpark_lookup(c.get(), 3, tokens.data(), tokens.size(), &plan), KVPARK_OK);
+  ASSERT_EQ(kvpark_plan_snapshot_bytes(plan, nullptr), state.size()) << "header and tail still confirm";
+  for (uint64_t at = 0; at < last; at += part) {
+    ASSERT_EQ(kvpark_plan_read_snapshot(plan, at, out.data() + at, part), KVPARK_OK) << at;
+  }
+  EXPECT_EQ(kvpark_plan_read_snapshot(plan, last, out.data() + last, state.size() - last), KVPARK_CORRUPT);
+  EXPECT_EQ(kvpark_plan_restorable_tokens(plan), 0u);
+  EXPECT_EQ(kvpark_plan_snapshot_bytes(plan, &position), 0u);
+  EXPECT_EQ(position, 0u);
+  kvpark_plan_release(plan);
+  expect_dropped_and_counted(c.get(), tokens);
 }
 
 }  // namespace
