@@ -339,7 +339,10 @@ struct CopyXxh3::Portable {
   XXH3_state_t state;
 };
 
-CopyXxh3::CopyXxh3(CopyKernel kernel) : kernel_(kernel), accumulator_{.lanes = XXH3_INIT_ACC} {
+CopyXxh3::CopyXxh3(CopyStores stores, CopyKernel kernel)
+    : kernel_(kernel),
+      streaming_(stores == CopyStores::by_size),
+      accumulator_{.lanes = XXH3_INIT_ACC} {
   assert(copy_kernel_supported(kernel));
   if (kernel == CopyKernel::portable) {
     portable_ = std::make_unique<Portable>();
@@ -360,7 +363,7 @@ void CopyXxh3::copy(void* dst_bytes, const void* src_bytes, size_t count) {
       const size_t n = std::min(portable_piece_bytes, count - done);
       std::memcpy(piece, src + done, n);
       XXH3_64bits_update(&portable_->state, piece, n);
-      if (count >= limits::streaming_copy_min_bytes) {
+      if (streaming_ && count >= limits::streaming_copy_min_bytes) {
         stream_store(kernel_, dst + done, piece, n);
       } else {
         std::memcpy(dst + done, piece, n);
@@ -389,7 +392,7 @@ void CopyXxh3::copy(void* dst_bytes, const void* src_bytes, size_t count) {
   // Fold in every whole stripe but keep 1 to 64 bytes back: the last stripe of the
   // stream is hashed with its own key at digest().
   const size_t stripes = (count - 1) / stripe;
-  if (count < limits::streaming_copy_min_bytes) {
+  if (!streaming_ || count < limits::streaming_copy_min_bytes) {
     consume(kernel_, accumulator_, dst, src, stripes, Store::cached);
   } else if (reinterpret_cast<uintptr_t>(dst) % streaming_alignment(kernel_) == 0) {
     consume(kernel_, accumulator_, dst, src, stripes, Store::streaming);

@@ -29,12 +29,19 @@ CopyKernel best_copy_kernel();
 bool copy_kernel_supported(CopyKernel kernel);
 const char* copy_kernel_name(CopyKernel kernel);
 
+// How copies store. by_size: around the cache from limits::streaming_copy_min_bytes
+// on (a destination that large is not read again soon, and a cached store would
+// first read each line from memory); cached: always through the cache, for a
+// destination the caller reads at once and reuses (a staging buffer in L2).
+enum class CopyStores : uint8_t { by_size, cached };
+
 class CopyXxh3 {
  public:
   static constexpr size_t stripe_bytes = 64;
   static constexpr size_t buffer_bytes = 4 * stripe_bytes;
 
-  explicit CopyXxh3(CopyKernel kernel = best_copy_kernel());
+  explicit CopyXxh3(CopyStores stores = CopyStores::by_size,
+                    CopyKernel kernel = best_copy_kernel());
   ~CopyXxh3();
   CopyXxh3(const CopyXxh3&) = delete;
   CopyXxh3& operator=(const CopyXxh3&) = delete;
@@ -58,6 +65,7 @@ class CopyXxh3 {
   struct Portable;  // xxHash's streaming state, for the portable kernel
 
   CopyKernel kernel_;
+  bool streaming_ = true;  // large copies may store around the cache (CopyStores::by_size)
   std::unique_ptr<Portable> portable_;
   Accumulator accumulator_;
   // The stream's tail, not yet folded in: XXH3 treats its last stripe (and any input

@@ -607,7 +607,10 @@ kvpark_status kvpark_plan_read_snapshot(kvpark_plan* plan, uint64_t offset, void
     return KVPARK_INVALID_ARGUMENT;
   }
   if (offset == 0) {
-    plan->snapshot_read = std::make_unique<kvpark::client::StreamingChecksum>();
+    // Parts land in a buffer the caller reads at once (kvpark-proxy's staging buffer):
+    // through the cache, where it stays.
+    plan->snapshot_read =
+        std::make_unique<kvpark::client::StreamingChecksum>(kvpark::client::CopyStores::cached);
   } else if (!plan->snapshot_read || plan->snapshot_read->bytes() != offset) {
     return KVPARK_INVALID_ARGUMENT;
   }

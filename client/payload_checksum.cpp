@@ -15,10 +15,12 @@ uint64_t copy_checksum(void* dst, const void* src, size_t count) {
 }
 
 struct StreamingChecksum::State {
+  explicit State(CopyStores stores) : stream(stores) {}
   CopyXxh3 stream;
 };
 
-StreamingChecksum::StreamingChecksum() : state_(std::make_unique<State>()) {}
+StreamingChecksum::StreamingChecksum(CopyStores stores)
+    : state_(std::make_unique<State>(stores)) {}
 StreamingChecksum::~StreamingChecksum() = default;
 
 void StreamingChecksum::copy(void* dst, const void* src, size_t count) {

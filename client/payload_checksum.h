@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <memory>
 
+#include "client/copy_xxh3.h"  // CopyStores
+
 namespace kvpark::client {
 
 uint64_t payload_checksum(const void* bytes, size_t count);
@@ -22,7 +24,7 @@ uint64_t copy_checksum(void* dst, const void* src, size_t count);
 // A checksum built from consecutive pieces (a snapshot written in parts).
 class StreamingChecksum {
  public:
-  StreamingChecksum();
+  explicit StreamingChecksum(CopyStores stores = CopyStores::by_size);
   ~StreamingChecksum();
   StreamingChecksum(const StreamingChecksum&) = delete;
   StreamingChecksum& operator=(const StreamingChecksum&) = delete;

@@ -78,6 +78,7 @@ bool write_checked_file(kvpark_plan* plan, uint64_t payload_bytes, uint32_t posi
     part_begin = 0;
     part_end = size_t(std::min<uint64_t>(staging.size(), payload_bytes - at));
     ok = read_part(at, part_end);
+    if (!ok) break;
     at += part_end;
   }
   if (ok && ftruncate(fd, off_t(header.body_bytes)) != 0) {  // a longer last state

@@ -20,7 +20,7 @@ uint64_t copy_checksum(void* dst, const void* src, size_t count) {
 struct StreamingChecksum::State {
   uint64_t bytes = 0;
 };
-StreamingChecksum::StreamingChecksum() : state_(std::make_unique<State>()) {}
+StreamingChecksum::StreamingChecksum(CopyStores) : state_(std::make_unique<State>()) {}
 StreamingChecksum::~StreamingChecksum() = default;
 void StreamingChecksum::copy(void* dst, const void* src, size_t count) {
   std::memcpy(dst, src, count);

@@ -63,17 +63,19 @@ TEST(CopyXxh3, EveryKernelMatchesXxh3AtEveryLengthEdge) {
     SCOPED_TRACE(copy_kernel_name(kernel));
     for (size_t n : edge_lengths()) {
       const size_t src_offset = n % 64;
-      // Aligned destinations take the streaming stores from 64 KiB on; the others
-      // take cached stores.
-      for (size_t dst_offset : {size_t{0}, size_t{1}, size_t{32}}) {
-        Placed dst(n, dst_offset);
-        std::memset(dst.data, 0xee, n);
-        CopyXxh3 stream(kernel);
-        stream.copy(dst.data, source.data() + src_offset, n);
-        ASSERT_EQ(stream.digest(), XXH3_64bits(source.data() + src_offset, n))
-            << n << " bytes, destination +" << dst_offset;
-        ASSERT_EQ(std::memcmp(dst.data, source.data() + src_offset, n), 0) << n << " bytes";
-        ASSERT_EQ(stream.bytes(), n);
+      // From 64 KiB on, by_size stores around the cache: straight from the stripe
+      // into an aligned destination, through an L1 piece into the others.
+      for (CopyStores stores : {CopyStores::by_size, CopyStores::cached}) {
+        for (size_t dst_offset : {size_t{0}, size_t{1}, size_t{32}}) {
+          Placed dst(n, dst_offset);
+          std::memset(dst.data, 0xee, n);
+          CopyXxh3 stream(stores, kernel);
+          stream.copy(dst.data, source.data() + src_offset, n);
+          ASSERT_EQ(stream.digest(), XXH3_64bits(source.data() + src_offset, n))
+              << n << " bytes, destination +" << dst_offset;
+          ASSERT_EQ(std::memcmp(dst.data, source.data() + src_offset, n), 0) << n << " bytes";
+          ASSERT_EQ(stream.bytes(), n);
+        }
       }
     }
   }
@@ -89,7 +91,7 @@ TEST(CopyXxh3, AnySplitIntoPiecesHashesAsOneCopy) {
     for (int round = 0; round < 200; ++round) {
       const size_t n = rng() % (round < 150 ? 5000 : source.size());
       Placed dst(n, 0);
-      CopyXxh3 stream(kernel);
+      CopyXxh3 stream(round % 2 == 0 ? CopyStores::by_size : CopyStores::cached, kernel);
       for (size_t done = 0; done < n;) {
         // Mostly small pieces, now and then one past the streaming threshold.
         const size_t most = rng() % 8 == 0 ? n - done : std::min<size_t>(n - done, 300);
@@ -127,7 +129,7 @@ TEST(CopyXxh3, TheChecksumIsOfTheBytesWrittenWhileTheSourceChanges) {
   std::vector<std::string> disagreements;
   for (CopyKernel kernel : supported_kernels()) {
     for (int i = 0; i < 100; ++i) {
-      CopyXxh3 stream(kernel);
+      CopyXxh3 stream(i % 2 == 0 ? CopyStores::by_size : CopyStores::cached, kernel);
       stream.copy(dst.data, source.data(), n / 3);
       stream.copy(dst.data + n / 3, source.data() + n / 3, n - n / 3);
       if (stream.digest() != XXH3_64bits(dst.data, n)) {
