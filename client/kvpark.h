@@ -141,10 +141,11 @@ kvpark_status kvpark_plan_copy_snapshot(kvpark_plan* plan, void* dst, uint64_t b
 uint64_t kvpark_plan_snapshot_bytes(const kvpark_plan* plan, uint32_t* ret_position);
 /* Copies snapshot bytes [offset, offset + bytes) into dst, verifying as it copies,
  * through the cache (for a staging buffer the caller reads at once; the whole-payload
- * copies store large payloads around it). Parts come in order: offset 0 first (which starts over), then each where the one
- * before ended; anything else is KVPARK_INVALID_ARGUMENT. The part that ends at the
- * snapshot's last byte checks the whole: KVPARK_CORRUPT means no byte of any part
- * may be used, and the plan drops the snapshot as kvpark_plan_copy_snapshot() does. */
+ * copies store large payloads around it). Parts come in order: offset 0 first (which
+ * starts over), then each where the one before ended; anything else is
+ * KVPARK_INVALID_ARGUMENT. The part that ends at the snapshot's last byte checks the
+ * whole: KVPARK_CORRUPT means no byte of any part may be used, and the plan drops the
+ * snapshot as kvpark_plan_copy_snapshot() does. */
 kvpark_status kvpark_plan_read_snapshot(kvpark_plan* plan, uint64_t offset, void* dst,
                                         uint64_t bytes);
 /* Entries parked only on disk are promoted into the arena when a lookup reaches
