@@ -381,6 +381,14 @@ void drop_snapshot(kvpark_plan* plan) {
   plan->pending_tokens = plan->restorable_tokens;
 }
 
+// The checksum of the snapshot bytes a copy wrote, against the sealed one: on a
+// mismatch the snapshot is dropped and the copy must not be used.
+kvpark_status snapshot_verdict(kvpark_plan* plan, uint64_t checksum) {
+  if (checksum == plan->snapshot_checksum) return KVPARK_OK;
+  drop_snapshot(plan);
+  return KVPARK_CORRUPT;
+}
+
 // Ends a lease superseded by a new lookup (nothing was restored from it).
 void release_lease_one_way(kvpark_plan* plan) {
   if (plan->lease_id == 0) return;
@@ -585,11 +593,7 @@ kvpark_status kvpark_plan_copy_snapshot(kvpark_plan* plan, void* dst, uint64_t b
   const uint64_t checksum = copy_prefaulted(plan->attachment, plan->snapshot, bytes, [&] {
     return kvpark::client::copy_checksum(dst, plan->snapshot, bytes);
   });
-  if (checksum != plan->snapshot_checksum) {
-    drop_snapshot(plan);
-    return KVPARK_CORRUPT;
-  }
-  return KVPARK_OK;
+  return snapshot_verdict(plan, checksum);
 } catch (...) {
   return status_of_current_exception();
 }
@@ -614,18 +618,12 @@ kvpark_status kvpark_plan_read_snapshot(kvpark_plan* plan, uint64_t offset, void
   } else if (!plan->snapshot_read || plan->snapshot_read->bytes() != offset) {
     return KVPARK_INVALID_ARGUMENT;
   }
-  copy_prefaulted(plan->attachment, plan->snapshot + offset, bytes, [&] {
-    plan->snapshot_read->copy(dst, plan->snapshot + offset, bytes);
-    return 0;
-  });
+  plan->attachment.mapping->prefault(plan->snapshot + offset, bytes);
+  plan->snapshot_read->copy(dst, plan->snapshot + offset, bytes);
   if (offset + bytes < plan->snapshot_bytes) return KVPARK_OK;
   const uint64_t checksum = plan->snapshot_read->digest();
   plan->snapshot_read.reset();
-  if (checksum != plan->snapshot_checksum) {
-    drop_snapshot(plan);
-    return KVPARK_CORRUPT;
-  }
-  return KVPARK_OK;
+  return snapshot_verdict(plan, checksum);
 } catch (...) {
   return status_of_current_exception();
 }

@@ -398,6 +398,24 @@ void flip_the_parked_snapshot(const DaemonProcess& daemon) {
   ASSERT_EQ(flipped, 1);
 }
 
+// A daemon with one snapshot parked by `client`, at position 200 of `tokens`.
+struct ParkedSnapshot {
+  DaemonProcess daemon{{.arena_bytes = 32ull << 20}};
+  ClientPtr client;
+  std::vector<int32_t> tokens;
+  std::vector<uint8_t> state;
+
+  void park(uint64_t namespace_id, uint32_t prompt_seed, uint64_t payload_seed) {
+    ASSERT_TRUE(daemon.start());
+    client = connect_client(daemon.socket_path(), engine_namespace(namespace_id, 0, 0));
+    ASSERT_NE(client, nullptr);
+    tokens = engine_prompt(prompt_seed, 300);
+    state.resize(snapshot_test_bytes);
+    fill_payload(payload_seed, state.data(), state.size());
+    ASSERT_NO_FATAL_FAILURE(park_snapshot(client.get(), tokens, state));
+  }
+};
+
 // The altered snapshot was reported and dropped: never offered again.
 void expect_dropped_and_counted(kvpark_client* c, const std::vector<int32_t>& tokens) {
   kvpark_stats st{};
@@ -410,14 +428,12 @@ void expect_dropped_and_counted(kvpark_client* c, const std::vector<int32_t>& to
 }
 
 TEST(SnapshotVerification, AlteredSnapshotIsAMissAndNeverHandedOver) {
-  DaemonProcess daemon({.arena_bytes = 32ull << 20});
-  ASSERT_TRUE(daemon.start());
-  ClientPtr c = connect_client(daemon.socket_path(), engine_namespace(0x5a9, 0, 0));
-  ASSERT_NE(c, nullptr);
-  const auto tokens = engine_prompt(7, 300);
-  std::vector<uint8_t> state(snapshot_test_bytes);
-  fill_payload(0xabc, state.data(), state.size());
-  ASSERT_NO_FATAL_FAILURE(park_snapshot(c.get(), tokens, state));
+  ParkedSnapshot parked;
+  ASSERT_NO_FATAL_FAILURE(parked.park(0x5a9, 7, 0xabc));
+  const DaemonProcess& daemon = parked.daemon;
+  const ClientPtr& c = parked.client;
+  const std::vector<int32_t>& tokens = parked.tokens;
+  const std::vector<uint8_t>& state = parked.state;
 
   std::vector<uint8_t> out(state.size());
   kvpark_plan* plan = nullptr;
@@ -442,14 +458,12 @@ TEST(SnapshotVerification, AlteredSnapshotIsAMissAndNeverHandedOver) {
 // out in parts (kvpark-proxy, into a slot file): in order only, and the part that
 // ends the snapshot says whether any of it may be used.
 TEST(SnapshotVerification, AlteredSnapshotReadInPartsFailsAtItsLastPart) {
-  DaemonProcess daemon({.arena_bytes = 32ull << 20});
-  ASSERT_TRUE(daemon.start());
-  ClientPtr c = connect_client(daemon.socket_path(), engine_namespace(0x5aa, 0, 0));
-  ASSERT_NE(c, nullptr);
-  const auto tokens = engine_prompt(8, 300);
-  std::vector<uint8_t> state(snapshot_test_bytes);
-  fill_payload(0xabd, state.data(), state.size());
-  ASSERT_NO_FATAL_FAILURE(park_snapshot(c.get(), tokens, state));
+  ParkedSnapshot parked;
+  ASSERT_NO_FATAL_FAILURE(parked.park(0x5aa, 8, 0xabd));
+  const DaemonProcess& daemon = parked.daemon;
+  const ClientPtr& c = parked.client;
+  const std::vector<int32_t>& tokens = parked.tokens;
+  const std::vector<uint8_t>& state = parked.state;
   constexpr uint64_t part = 256 * 1024 + 3;  // parts that end off every stripe
   const uint64_t last = (state.size() - 1) / part * part;
 
