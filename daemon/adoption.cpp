@@ -18,8 +18,6 @@ namespace {
 
 // Hits are an eviction hint; a scribbled count must not pin an entry forever.
 constexpr uint64_t adopted_hits_max = uint64_t{1} << 32;
-// Records are read in batches of this many (about 600 KiB, reused).
-constexpr uint64_t records_per_read = 4096;
 
 const char* huge_pages_name(uint32_t setting) {
   switch (static_cast<shm::HugePages>(setting)) {
@@ -157,18 +155,11 @@ AdoptionReport adopt_entries(EntryState& state, const uint8_t* arena_data, uint6
   };
   const uint64_t now = coarse_monotonic_usec();
   std::vector<int32_t> tail;
-  const uint64_t high_water = segment.records_high_water();
-  table.begin_adoption(static_cast<size_t>(high_water));
-  std::vector<shm::StateRecord> batch(records_per_read);
-  bool batch_read = false;
-  for (uint64_t i = 0; i < high_water; ++i) {
-    if (i % records_per_read == 0) {
-      batch_read = segment.read_records(i, std::min(records_per_read, high_water - i), batch.data());
-    }
-    const shm::StateRecord& record = batch[i % records_per_read];
-    // A batch that cannot be read is dropped as damaged: nothing unread is trusted.
-    const auto check = batch_read ? shm::StateSegment::check(record)
-                                  : shm::StateSegment::RecordCheck::Damaged;
+  const std::span<const shm::StateRecord> records = segment.records_to_adopt();
+  table.begin_adoption(records.size());
+  for (uint64_t i = 0; i < records.size(); ++i) {
+    const shm::StateRecord record = records[i];
+    const auto check = shm::StateSegment::check(record);
     if (check == shm::StateSegment::RecordCheck::Empty) continue;
     auto drop = [&](DropReason reason) {
       ++report.dropped[static_cast<size_t>(reason)];

@@ -209,6 +209,7 @@ void EntryTable::begin_adoption(size_t entries) {
   adoption_claims_ =
       std::make_unique<shm::ExtentClaims>(allocator_.capacity_bytes(), allocator_.granularity_bytes());
   adoption_blocks_.reserve(std::min(entries, adoption_block_batch));
+  adoption_block_extents_.reserve(std::min(entries, adoption_block_batch));
   adoption_refused_ = {};
 }
 
@@ -241,6 +242,7 @@ Status EntryTable::insert_adopted(const NewEntry& n, uint64_t extent_offset, uin
   }
   // Last: indexing the batch may refuse this very entry (finish_adoption() says so).
   adoption_blocks_.push_back({.hash = e.key_hash, .ns = e.ns, .slot = slot});
+  adoption_block_extents_.push_back({.offset = e.extent_offset, .bytes = e.extent_bytes});
   if (adoption_blocks_.size() == adoption_block_batch) index_adopted_blocks();
   return Status::Ok;
 }
@@ -256,10 +258,11 @@ void EntryTable::index_adopted_blocks() {
   // duplicate refused above must not have cost a later record its extent.
   std::vector<EntrySlot> refused;
   std::unordered_set<BlockKey, BlockKeyHasher> open;  // keys whose record lost its extent
-  for (const BlockIndex::Key& k : adoption_blocks_) {
+  for (size_t i = 0; i < adoption_blocks_.size(); ++i) {
+    const BlockIndex::Key& k = adoption_blocks_[i];
     if (duplicate(k.slot)) continue;
-    const Entry& e = slots_[k.slot];
-    if (adoption_claims_->claim(e.extent_offset, e.extent_bytes)) continue;
+    const AdoptedExtent& x = adoption_block_extents_[i];
+    if (adoption_claims_->claim(x.offset, x.bytes)) continue;
     const bool erased = blocks_.erase(k.ns, k.hash);
     assert(erased);
     (void)erased;
@@ -268,11 +271,12 @@ void EntryTable::index_adopted_blocks() {
   }
   // A later record of such a key may hold a range of its own: the first that claims
   // it takes the key. Every other duplicate goes.
-  for (const BlockIndex::Key& k : adoption_blocks_) {
+  for (size_t i = 0; i < adoption_blocks_.size(); ++i) {
+    const BlockIndex::Key& k = adoption_blocks_[i];
     if (!duplicate(k.slot)) continue;
-    const Entry& e = slots_[k.slot];
+    const AdoptedExtent& x = adoption_block_extents_[i];
     const auto it = open.find({k.ns, k.hash});
-    if (it != open.end() && adoption_claims_->claim(e.extent_offset, e.extent_bytes)) {
+    if (it != open.end() && adoption_claims_->claim(x.offset, x.bytes)) {
       const bool inserted = blocks_.insert(k.ns, k.hash, k.slot);
       assert(inserted);
       (void)inserted;
@@ -282,6 +286,7 @@ void EntryTable::index_adopted_blocks() {
     refused.push_back(k.slot);
   }
   adoption_blocks_.clear();
+  adoption_block_extents_.clear();
   for (const EntrySlot slot : refused) {
     // Undoes insert_adopted(); the entry was never visible to anyone, and holds no claim.
     Entry& e = slots_[slot];
@@ -299,6 +304,7 @@ EntryTable::Refused EntryTable::finish_adoption() {
   assert(adoption_claims_);
   index_adopted_blocks();
   adoption_blocks_ = {};
+  adoption_block_extents_ = {};
   allocator_.adopt(*adoption_claims_);
   adoption_claims_.reset();
   return std::exchange(adoption_refused_, {});

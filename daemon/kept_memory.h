@@ -8,8 +8,9 @@
 // it keeps in the fd store beside the arena. The next instance gets it back with the
 // pages of the arrays that were live still allocated, hands those ranges out first (a
 // range with the empty range after it, when an array's last pages were never touched),
-// and maps the kept part with MADV_POPULATE_WRITE: page-table entries, and new pages
-// only where a range was rounded out to whole 2 MiB units.
+// and maps the kept part with MADV_POPULATE_READ: page-table entries (writable, a
+// third of what a write populate costs), and new pages only where a range was rounded
+// out to whole 2 MiB units.
 //
 // The memfd holds no state: every array is constructed over its range before it is
 // read, so a new instance trusts nothing it finds there, and no client ever sees it.

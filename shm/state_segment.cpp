@@ -16,6 +16,10 @@
 #include "proto/xxh3.h"
 #include "shm/arena_format.h"
 
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22  // Linux 5.14
+#endif
+
 namespace kvpark::shm {
 namespace {
 
@@ -217,18 +221,13 @@ StateSegment::RecordCheck StateSegment::check_record(uint64_t index,
   return result;
 }
 
-bool StateSegment::read_records(uint64_t first, uint64_t count, StateRecord* ret_records) const {
-  assert(first + count <= record_capacity());
-  const size_t bytes = count * sizeof(StateRecord);
-  const off_t at = static_cast<off_t>(records_offset_ + first * sizeof(StateRecord));
-  for (size_t done = 0; done < bytes;) {
-    const ssize_t n = pread(fd_, reinterpret_cast<uint8_t*>(ret_records) + done, bytes - done,
-                            at + static_cast<off_t>(done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    done += static_cast<size_t>(n);
-  }
-  return true;
+std::span<const StateRecord> StateSegment::records_to_adopt() const {
+  const uint64_t count = records_high_water();
+  // Best effort: a kernel without it faults the pages in as they are read.
+  const uint64_t begin = records_offset_ / page_bytes * page_bytes;
+  const uint64_t end = page_align(records_offset_ + count * sizeof(StateRecord));
+  if (count > 0) (void)madvise(base_ + begin, end - begin, MADV_POPULATE_READ);
+  return {records(), static_cast<size_t>(count)};
 }
 
 bool StateSegment::upgraded(const StateRecord& record, uint8_t& ret_class, uint8_t& ret_evidence,

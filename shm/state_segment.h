@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 
 #include "proto/status.h"
 #include "shm/state_format.h"
@@ -51,12 +52,13 @@ class StateSegment {
   // Empty: never written or cleared; Damaged: its valid word is set (or garbage) but
   // its checksum fails. ret_record is filled when Valid.
   RecordCheck check_record(uint64_t index, StateRecord& ret_record) const;
-  // The same check of a record copied out with read_records().
+  // The same check of a record copied out of records_to_adopt().
   static RecordCheck check(const StateRecord& record);
-  // Copies records [first, first+count) out with pread, not through the mapping:
-  // adoption reads every record once, and faulting a large segment's pages into a
-  // new process costs several times more than copying them. False on a short read.
-  bool read_records(uint64_t first, uint64_t count, StateRecord* ret_records) const;
+  // Every record below the high-water mark, through the mapping, for adoption to read
+  // once (nothing writes them until it is done). Their pages are mapped first with one
+  // read populate: faulting a large segment in page by page costs several times more,
+  // and mapped now, the writes that follow adoption do not fault either.
+  std::span<const StateRecord> records_to_adopt() const;
   // The class, evidence and pin of a valid record: the upgrade word when its check
   // holds, else what the body says. Returns whether the upgrade word held.
   static bool upgraded(const StateRecord& record, uint8_t& ret_class, uint8_t& ret_evidence,
