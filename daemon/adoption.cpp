@@ -158,7 +158,7 @@ AdoptionReport adopt_entries(EntryState& state, const uint8_t* arena_data, uint6
   const std::span<const shm::StateRecord> records = segment.records_to_adopt();
   table.begin_adoption(records.size());
   for (uint64_t i = 0; i < records.size(); ++i) {
-    const shm::StateRecord record = records[i];
+    const shm::StateRecord& record = records[i];  // nothing writes it during adoption
     const auto check = shm::StateSegment::check(record);
     if (check == shm::StateSegment::RecordCheck::Empty) continue;
     auto drop = [&](DropReason reason) {

@@ -103,7 +103,12 @@ void BlockIndex::insert_batch(std::span<const Key> keys, std::vector<EntrySlot>&
   std::vector<uint32_t> order(keys.size());
   for (size_t i = 0; i < keys.size(); ++i)
     order[starts[homes[i] >> shift]++] = static_cast<uint32_t>(i);
-  for (const uint32_t i : order) {
+  // The keys' probes are independent: fetching the cell of the key `ahead` places on
+  // overlaps their cache misses instead of taking them one at a time.
+  constexpr size_t ahead = 16;
+  for (size_t j = 0; j < order.size(); ++j) {
+    if (j + ahead < order.size()) __builtin_prefetch(&cells_[homes[order[j + ahead]]], 1);
+    const uint32_t i = order[j];
     const Key& k = keys[i];
     assert(k.slot != no_slot);
     Cell& c = cells_[probe_from(homes[i], k.ns, k.hash)];

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cassert>
+#include <system_error>
 #include <tuple>
 #include <unordered_set>
 #include <utility>
@@ -21,6 +22,10 @@ constexpr size_t adoption_block_batch = 65536;
 
 EntryTable::EntryTable(uint64_t data_bytes, uint64_t extent_align_bytes)
     : allocator_(data_bytes, extent_align_bytes) {}
+
+EntryTable::~EntryTable() {
+  if (indexer_.joinable()) indexer_.join();  // an adoption given up half way
+}
 
 Status EntryTable::register_namespace(const NamespaceId& id, const Geometry& g,
                                       uint32_t prefill_tokens_per_second,
@@ -243,13 +248,34 @@ Status EntryTable::insert_adopted(const NewEntry& n, uint64_t extent_offset, uin
   // Last: indexing the batch may refuse this very entry (finish_adoption() says so).
   adoption_blocks_.push_back({.hash = e.key_hash, .ns = e.ns, .slot = slot});
   adoption_block_extents_.push_back({.offset = e.extent_offset, .bytes = e.extent_bytes});
-  if (adoption_blocks_.size() == adoption_block_batch) index_adopted_blocks();
+  if (adoption_blocks_.size() == adoption_block_batch) hand_over_adopted_blocks(false);
   return Status::Ok;
 }
 
-void EntryTable::index_adopted_blocks() {
-  std::vector<EntrySlot> duplicates;  // keys an earlier record holds
-  blocks_.insert_batch(adoption_blocks_, duplicates);
+void EntryTable::hand_over_adopted_blocks(bool last) {
+  claim_indexed_blocks();  // the batch before, if any: the indexer is free again after it
+  std::swap(adoption_blocks_, indexing_blocks_);
+  std::swap(adoption_block_extents_, indexing_block_extents_);
+  adoption_blocks_.clear();
+  adoption_block_extents_.clear();
+  indexing_duplicates_.clear();
+  if (indexing_blocks_.empty()) return;
+  auto index = [this] { blocks_.insert_batch(indexing_blocks_, indexing_duplicates_); };
+  if (last) {
+    index();  // nothing left to overlap it with
+    return;
+  }
+  try {
+    indexer_ = std::thread(index);
+  } catch (const std::system_error&) {
+    index();  // no thread to be had: the same work, in line
+  }
+}
+
+void EntryTable::claim_indexed_blocks() {
+  if (indexer_.joinable()) indexer_.join();
+  if (indexing_blocks_.empty()) return;
+  std::vector<EntrySlot>& duplicates = indexing_duplicates_;  // keys an earlier record holds
   std::sort(duplicates.begin(), duplicates.end());
   const auto duplicate = [&duplicates](EntrySlot slot) {
     return !duplicates.empty() && std::binary_search(duplicates.begin(), duplicates.end(), slot);
@@ -258,10 +284,10 @@ void EntryTable::index_adopted_blocks() {
   // duplicate refused above must not have cost a later record its extent.
   std::vector<EntrySlot> refused;
   std::unordered_set<BlockKey, BlockKeyHasher> open;  // keys whose record lost its extent
-  for (size_t i = 0; i < adoption_blocks_.size(); ++i) {
-    const BlockIndex::Key& k = adoption_blocks_[i];
+  for (size_t i = 0; i < indexing_blocks_.size(); ++i) {
+    const BlockIndex::Key& k = indexing_blocks_[i];
     if (duplicate(k.slot)) continue;
-    const AdoptedExtent& x = adoption_block_extents_[i];
+    const AdoptedExtent& x = indexing_block_extents_[i];
     if (adoption_claims_->claim(x.offset, x.bytes)) continue;
     const bool erased = blocks_.erase(k.ns, k.hash);
     assert(erased);
@@ -271,10 +297,10 @@ void EntryTable::index_adopted_blocks() {
   }
   // A later record of such a key may hold a range of its own: the first that claims
   // it takes the key. Every other duplicate goes.
-  for (size_t i = 0; i < adoption_blocks_.size(); ++i) {
-    const BlockIndex::Key& k = adoption_blocks_[i];
+  for (size_t i = 0; i < indexing_blocks_.size(); ++i) {
+    const BlockIndex::Key& k = indexing_blocks_[i];
     if (!duplicate(k.slot)) continue;
-    const AdoptedExtent& x = adoption_block_extents_[i];
+    const AdoptedExtent& x = indexing_block_extents_[i];
     const auto it = open.find({k.ns, k.hash});
     if (it != open.end() && adoption_claims_->claim(x.offset, x.bytes)) {
       const bool inserted = blocks_.insert(k.ns, k.hash, k.slot);
@@ -285,8 +311,8 @@ void EntryTable::index_adopted_blocks() {
     }
     refused.push_back(k.slot);
   }
-  adoption_blocks_.clear();
-  adoption_block_extents_.clear();
+  indexing_blocks_.clear();
+  indexing_block_extents_.clear();
   for (const EntrySlot slot : refused) {
     // Undoes insert_adopted(); the entry was never visible to anyone, and holds no claim.
     Entry& e = slots_[slot];
@@ -302,9 +328,13 @@ void EntryTable::index_adopted_blocks() {
 
 EntryTable::Refused EntryTable::finish_adoption() {
   assert(adoption_claims_);
-  index_adopted_blocks();
+  hand_over_adopted_blocks(true);  // the last, partial batch
+  claim_indexed_blocks();
   adoption_blocks_ = {};
   adoption_block_extents_ = {};
+  indexing_blocks_ = {};
+  indexing_block_extents_ = {};
+  indexing_duplicates_ = {};
   allocator_.adopt(*adoption_claims_);
   adoption_claims_.reset();
   return std::exchange(adoption_refused_, {});

@@ -24,12 +24,14 @@
 // release_adoption_hold(), since that daemon's clients may still be reading them.
 // Blocks are keyed by (namespace, chain hash), snapshots by (namespace, anchor
 // hash, tail tokens); identical content is therefore stored once.
-// Single-threaded: the daemon's event loop owns it.
+// Single-threaded: the daemon's event loop owns it. (Adoption alone indexes its block
+// batches on a helper thread, one batch behind, joined before anything else reads them.)
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -52,6 +54,7 @@ using HostVictimPolicy = EntrySlot (*)(const EntryTable& table);
 class EntryTable {
  public:
   EntryTable(uint64_t data_bytes, uint64_t extent_align_bytes);
+  ~EntryTable();
   EntryTable(const EntryTable&) = delete;
   EntryTable& operator=(const EntryTable&) = delete;
 
@@ -231,9 +234,20 @@ class EntryTable {
     uint64_t bytes = 0;
   };
   std::vector<AdoptedExtent> adoption_block_extents_;
+  // The batch before: indexed into blocks_ by indexer_, on a core of its own, while the
+  // next one is adopted (a cache miss a key, overlapped with the records' own). Nothing
+  // else touches blocks_ until claim_indexed_blocks() has joined it.
+  std::vector<BlockIndex::Key> indexing_blocks_;
+  std::vector<AdoptedExtent> indexing_block_extents_;
+  std::vector<EntrySlot> indexing_duplicates_;  // keys an earlier record held
+  std::thread indexer_;
   Refused adoption_refused_;
-  // Indexes the adopted blocks not yet indexed; takes out those whose key is taken.
-  void index_adopted_blocks();
+  // Finishes the batch being indexed and starts indexing the adopted blocks not yet
+  // indexed: on indexer_, or in line for the `last` batch or when no thread can start.
+  void hand_over_adopted_blocks(bool last);
+  // Waits for the batch being indexed, then claims its blocks' extents in record order
+  // and takes out those whose key or extent is taken.
+  void claim_indexed_blocks();
   std::vector<NamespaceInfo> namespaces_;
   std::unordered_map<NamespaceId, NamespaceIndex, Hash128Hasher> namespace_by_id_;
   // The slab, its generations and the block index are the table's bulk (about 250

@@ -6,8 +6,9 @@
 // an arena of the given size in an order unrelated to the records', as after long
 // churn), then, in a fresh process as a restarted kvparkd is, maps it again
 // (StateSegment::adopt on the kept fd) and times adopt_entries() into a fresh entry
-// table: wall time, and the thread's CPU time (the figure that holds on a loaded
-// machine: it excludes waiting for a core, and includes page faults). The same
+// table: wall time, and the process's CPU time, every thread's (the figure that holds
+// on a loaded machine: it excludes waiting for a core, and includes page faults;
+// adoption indexes its block batches on a helper thread). The same
 // process then adopts once more into the memory the first adoption freed: the work
 // itself, without first-touching fresh memory. Then, as under a service manager, one
 // process adopts into index memory kept in a memfd and leaves its pages there, and
@@ -15,7 +16,7 @@
 // (daemon/kept_memory.h): the "kept" figures, mapping the kept memory included, are
 // their median and the fastest. Every clock stops when the table is built, as a
 // restarting daemon's does. Next to it, each in a process of its
-// own: the floor (copying the records out and checking them), and what
+// own: the floor (mapping the records and checking them), and what
 // first-touching fresh memory the size of the index costs on 4 KiB pages and on huge
 // pages (the entry table's bulk is on huge pages where the kernel allows:
 // daemon/huge_page_allocator.h). These run after the adoption, and in a VM whose host
@@ -69,7 +70,10 @@ double clock_msec(clockid_t clock) {
   return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) * 1e-6;
 }
 double now_msec() { return clock_msec(CLOCK_MONOTONIC); }
-double cpu_msec() { return clock_msec(CLOCK_THREAD_CPUTIME_ID); }
+// Each measurement runs in a process of its own: its CPU time is the adoption's.
+double cpu_msec() {
+  return clock_msec(CLOCK_PROCESS_CPUTIME_ID);
+}
 
 [[noreturn]] void fail(const char* what) {
   std::fprintf(stderr, "kvpark-adoption-bench: %s\n", what);
@@ -116,7 +120,7 @@ int write_kept_segment(uint64_t entries, uint64_t arena_bytes) {
 }
 
 // The floor any adoption pays, measured in the same run: mapping the records and
-// checking each (thread CPU time).
+// checking each (CPU time).
 double floor_msec(int fd, uint64_t entries) {
   std::unique_ptr<shm::StateSegment> segment;
   int err = 0;
@@ -133,8 +137,8 @@ double floor_msec(int fd, uint64_t entries) {
 }
 
 // First-touching fresh memory the size of the index (an Entry and a hash node per
-// entry), on 4 KiB pages or on huge pages as the entry table asks for them (thread
-// CPU time: the faults are the kernel's work on this thread).
+// entry), on 4 KiB pages or on huge pages as the entry table asks for them (CPU
+// time: the faults are the kernel's work on this process's one thread).
 double touch_msec(uint64_t entries, bool huge) {
   const size_t index_bytes = entries * (sizeof(daemon::Entry) + index_node_bytes);
   void* fresh = nullptr;
@@ -315,7 +319,7 @@ int main(int argc, char** argv) {
   }
   std::printf(
       "each figure from a process of its own, as a restarted daemon is.\n"
-      "adopt: wall and thread CPU time, in fresh memory; ns/entry from CPU time;\n"
+      "adopt: wall and CPU time (all threads), in fresh memory; ns/entry from CPU time;\n"
       "kept: wall and CPU time with the index memory an earlier process kept (the fd\n"
       "store: daemon/kept_memory.h), mapping it included: the median of %d restarts in\n"
       "a row, and the fastest (kept min); again: a second\n"

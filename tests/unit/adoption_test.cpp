@@ -203,15 +203,39 @@ TEST_F(AdoptionTest, AKeyAnEarlierIndexBatchHoldsIsRefusedItsExtentFreedItsRecor
   EXPECT_EQ(adopt().entries, count - 1);  // the refused record stays gone
 }
 
-TEST_F(AdoptionTest, ReadsRecordsInBatchesAcrossTheirBoundaries) {
-  // More records than one read batch holds, every one kept.
-  constexpr uint64_t count = 5000;
-  create(count * block_extent);
+TEST_F(AdoptionTest, BlocksOfSeveralIndexBatchesKeepRecordOrderAcrossBatches) {
+  // Four index batches of 65536 (the last partial): each is indexed on a helper thread
+  // while the next is adopted, and claimed after it. A duplicate key in a later batch
+  // and a later extent overlapping an earlier batch's are refused all the same, every
+  // other record is kept, and the arena holds no free byte a kept record covers.
+  constexpr uint64_t count = 3 * 65536 + 5000;
+  create((count + 1) * block_extent);
+  // Placed back to front, so neighbouring records' extents are far apart.
   for (uint64_t i = 0; i < count; ++i) write_block(i, i + 1, (count - 1 - i) * block_extent);
+  // Two records rewritten (their own blocks are gone, their extents free): one in batch
+  // 3 with the key of record 10 (batch 1) on an extent of its own, one in batch 4 on
+  // record 65540's extent (batch 2).
+  const uint64_t duplicate = 2 * 65536 + 7;
+  write_block(duplicate, 11, count * block_extent);
+  const uint64_t overlap = 3 * 65536 + 9;
+  write_block(overlap, count + 100, (count - 1 - 65540) * block_extent);
   const AdoptionReport report = adopt();
-  EXPECT_EQ(report.entries, count);
-  EXPECT_EQ(table_->bytes_free(), 0u);
+  EXPECT_EQ(report.entries, count - 2);
+  EXPECT_EQ(report.dropped[static_cast<size_t>(DropReason::Extent)], 2u);
+  EXPECT_EQ(table_->blocks(), count - 2);
+  // Free: the refused duplicate's own extent, and those of the two records overwritten.
+  EXPECT_EQ(table_->bytes_free(), 3 * block_extent);
+  const EntrySlot first = table_->find_block(ns_index(), {11, 11});
+  ASSERT_NE(first, no_slot);
+  EXPECT_EQ(table_->entry(first).extent_offset, (count - 1 - 10) * block_extent);
+  const EntrySlot held = table_->find_block(ns_index(), {65541, 65541});
+  ASSERT_NE(held, no_slot);
+  EXPECT_EQ(table_->entry(held).extent_offset, (count - 1 - 65540) * block_extent);
+  EXPECT_EQ(table_->find_block(ns_index(), {count + 100, count + 100}), no_slot);
   EXPECT_NE(table_->find_block(ns_index(), {count, count}), no_slot);
+  EXPECT_EQ(check(duplicate), shm::StateSegment::RecordCheck::Empty);
+  EXPECT_EQ(check(overlap), shm::StateSegment::RecordCheck::Empty);
+  EXPECT_EQ(adopt().entries, count - 2);  // the refused records stay gone
 }
 
 }  // namespace
