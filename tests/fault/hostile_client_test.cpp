@@ -398,22 +398,23 @@ void flip_the_parked_snapshot(const DaemonProcess& daemon) {
   ASSERT_EQ(flipped, 1);
 }
 
-// A daemon with one snapshot parked by `client`, at position 200 of `tokens`.
-struct ParkedSnapshot {
-  DaemonProcess daemon{{.arena_bytes = 32ull << 20}};
-  ClientPtr client;
-  std::vector<int32_t> tokens;
-  std::vector<uint8_t> state;
-
+// A daemon with one snapshot (`state`) parked by client `c`, at position 200 of `tokens`.
+class SnapshotVerification : public ::testing::Test {
+ protected:
   void park(uint64_t namespace_id, uint32_t prompt_seed, uint64_t payload_seed) {
     ASSERT_TRUE(daemon.start());
-    client = connect_client(daemon.socket_path(), engine_namespace(namespace_id, 0, 0));
-    ASSERT_NE(client, nullptr);
+    c = connect_client(daemon.socket_path(), engine_namespace(namespace_id, 0, 0));
+    ASSERT_NE(c, nullptr);
     tokens = engine_prompt(prompt_seed, 300);
     state.resize(snapshot_test_bytes);
     fill_payload(payload_seed, state.data(), state.size());
-    ASSERT_NO_FATAL_FAILURE(park_snapshot(client.get(), tokens, state));
+    ASSERT_NO_FATAL_FAILURE(park_snapshot(c.get(), tokens, state));
   }
+
+  DaemonProcess daemon{{.arena_bytes = 32ull << 20}};
+  ClientPtr c;
+  std::vector<int32_t> tokens;
+  std::vector<uint8_t> state;
 };
 
 // The altered snapshot was reported and dropped: never offered again.
@@ -427,13 +428,8 @@ void expect_dropped_and_counted(kvpark_client* c, const std::vector<int32_t>& to
   kvpark_plan_release(plan);
 }
 
-TEST(SnapshotVerification, AlteredSnapshotIsAMissAndNeverHandedOver) {
-  ParkedSnapshot parked;
-  ASSERT_NO_FATAL_FAILURE(parked.park(0x5a9, 7, 0xabc));
-  const DaemonProcess& daemon = parked.daemon;
-  const ClientPtr& c = parked.client;
-  const std::vector<int32_t>& tokens = parked.tokens;
-  const std::vector<uint8_t>& state = parked.state;
+TEST_F(SnapshotVerification, AlteredSnapshotIsAMissAndNeverHandedOver) {
+  ASSERT_NO_FATAL_FAILURE(park(0x5a9, 7, 0xabc));
 
   std::vector<uint8_t> out(state.size());
   kvpark_plan* plan = nullptr;
@@ -457,13 +453,8 @@ TEST(SnapshotVerification, AlteredSnapshotIsAMissAndNeverHandedOver) {
 // kvpark_plan_read_snapshot(): the same check, for a reader that copies the snapshot
 // out in parts (kvpark-proxy, into a slot file): in order only, and the part that
 // ends the snapshot says whether any of it may be used.
-TEST(SnapshotVerification, AlteredSnapshotReadInPartsFailsAtItsLastPart) {
-  ParkedSnapshot parked;
-  ASSERT_NO_FATAL_FAILURE(parked.park(0x5aa, 8, 0xabd));
-  const DaemonProcess& daemon = parked.daemon;
-  const ClientPtr& c = parked.client;
-  const std::vector<int32_t>& tokens = parked.tokens;
-  const std::vector<uint8_t>& state = parked.state;
+TEST_F(SnapshotVerification, AlteredSnapshotReadInPartsFailsAtItsLastPart) {
+  ASSERT_NO_FATAL_FAILURE(park(0x5aa, 8, 0xabd));
   constexpr uint64_t part = 256 * 1024 + 3;  // parts that end off every stripe
   const uint64_t last = (state.size() - 1) / part * part;
 
