@@ -144,16 +144,6 @@ __attribute__((target("avx2"))) void consume_avx2_with(CopyXxh3::Accumulator& a,
   }
 }
 
-void consume_avx2(CopyXxh3::Accumulator& a, uint8_t* dst, const uint8_t* src, size_t stripes,
-                  Store store) {
-  switch (store) {
-    case Store::cached:
-      return consume_avx2_with<Store::cached>(a, dst, src, stripes);
-    case Store::streaming:
-      return consume_avx2_with<Store::streaming>(a, dst, src, stripes);
-  }
-}
-
 // --- AVX-512: one register per stripe ---------------------------------------------
 
 __attribute__((target("avx512f"))) inline __m512i accumulate_avx512(__m512i lanes, __m512i data,
@@ -202,16 +192,6 @@ __attribute__((target("avx512f"))) void consume_avx512_with(CopyXxh3::Accumulato
   if (stripes > 0) _mm512_storeu_si512(a.last_stripe, data);
 }
 
-void consume_avx512(CopyXxh3::Accumulator& a, uint8_t* dst, const uint8_t* src, size_t stripes,
-                    Store store) {
-  switch (store) {
-    case Store::cached:
-      return consume_avx512_with<Store::cached>(a, dst, src, stripes);
-    case Store::streaming:
-      return consume_avx512_with<Store::streaming>(a, dst, src, stripes);
-  }
-}
-
 #endif  // KVPARK_X86_KERNELS
 
 // Non-temporal stores need the destination aligned to the kernel's vector.
@@ -222,9 +202,14 @@ size_t streaming_alignment(CopyKernel kernel) {
 void consume(CopyKernel kernel, CopyXxh3::Accumulator& a, uint8_t* dst, const uint8_t* src,
              size_t stripes, Store store) {
 #if KVPARK_X86_KERNELS
-  if (kernel == CopyKernel::avx512) return consume_avx512(a, dst, src, stripes, store);
+  const bool streaming = store == Store::streaming;
+  if (kernel == CopyKernel::avx512) {
+    return streaming ? consume_avx512_with<Store::streaming>(a, dst, src, stripes)
+                     : consume_avx512_with<Store::cached>(a, dst, src, stripes);
+  }
   assert(kernel == CopyKernel::avx2);
-  consume_avx2(a, dst, src, stripes, store);
+  return streaming ? consume_avx2_with<Store::streaming>(a, dst, src, stripes)
+                   : consume_avx2_with<Store::cached>(a, dst, src, stripes);
 #else
   (void)kernel, (void)a, (void)dst, (void)src, (void)stripes, (void)store;
   assert(!"no vector kernel on this architecture");
