@@ -68,9 +68,10 @@ int ProcessWatch::connect_witness() const {
 
 bool ProcessWatch::same_process() {
   std::lock_guard lock(mutex_);
-  if (fd_ >= 0 && open(fd_)) return true;
+  if (fd_ >= 0 && open(fd_)) return trusted_;
   if (fd_ >= 0) close(fd_);
   fd_ = -1;
+  trusted_ = false;
   return false;
 }
 
@@ -79,7 +80,13 @@ bool ProcessWatch::arm() {
   std::lock_guard lock(mutex_);
   if (fd_ >= 0) close(fd_);
   fd_ = fd;
+  trusted_ = false;
   return fd_ >= 0;
+}
+
+void ProcessWatch::trust() {
+  std::lock_guard lock(mutex_);
+  trusted_ = fd_ >= 0;
 }
 
 bool ProcessWatch::renew() {
@@ -103,6 +110,7 @@ void ProcessWatch::disarm() {
   std::lock_guard lock(mutex_);
   if (fd_ >= 0) close(fd_);
   fd_ = -1;
+  trusted_ = false;
 }
 
 }  // namespace kvpark::proxy

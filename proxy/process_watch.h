@@ -5,7 +5,9 @@
 // knows them), for the cost of one non-blocking recv(). llama-server closes an idle
 // connection after its keep-alive timeout (5 s); renew() hands over to a new witness
 // before then, and proves continuity by checking that the old one outlived the new
-// one's connect.
+// one's connect. A witness is armed before the process is checked (a restart during
+// the check closes it) but vouches only once the caller says the check passed
+// (trust()): until then another thread asking gets false and checks for itself.
 #pragma once
 
 #include <mutex>
@@ -20,12 +22,15 @@ class ProcessWatch {
   ProcessWatch(const ProcessWatch&) = delete;
   ProcessWatch& operator=(const ProcessWatch&) = delete;
 
-  // True while the witness is open: the process is the one it was connected to at
-  // arm() (or before an unbroken chain of renew()).
+  // True while a trusted witness is open: the process is the one it was connected to
+  // at arm() (or before an unbroken chain of renew()), and was checked since.
   bool same_process();
-  // Connects a new witness to whatever listens now (after the caller verified it).
-  // false: no connection (the caller then checks the upstream itself every time).
+  // Connects a new witness, not yet trusted, to whatever listens now; the caller
+  // checks the process, then trust()s it. false: no connection (the caller then
+  // checks the upstream itself every time).
   bool arm();
+  // The check of the process arm() connected to passed: the witness vouches for it.
+  void trust();
   // A new witness, proven to reach the same process as the old one. false: the old
   // one had closed (the process may have changed; the caller verifies, then arm()).
   bool renew();
@@ -39,6 +44,7 @@ class ProcessWatch {
   std::string port_;
   std::mutex mutex_;
   int fd_ = -1;
+  bool trusted_ = false;  // the process fd_ reaches was checked after fd_ connected
 };
 
 }  // namespace kvpark::proxy

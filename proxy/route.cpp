@@ -173,12 +173,18 @@ void Route::watch() {
 
 void Route::check_process() {
   if (watch_.same_process()) return;
+  // One check at a time: a request arriving during another's waits for its verdict.
+  std::lock_guard lock(check_mutex_);
+  if (watch_.same_process()) return;
   watch_.arm();  // first: a restart after this closes it
-  refresh(true);
-  if (!ready_) watch_.disarm();
+  if (refresh(true) && ready_) {
+    watch_.trust();
+  } else {
+    watch_.disarm();
+  }
 }
 
-void Route::refresh(bool verify_slots) {
+bool Route::refresh(bool verify_slots) {
   UpstreamProps props;
   std::string error;
   if (!upstream_.props(&props, &error)) {
@@ -189,7 +195,7 @@ void Route::refresh(bool verify_slots) {
     else
       set_state(UpstreamState::unreachable,
                 upstream_.describe() + " does not answer GET /props: " + error);
-    return;
+    return false;
   }
   if (!props.slots_endpoint) {
     verified_ = false;
@@ -197,11 +203,17 @@ void Route::refresh(bool verify_slots) {
               upstream_.describe() +
                   " was started with --no-slots: the proxy needs GET /slots (start it without "
                   "--no-slots)");
-    return;
+    return false;
   }
+  bool slots_checked = true;
   if (verify_slots) {
     std::vector<SlotReport> reports;
-    if (upstream_.slots(&reports)) slots_.verify(reports);
+    slots_checked = upstream_.slots(&reports);
+    if (slots_checked) {
+      slots_.verify(reports);
+    } else {
+      slots_.forget_all();  // nothing known of what they hold: restores say
+    }
   }
   // Digested every time (a stat and a cache read): a new file at the same path must
   // never receive state parked for the old one.
@@ -212,7 +224,7 @@ void Route::refresh(bool verify_slots) {
               upstream_.describe() + " serves " + props.model_path +
                   ", which the proxy cannot read (it digests the model file for the namespace: "
                   "run the proxy where that path is readable)");
-    return;
+    return false;
   }
   slots_.resize(props.total_slots);
   kvpark_hash128 id;
@@ -222,7 +234,7 @@ void Route::refresh(bool verify_slots) {
     const bool same = id.low == namespace_id_.low && id.high == namespace_id_.high;
     model_path_ = props.model_path;
     total_slots_ = props.total_slots;
-    if (same && ready_) return;
+    if (same && ready_) return slots_checked;
     if (!same) {
       // Refusals counted under another namespace say nothing of this one. An
       // upstream back from a restart keeps its count: the same settings are
@@ -239,6 +251,7 @@ void Route::refresh(bool verify_slots) {
   parking_.set_namespace(id, 0);
   if (!verified_) verify();
   if (verified_) set_state(UpstreamState::ready, "");
+  return slots_checked;
 }
 
 UpstreamState Route::state() const {

@@ -134,11 +134,13 @@ class Route {
   // namespace; with verify_slots, GET /slots drops beliefs a restart made wrong.
   // Run by check_process() and every refresh interval by a watcher thread. An
   // upstream not verified since it was last seen away, or under a new namespace, is
-  // verified (verify()) before it is ready.
-  void refresh(bool verify_slots);
+  // verified (verify()) before it is ready. false: /props or, with verify_slots,
+  // GET /slots did not answer (slot beliefs are then dropped).
+  bool refresh(bool verify_slots);
   // Before every request: while the upstream is the process last checked (its
-  // ProcessWatch witness is open) nothing is asked of it; otherwise refresh(true)
-  // now, with a new witness armed first.
+  // ProcessWatch witness is open and trusted) nothing is asked of it; otherwise
+  // refresh(true) now, with a new witness armed first and trusted only once the
+  // refresh passed. One check runs at a time; others wait for its verdict.
   void check_process();
   // The upstream failed to answer: check it again before the next request.
   void forget_process() { watch_.disarm(); }
@@ -209,6 +211,7 @@ class Route {
   std::atomic<uint32_t> in_progress_{0};
   PromptPrefixes prefixes_;
   ProcessWatch watch_;
+  std::mutex check_mutex_;  // one check_process() at a time
 
   std::mutex watch_mutex_;
   std::condition_variable watch_wake_;

@@ -1,7 +1,10 @@
 // kvpark-proxy's pieces that need no upstream: options, the slot pool, the head
-// single flight and the event splitter (the parked slot-file format:
-// tests/unit/sealed_payload_test.cpp).
+// single flight, the event splitter and the process witness (the parked slot-file
+// format: tests/unit/sealed_payload_test.cpp).
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -11,6 +14,7 @@
 
 #include "proto/limits.h"
 #include "proxy/options.h"
+#include "proxy/process_watch.h"
 #include "proxy/prompt_prefixes.h"
 #include "proxy/relay.h"
 #include "proxy/route.h"
@@ -122,6 +126,46 @@ TEST(ProxyOptions, ConfigFileIsReadFirstAndFlagsOverrideIt) {
   ProxyOptions missing = default_options();
   EXPECT_FALSE(parse({"--config", path}, missing, error));
   EXPECT_EQ(error, std::string("--config: cannot read ") + path);
+}
+
+// A listening loopback socket on a port of the kernel's choosing; -1 on failure.
+int listen_loopback(int& ret_port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof addr;
+  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      listen(fd, 4) != 0 || getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &length) != 0) {
+    if (fd >= 0) close(fd);
+    return -1;
+  }
+  ret_port = ntohs(addr.sin_port);
+  return fd;
+}
+
+TEST(ProcessWatch, AWitnessVouchesOnlyOnceTrustedAndUntilTheProcessGoes) {
+  int port = 0;
+  const int listener = listen_loopback(port);
+  ASSERT_GE(listener, 0);
+  ProcessWatch watch("http://127.0.0.1:" + std::to_string(port));
+  EXPECT_FALSE(watch.same_process()) << "nothing armed";
+  ASSERT_TRUE(watch.arm());
+  // Armed before the check, so a restart during it is seen; not trusted until it passed:
+  // a request arriving meanwhile must not take slot beliefs on the witness's word.
+  EXPECT_FALSE(watch.same_process());
+  watch.trust();
+  EXPECT_TRUE(watch.same_process());
+  EXPECT_TRUE(watch.renew()) << "a renewed witness keeps the trust";
+  EXPECT_TRUE(watch.same_process());
+  ASSERT_TRUE(watch.arm());
+  EXPECT_FALSE(watch.same_process()) << "arming again starts a new check";
+  watch.trust();
+  close(listener);  // the process goes: its sockets close
+  EXPECT_TRUE(testing::eventually("the witness sees the process gone",
+                                  [&] { return !watch.same_process(); }));
+  watch.trust();
+  EXPECT_FALSE(watch.same_process()) << "trust never revives a closed witness";
 }
 
 TEST(SlotPool, TakesTheIdleSlotWithTheLongestCommonPrefix) {
