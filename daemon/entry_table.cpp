@@ -15,16 +15,18 @@
 namespace kvpark::daemon {
 
 namespace {
-// Adopted blocks are indexed this many at a time (BlockIndex::insert_batch): 1.5 MiB
-// of keys, enough that each batch writes the cells nearly front to back.
-constexpr size_t adoption_block_batch = 65536;
+// Adopted entries are indexed and claimed this many at a time (BlockIndex::insert_batch):
+// 1.5 MiB of keys, enough that each batch writes the cells nearly front to back.
+constexpr size_t adoption_batch = 65536;
 }  // namespace
 
 EntryTable::EntryTable(uint64_t data_bytes, uint64_t extent_align_bytes)
     : allocator_(data_bytes, extent_align_bytes) {}
 
 EntryTable::~EntryTable() {
-  if (indexer_.joinable()) indexer_.join();  // an adoption given up half way
+  // An adoption given up half way. The indexer first: it may be joining cells_writer_.
+  if (indexer_.joinable()) indexer_.join();
+  if (cells_writer_.joinable()) cells_writer_.join();
 }
 
 Status EntryTable::register_namespace(const NamespaceId& id, const Geometry& g,
@@ -210,11 +212,17 @@ void EntryTable::begin_adoption(size_t entries) {
   assert(slots_in_use_ == 0 && !adoption_claims_);
   slots_.reserve(entries);
   generations_.reserve(entries);
-  blocks_.reserve(entries);
+  // The block index's cells are written empty (64 MiB for 1M entries) on another core
+  // while the first batch is adopted; the first batch's indexing waits for them.
+  try {
+    cells_writer_ = std::thread([this, entries] { blocks_.reserve(entries); });
+  } catch (const std::system_error&) {
+    blocks_.reserve(entries);
+  }
   adoption_claims_ =
       std::make_unique<shm::ExtentClaims>(allocator_.capacity_bytes(), allocator_.granularity_bytes());
-  adoption_blocks_.reserve(std::min(entries, adoption_block_batch));
-  adoption_block_extents_.reserve(std::min(entries, adoption_block_batch));
+  adoption_blocks_.reserve(std::min(entries, adoption_batch));
+  adoption_extents_.reserve(std::min(entries, adoption_batch));
   adoption_refused_ = {};
 }
 
@@ -223,10 +231,7 @@ Status EntryTable::insert_adopted(const NewEntry& n, uint64_t extent_offset, uin
                                   EntrySlot& ret_slot) {
   assert(adoption_claims_);
   const bool block = n.kind == EntryKind::Block;
-  if (!block && (find_snapshot(n.ns, n.key_hash, n.tail_tokens) != no_slot ||
-                 !adoption_claims_->claim(extent_offset, n.extent_bytes))) {
-    return Status::Corrupt;
-  }
+  if (!block && find_snapshot(n.ns, n.key_hash, n.tail_tokens) != no_slot) return Status::Corrupt;
   const EntrySlot slot = new_slot(n, last_use_usec);
   Entry& e = slots_[slot];
   e.extent_offset = extent_offset;
@@ -241,66 +246,75 @@ Status EntryTable::insert_adopted(const NewEntry& n, uint64_t extent_offset, uin
     ++pinned_;
   }
   ret_slot = slot;
-  if (!block) {
+  if (block) {
+    adoption_blocks_.push_back({.hash = e.key_hash, .ns = e.ns, .slot = slot});
+  } else {
     index(slot);
-    return Status::Ok;
   }
-  // Last: indexing the batch may refuse this very entry (finish_adoption() says so).
-  adoption_blocks_.push_back({.hash = e.key_hash, .ns = e.ns, .slot = slot});
-  adoption_block_extents_.push_back({.offset = e.extent_offset, .bytes = e.extent_bytes});
-  if (adoption_blocks_.size() == adoption_block_batch) hand_over_adopted_blocks(false);
+  // Last: claiming the batch may refuse this very entry (finish_adoption() says so).
+  adoption_extents_.push_back(
+      {.offset = e.extent_offset, .bytes = e.extent_bytes, .slot = slot, .block = block});
+  if (adoption_extents_.size() == adoption_batch) hand_over_adopted_batch(false);
   return Status::Ok;
 }
 
-void EntryTable::hand_over_adopted_blocks(bool last) {
-  claim_indexed_blocks();  // the batch before, if any: the indexer is free again after it
+void EntryTable::hand_over_adopted_batch(bool last) {
+  take_claimed_batch();  // the batch before, if any: the indexer is free again after it
   std::swap(adoption_blocks_, indexing_blocks_);
-  std::swap(adoption_block_extents_, indexing_block_extents_);
+  std::swap(adoption_extents_, indexing_extents_);
   adoption_blocks_.clear();
-  adoption_block_extents_.clear();
-  indexing_duplicates_.clear();
-  if (indexing_blocks_.empty()) return;
-  auto index = [this] { blocks_.insert_batch(indexing_blocks_, indexing_duplicates_); };
+  adoption_extents_.clear();
+  if (indexing_extents_.empty()) return;
+  auto index_and_claim = [this] {
+    if (cells_writer_.joinable()) cells_writer_.join();
+    index_and_claim_batch();
+  };
   if (last) {
-    index();  // nothing left to overlap it with
+    index_and_claim();  // nothing left to overlap it with
     return;
   }
   try {
-    indexer_ = std::thread(index);
+    indexer_ = std::thread(index_and_claim);
   } catch (const std::system_error&) {
-    index();  // no thread to be had: the same work, in line
+    index_and_claim();  // no thread to be had: the same work, in line
   }
 }
 
-void EntryTable::claim_indexed_blocks() {
-  if (indexer_.joinable()) indexer_.join();
-  if (indexing_blocks_.empty()) return;
-  std::vector<EntrySlot>& duplicates = indexing_duplicates_;  // keys an earlier record holds
+void EntryTable::index_and_claim_batch() {
+  std::vector<EntrySlot> duplicates;  // blocks whose key an earlier record holds
+  blocks_.insert_batch(indexing_blocks_, duplicates);
   std::sort(duplicates.begin(), duplicates.end());
   const auto duplicate = [&duplicates](EntrySlot slot) {
     return !duplicates.empty() && std::binary_search(duplicates.begin(), duplicates.end(), slot);
   };
-  // The blocks the index took claim their extents now, in record order. Not before: a
+  // The entries the index took claim their extents now, in record order. Not before: a
   // duplicate refused above must not have cost a later record its extent.
-  std::vector<EntrySlot> refused;
+  std::vector<EntrySlot>& refused = indexing_refused_;
+  refused.clear();
   std::unordered_set<BlockKey, BlockKeyHasher> open;  // keys whose record lost its extent
-  for (size_t i = 0; i < indexing_blocks_.size(); ++i) {
-    const BlockIndex::Key& k = indexing_blocks_[i];
-    if (duplicate(k.slot)) continue;
-    const AdoptedExtent& x = indexing_block_extents_[i];
-    if (adoption_claims_->claim(x.offset, x.bytes)) continue;
+  size_t key = 0;  // indexing_blocks_[key] is the key of the block at hand
+  for (const AdoptedExtent& x : indexing_extents_) {
+    if (!x.block) {
+      if (!adoption_claims_->claim(x.offset, x.bytes)) refused.push_back(x.slot);
+      continue;
+    }
+    const BlockIndex::Key& k = indexing_blocks_[key++];
+    assert(k.slot == x.slot);
+    if (duplicate(k.slot) || adoption_claims_->claim(x.offset, x.bytes)) continue;
     const bool erased = blocks_.erase(k.ns, k.hash);
     assert(erased);
     (void)erased;
     open.insert({k.ns, k.hash});
     refused.push_back(k.slot);
   }
+  if (duplicates.empty()) return;
   // A later record of such a key may hold a range of its own: the first that claims
   // it takes the key. Every other duplicate goes.
-  for (size_t i = 0; i < indexing_blocks_.size(); ++i) {
-    const BlockIndex::Key& k = indexing_blocks_[i];
+  key = 0;
+  for (const AdoptedExtent& x : indexing_extents_) {
+    if (!x.block) continue;
+    const BlockIndex::Key& k = indexing_blocks_[key++];
     if (!duplicate(k.slot)) continue;
-    const AdoptedExtent& x = indexing_block_extents_[i];
     const auto it = open.find({k.ns, k.hash});
     if (it != open.end() && adoption_claims_->claim(x.offset, x.bytes)) {
       const bool inserted = blocks_.insert(k.ns, k.hash, k.slot);
@@ -311,11 +325,17 @@ void EntryTable::claim_indexed_blocks() {
     }
     refused.push_back(k.slot);
   }
+}
+
+void EntryTable::take_claimed_batch() {
+  if (indexer_.joinable()) indexer_.join();
+  if (indexing_extents_.empty()) return;
   indexing_blocks_.clear();
-  indexing_block_extents_.clear();
-  for (const EntrySlot slot : refused) {
+  indexing_extents_.clear();
+  for (const EntrySlot slot : indexing_refused_) {
     // Undoes insert_adopted(); the entry was never visible to anyone, and holds no claim.
     Entry& e = slots_[slot];
+    if (e.kind == EntryKind::Snapshot) remove_from_index(slot);
     adoption_refused_.records.push_back(e.state_record);
     adoption_refused_.bytes += e.extent_bytes;
     held_bytes_ -= e.extent_bytes;
@@ -324,17 +344,19 @@ void EntryTable::claim_indexed_blocks() {
     e.state_record = no_record;
     free_slot(slot);
   }
+  indexing_refused_.clear();
 }
 
 EntryTable::Refused EntryTable::finish_adoption() {
   assert(adoption_claims_);
-  hand_over_adopted_blocks(true);  // the last, partial batch
-  claim_indexed_blocks();
+  hand_over_adopted_batch(true);  // the last, partial batch
+  take_claimed_batch();
+  if (cells_writer_.joinable()) cells_writer_.join();  // no block was adopted
   adoption_blocks_ = {};
-  adoption_block_extents_ = {};
+  adoption_extents_ = {};
   indexing_blocks_ = {};
-  indexing_block_extents_ = {};
-  indexing_duplicates_ = {};
+  indexing_extents_ = {};
+  indexing_refused_ = {};
   allocator_.adopt(*adoption_claims_);
   adoption_claims_.reset();
   return std::exchange(adoption_refused_, {});

@@ -86,17 +86,17 @@ class EntryTable {
   void set_state(EntryState* state) { state_ = state; }
   // Adoption, into an empty table: begin_adoption() makes room for up to `entries`;
   // insert_adopted() indexes a sealed host entry adopted from an earlier daemon at
-  // exactly [extent_offset, +extent_bytes), whose record is `record`. A snapshot is
-  // checked at once: Corrupt (nothing changed) when its range overlaps an entry
-  // adopted before it or leaves the arena, or its key is already indexed. Blocks are
-  // indexed in batches (BlockIndex::insert_batch) and claim their extents only then,
-  // in record order, after the duplicates are out: a block whose key an earlier
-  // record holds, or whose range overlaps an extent taken before, is taken out again
-  // then and its record named in what finish_adoption() returns (a key whose first
-  // record lost its range goes to the next record of it that claims one).
-  // finish_adoption() makes every extent no adopted entry holds free.
+  // exactly [extent_offset, +extent_bytes), whose record is `record`: Corrupt (nothing
+  // changed) for a snapshot whose key and tail are already indexed. Entries are
+  // indexed in batches (blocks: BlockIndex::insert_batch) and claim their extents only
+  // then, in record order, after the duplicate blocks are out: a block whose key an
+  // earlier record holds, or an entry whose range overlaps an extent taken before or
+  // leaves the arena, is taken out again then and its record named in what
+  // finish_adoption() returns (a key whose first record lost its range goes to the
+  // next record of it that claims one). finish_adoption() makes every extent no
+  // adopted entry holds free.
   struct Refused {
-    std::vector<uint32_t> records;  // of blocks refused as they were indexed
+    std::vector<uint32_t> records;  // of entries refused as their batch was claimed
     uint64_t bytes = 0;             // their extents
   };
   void begin_adoption(size_t entries);
@@ -225,29 +225,39 @@ class EntryTable {
   EntryState* state_ = nullptr;
   uint64_t held_bytes_ = 0;
   shm::ExtentAllocator allocator_;
-  std::unique_ptr<shm::ExtentClaims> adoption_claims_;  // between begin and finish_adoption
-  std::vector<BlockIndex::Key> adoption_blocks_;        // adopted, not yet indexed
-  // Their extents, in the same order: claiming from here, not from the slots, reads
-  // one small array instead of a cache miss per entry written a batch ago.
+  // Between begin and finish_adoption. The claims, and blocks_, belong to the batch's
+  // indexer until take_claimed_batch() has joined it.
+  std::unique_ptr<shm::ExtentClaims> adoption_claims_;
+  // Entries adopted and not yet claimed, in record order, and the blocks' keys.
   struct AdoptedExtent {
     uint64_t offset = 0;
     uint64_t bytes = 0;
+    EntrySlot slot = no_slot;
+    bool block = false;
   };
-  std::vector<AdoptedExtent> adoption_block_extents_;
-  // The batch before: indexed into blocks_ by indexer_, on a core of its own, while the
-  // next one is adopted (a cache miss a key, overlapped with the records' own). Nothing
-  // else touches blocks_ until claim_indexed_blocks() has joined it.
+  std::vector<BlockIndex::Key> adoption_blocks_;
+  std::vector<AdoptedExtent> adoption_extents_;
+  // The batch before: indexed into blocks_ and claimed by indexer_, on a core of its
+  // own, while the next one is adopted (a cache miss a key, overlapped with the records'
+  // own). It reads these and the claims, never the slab: the slots it refuses are
+  // undone on this thread.
   std::vector<BlockIndex::Key> indexing_blocks_;
-  std::vector<AdoptedExtent> indexing_block_extents_;
-  std::vector<EntrySlot> indexing_duplicates_;  // keys an earlier record held
+  std::vector<AdoptedExtent> indexing_extents_;
+  std::vector<EntrySlot> indexing_refused_;
   std::thread indexer_;
+  // Between begin_adoption() and the first batch's indexing (on indexer_, or in line
+  // when no thread could start), which joins it: blocks_ belongs to it till then.
+  std::thread cells_writer_;
   Refused adoption_refused_;
-  // Finishes the batch being indexed and starts indexing the adopted blocks not yet
-  // indexed: on indexer_, or in line for the `last` batch or when no thread can start.
-  void hand_over_adopted_blocks(bool last);
-  // Waits for the batch being indexed, then claims its blocks' extents in record order
-  // and takes out those whose key or extent is taken.
-  void claim_indexed_blocks();
+  // Waits for the batch before and starts indexing and claiming the entries adopted
+  // since: on indexer_, or in line for the `last` batch or when no thread can start.
+  void hand_over_adopted_batch(bool last);
+  // The indexer's work: indexes the batch's blocks, then claims every extent in record
+  // order, taking out a block whose key or extent is taken and refusing a snapshot
+  // whose extent is (indexing_refused_).
+  void index_and_claim_batch();
+  // Waits for the batch being indexed and undoes the entries it refused.
+  void take_claimed_batch();
   std::vector<NamespaceInfo> namespaces_;
   std::unordered_map<NamespaceId, NamespaceIndex, Hash128Hasher> namespace_by_id_;
   // The slab, its generations and the block index are the table's bulk (about 250

@@ -3,14 +3,17 @@
 #include "daemon/adoption.h"
 
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <memory>
 #include <vector>
 
 #include "daemon/entry_state.h"
 #include "daemon/entry_table.h"
 #include "proto/limits.h"
+#include "shm/arena_format.h"
 #include "shm/state_segment.h"
 
 namespace kvpark::daemon {
@@ -23,12 +26,22 @@ constexpr uint32_t block_tokens = 16;
 constexpr NamespaceId kept_ns{0xad0b7, 1};
 constexpr NamespaceId unknown_ns{0xdead, 2};
 
+struct Unmap {
+  uint64_t bytes = 0;
+  void operator()(uint8_t* p) const { munmap(p, bytes); }
+};
+using ArenaData = std::unique_ptr<uint8_t, Unmap>;
+
 class AdoptionTest : public ::testing::Test {
  protected:
   void SetUp() override { create(arena_bytes); }
   // A fresh segment with one namespace, for an arena of `bytes`.
   void create(uint64_t bytes) {
     arena_bytes_ = bytes;
+    void* data = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    ASSERT_NE(data, MAP_FAILED);
+    arena_ = ArenaData(static_cast<uint8_t*>(data), Unmap{bytes});
     int err = 0;
     ASSERT_EQ(shm::StateSegment::create(
                   {.arena_identity = 7, .arena_data_bytes = bytes, .configured_arena_bytes = bytes},
@@ -52,6 +65,40 @@ class AdoptionTest : public ::testing::Test {
     segment_->write_record(index, body, 1, 0);
   }
 
+  // A snapshot of `tail` past block `anchor_chunks`, anchored at `key`: its record, and
+  // the entry header and tail tokens in the arena that adoption checks it against.
+  uint64_t write_snapshot(uint64_t index, uint64_t key, uint64_t extent_offset,
+                          const std::vector<int32_t>& tail) {
+    const uint32_t tokens = static_cast<uint32_t>(tail.size());
+    const uint64_t payload_bytes = 1024;
+    shm::StateRecordBody body{};
+    body.namespace_id = kept_ns;
+    body.key_hash = {key, key};
+    body.extent_offset = extent_offset;
+    body.extent_bytes = shm::extent_bytes_for(tokens, payload_bytes);
+    body.tail_digest = record_tail_digest(tail);
+    body.position = 2 * block_tokens + tokens;
+    body.anchor_chunks = 2;
+    body.tail_tokens = tokens;
+    body.kind = static_cast<uint8_t>(EntryKind::Snapshot);
+    shm::EntryHeader h{};
+    h.magic = shm::entry_magic;
+    h.format_version = shm::entry_format_version;
+    h.kind = body.kind;
+    h.namespace_id = kept_ns;
+    h.key_hash = body.key_hash;
+    h.payload_bytes = payload_bytes;
+    h.payload_offset = shm::payload_offset_for(tokens);
+    h.token_count = tokens;
+    h.position = body.position;
+    h.anchor_chunks = body.anchor_chunks;
+    std::memcpy(arena_.get() + extent_offset, &h, sizeof h);
+    std::memcpy(arena_.get() + extent_offset + limits::entry_header_bytes, tail.data(),
+                tail.size() * sizeof(int32_t));
+    segment_->write_record(index, body, 1, 0);
+    return body.extent_bytes;
+  }
+
   // Restarts: a new segment object over the kept fd, a fresh table, adoption.
   AdoptionReport adopt() {
     table_.reset();
@@ -64,7 +111,7 @@ class AdoptionTest : public ::testing::Test {
     state_ = std::make_unique<EntryState>(*segment_);
     table_ = std::make_unique<EntryTable>(arena_bytes_, granule);
     table_->set_state(state_.get());
-    return adopt_entries(*state_, nullptr, arena_bytes_, *table_);
+    return adopt_entries(*state_, arena_.get(), arena_bytes_, *table_);
   }
 
   shm::StateSegment::RecordCheck check(uint64_t index) {
@@ -81,6 +128,9 @@ class AdoptionTest : public ::testing::Test {
   }
 
   uint64_t arena_bytes_ = 0;
+  // The data region. Adopting a block reads none of it, and the batch tests' arenas
+  // run to gigabytes: only the pages a snapshot is written to are ever backed.
+  ArenaData arena_;
   std::unique_ptr<shm::StateSegment> segment_;
   std::unique_ptr<EntryState> state_;
   std::unique_ptr<EntryTable> table_;
@@ -236,6 +286,65 @@ TEST_F(AdoptionTest, BlocksOfSeveralIndexBatchesKeepRecordOrderAcrossBatches) {
   EXPECT_EQ(check(duplicate), shm::StateSegment::RecordCheck::Empty);
   EXPECT_EQ(check(overlap), shm::StateSegment::RecordCheck::Empty);
   EXPECT_EQ(adopt().entries, count - 2);  // the refused records stay gone
+}
+
+TEST_F(AdoptionTest, SnapshotsClaimTheirExtentsInRecordOrderWithTheBlocks) {
+  // A snapshot over an earlier block's extent is refused, and so is a block over an
+  // earlier snapshot's: whichever record comes first keeps the range.
+  write_block(0, 1, 0);
+  write_block(1, 2, 2 * granule);
+  const std::vector<int32_t> lost_tail{7, 8, 9};
+  (void)write_snapshot(2, 100, 3 * granule, lost_tail);  // over block 1
+  const std::vector<int32_t> kept_tail{4, 5, 6};
+  const uint64_t snapshot_extent = write_snapshot(3, 101, 8 * granule, kept_tail);
+  write_block(4, 3, 8 * granule);  // over snapshot 3
+  write_block(5, 4, 12 * granule);
+  const AdoptionReport report = adopt();
+  EXPECT_EQ(report.entries, 4u);
+  EXPECT_EQ(report.dropped[static_cast<size_t>(DropReason::Extent)], 2u);
+  EXPECT_EQ(report.dropped_total(), 2u);
+  EXPECT_EQ(table_->blocks(), 3u);
+  EXPECT_EQ(table_->snapshots(), 1u);
+  EXPECT_EQ(table_->namespace_info(ns_index()).indexed_snapshots, 1u);
+  EXPECT_EQ(table_->find_snapshot(ns_index(), {100, 100}, lost_tail), no_slot);
+  const EntrySlot snapshot = table_->find_snapshot(ns_index(), {101, 101}, kept_tail);
+  ASSERT_NE(snapshot, no_slot);
+  EXPECT_EQ(table_->entry(snapshot).extent_offset, 8 * granule);
+  EXPECT_EQ(table_->find_block(ns_index(), {3, 3}), no_slot);
+  EXPECT_EQ(table_->bytes_free(), arena_bytes - 3 * block_extent - snapshot_extent);
+  EXPECT_EQ(check(2), shm::StateSegment::RecordCheck::Empty);
+  EXPECT_EQ(check(4), shm::StateSegment::RecordCheck::Empty);
+  EXPECT_EQ(adopt().entries, 4u);  // the refused records stay gone
+}
+
+TEST_F(AdoptionTest, SnapshotsInABatchClaimedOnTheIndexerThreadKeepRecordOrder) {
+  // Three batches of 65536 (the last partial), so the second is claimed on the helper
+  // thread while the third is adopted. In it, a snapshot over record 5's extent (batch
+  // 1) is refused and one on an extent of its own is kept.
+  constexpr uint64_t count = 2 * 65536 + 100;
+  create((count + 1) * block_extent);
+  for (uint64_t i = 0; i < count; ++i) write_block(i, i + 1, i * block_extent);
+  const uint64_t refused = 65536 + 3, kept = 65536 + 4;
+  const std::vector<int32_t> tail{1, 2, 3};
+  (void)write_snapshot(refused, 200, 5 * block_extent, tail);
+  const uint64_t snapshot_extent = write_snapshot(kept, 201, count * block_extent, tail);
+  ASSERT_EQ(snapshot_extent, block_extent);  // the arena holds it exactly
+  const AdoptionReport report = adopt();
+  EXPECT_EQ(report.entries, count - 1);
+  EXPECT_EQ(report.dropped[static_cast<size_t>(DropReason::Extent)], 1u);
+  EXPECT_EQ(table_->blocks(), count - 2);
+  EXPECT_EQ(table_->snapshots(), 1u);
+  EXPECT_EQ(table_->namespace_info(ns_index()).indexed_snapshots, 1u);
+  EXPECT_EQ(table_->find_snapshot(ns_index(), {200, 200}, tail), no_slot);
+  EXPECT_NE(table_->find_snapshot(ns_index(), {201, 201}, tail), no_slot);
+  const EntrySlot first = table_->find_block(ns_index(), {6, 6});
+  ASSERT_NE(first, no_slot);
+  EXPECT_EQ(table_->entry(first).extent_offset, 5 * block_extent);
+  // Free: the extents of the two block records the snapshots took the place of.
+  EXPECT_EQ(table_->bytes_free(), 2 * block_extent);
+  EXPECT_EQ(check(refused), shm::StateSegment::RecordCheck::Empty);
+  EXPECT_EQ(check(kept), shm::StateSegment::RecordCheck::Valid);
+  EXPECT_EQ(adopt().entries, count - 1);
 }
 
 }  // namespace
