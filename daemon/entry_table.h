@@ -24,8 +24,10 @@
 // release_adoption_hold(), since that daemon's clients may still be reading them.
 // Blocks are keyed by (namespace, chain hash), snapshots by (namespace, anchor
 // hash, tail tokens); identical content is therefore stored once.
-// Single-threaded: the daemon's event loop owns it. (Adoption alone indexes its block
-// batches on a helper thread, one batch behind, joined before anything else reads them.)
+// Single-threaded: the daemon's event loop owns it. (Adoption alone hands the block
+// index and the extent claims to a helper thread, which writes the empty cells, then
+// indexes and claims each batch one batch behind; it is joined before anything else
+// reads them.)
 #pragma once
 
 #include <cstdint>
