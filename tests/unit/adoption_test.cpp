@@ -10,6 +10,7 @@
 #include <memory>
 #include <vector>
 
+#include "daemon/entry_header.h"
 #include "daemon/entry_state.h"
 #include "daemon/entry_table.h"
 #include "proto/limits.h"
@@ -81,17 +82,13 @@ class AdoptionTest : public ::testing::Test {
     body.anchor_chunks = 2;
     body.tail_tokens = tokens;
     body.kind = static_cast<uint8_t>(EntryKind::Snapshot);
-    shm::EntryHeader h{};
-    h.magic = shm::entry_magic;
-    h.format_version = shm::entry_format_version;
-    h.kind = body.kind;
-    h.namespace_id = kept_ns;
-    h.key_hash = body.key_hash;
-    h.payload_bytes = payload_bytes;
-    h.payload_offset = shm::payload_offset_for(tokens);
-    h.token_count = tokens;
-    h.position = body.position;
-    h.anchor_chunks = body.anchor_chunks;
+    Entry e;
+    e.kind = EntryKind::Snapshot;
+    e.key_hash = body.key_hash;
+    e.position = body.position;
+    e.anchor_chunks = body.anchor_chunks;
+    const shm::EntryHeader h =
+        make_entry_header(e, NamespaceInfo{.id = kept_ns}, tokens, payload_bytes, 7);
     std::memcpy(arena_.get() + extent_offset, &h, sizeof h);
     std::memcpy(arena_.get() + extent_offset + limits::entry_header_bytes, tail.data(),
                 tail.size() * sizeof(int32_t));
