@@ -66,7 +66,7 @@ class AdoptionTest : public ::testing::Test {
     segment_->write_record(index, body, 1, 0);
   }
 
-  // A snapshot of `tail` past block `anchor_chunks`, anchored at `key`: its record, and
+  // A snapshot of `tail` two blocks in, anchored at `key`: its record, and
   // the entry header and tail tokens in the arena that adoption checks it against.
   uint64_t write_snapshot(uint64_t index, uint64_t key, uint64_t extent_offset,
                           const std::vector<int32_t>& tail) {
@@ -251,8 +251,8 @@ TEST_F(AdoptionTest, AKeyAnEarlierIndexBatchHoldsIsRefusedItsExtentFreedItsRecor
 }
 
 TEST_F(AdoptionTest, BlocksOfSeveralIndexBatchesKeepRecordOrderAcrossBatches) {
-  // Four index batches of 65536 (the last partial): each is indexed on a helper thread
-  // while the next is adopted, and claimed after it. A duplicate key in a later batch
+  // Four index batches of 65536 (the last partial): each is indexed and claimed on a
+  // helper thread while the next is adopted. A duplicate key in a later batch
   // and a later extent overlapping an earlier batch's are refused all the same, every
   // other record is kept, and the arena holds no free byte a kept record covers.
   constexpr uint64_t count = 3 * 65536 + 5000;
