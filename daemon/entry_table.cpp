@@ -351,7 +351,7 @@ EntryTable::Refused EntryTable::finish_adoption() {
   assert(adoption_claims_);
   hand_over_adopted_batch(true);  // the last, partial batch
   take_claimed_batch();
-  if (cells_writer_.joinable()) cells_writer_.join();  // no block was adopted
+  if (cells_writer_.joinable()) cells_writer_.join();  // nothing was adopted
   adoption_blocks_ = {};
   adoption_extents_ = {};
   indexing_blocks_ = {};
