@@ -23,7 +23,10 @@
 // backs guest memory lazily they may get memory it freed, already backed. Adoption
 // reads no arena page of a block, so the arena itself is only a size here.
 //
-//   kvpark-adoption-bench [--quick] [--entries N ...]
+// --kept-only runs the kept restarts alone, more of them, each figure printed: what to
+// run under a profiler (`perf record`), where the other rows would only add samples.
+//
+//   kvpark-adoption-bench [--quick] [--kept-only] [--entries N ...]
 #include <fcntl.h>
 #include <getopt.h>
 #include <sys/mman.h>
@@ -61,6 +64,7 @@ constexpr uint32_t block_tokens = 16;
 // Restarts over kept index memory per row: this figure is the one a restarted daemon
 // meets, and on a shared machine one run alone swings by half.
 constexpr int kept_runs = 3;
+constexpr int kept_only_runs = 8;
 // A block's share of the index: at most two cells (daemon/block_index.h).
 constexpr size_t index_node_bytes = 2 * daemon::BlockIndex::cell_bytes;
 
@@ -229,10 +233,10 @@ double adopt_over_kept_memory(int fd, int memory_fd, Row& row, double& ret_cpu_m
   return adopt_once(fd, row, start, cpu_start, ret_cpu_msec);
 }
 
-Row measure(uint64_t entries) {
+Row measure(uint64_t entries, bool kept_only) {
   Row row{.entries = entries, .arena_bytes = entries * extent_bytes};
   const int fd = write_kept_segment(entries, row.arena_bytes);
-  if (!getenv("KEPT_ONLY"))
+  if (!kept_only)
     row = in_fresh_process(row, [&](Row& r) {
       r.adopt_msec = adopt_once(fd, r, now_msec(), cpu_msec(), r.adopt_cpu_msec);
       // Into the memory the first one freed.
@@ -253,25 +257,24 @@ Row measure(uint64_t entries) {
   });
   // Several restarts in a row, each over what the one before kept: the median.
   std::vector<std::pair<double, double>> kept;  // wall, CPU
-  if (getenv("KEPT_ONLY")) {
-    for (int run = 0; run < 8; ++run) {
-      const Row done = in_fresh_process(row, [&](Row& r) {
-        r.kept_msec = adopt_over_kept_memory(fd, memory_fd, r, r.kept_cpu_msec);
-      });
-      fprintf(stderr, "kept %.1f\n", done.kept_msec);
-    }
-    _exit(0);
-  }
-  for (int run = 0; run < kept_runs; ++run) {
+  const int runs = kept_only ? kept_only_runs : kept_runs;
+  for (int run = 0; run < runs; ++run) {
     const Row done = in_fresh_process(row, [&](Row& r) {
       r.kept_msec = adopt_over_kept_memory(fd, memory_fd, r, r.kept_cpu_msec);
     });
     kept.emplace_back(done.kept_msec, done.kept_cpu_msec);
+    if (kept_only)
+      std::printf("kept restart %d: %.1f ms, CPU %.1f ms\n", run + 1, done.kept_msec,
+                  done.kept_cpu_msec);
   }
   std::sort(kept.begin(), kept.end());
   row.kept_min_msec = kept.front().first;
   std::tie(row.kept_msec, row.kept_cpu_msec) = kept[kept.size() / 2];
   close(memory_fd);
+  if (kept_only) {
+    close(fd);
+    return row;
+  }
   row = in_fresh_process(row, [&](Row& r) { r.floor_msec = floor_msec(fd, entries); });
   row = in_fresh_process(row, [&](Row& r) { r.touch_4k_msec = touch_msec(entries, false); });
   row = in_fresh_process(row, [&](Row& r) { r.touch_huge_msec = touch_msec(entries, true); });
@@ -283,17 +286,21 @@ Row measure(uint64_t entries) {
 
 int main(int argc, char** argv) {
   std::vector<uint64_t> counts;
-  bool quick = false;
+  bool quick = false, kept_only = false;
   const option long_options[] = {{"quick", no_argument, nullptr, 'q'},
+                                 {"kept-only", no_argument, nullptr, 'k'},
                                  {"entries", required_argument, nullptr, 'n'},
                                  {nullptr, 0, nullptr, 0}};
   for (int c; (c = getopt_long(argc, argv, "", long_options, nullptr)) != -1;) {
     if (c == 'q') {
       quick = true;
+    } else if (c == 'k') {
+      kept_only = true;
     } else if (c == 'n') {
       counts.push_back(std::strtoull(optarg, nullptr, 0));
     } else {
-      std::fprintf(stderr, "Usage: kvpark-adoption-bench [--quick] [--entries N ...]\n");
+      std::fprintf(stderr,
+                   "Usage: kvpark-adoption-bench [--quick] [--kept-only] [--entries N ...]\n");
       return 2;
     }
   }
@@ -309,7 +316,7 @@ int main(int argc, char** argv) {
               "floor ms", "4k-touch", "huge-touch");
   for (uint64_t n : counts) {
     if (n == 0) continue;
-    const Row r = measure(n);
+    const Row r = measure(n, kept_only);
     std::printf("%10llu %9.2f %9.1f %9.1f %9.0f %9.1f %9.1f %9.1f %9.1f %9.1f %10.1f %10.1f\n",
                 static_cast<unsigned long long>(r.entries),
                 static_cast<double>(r.arena_bytes) / (1ull << 30), r.adopt_msec, r.adopt_cpu_msec,
@@ -326,6 +333,6 @@ int main(int argc, char** argv) {
       "adoption in the same process, into memory the first freed (CPU ms); floor:\n"
       "reading and checking the records; 4k-touch / huge-touch: first-touching memory\n"
       "the size of the index on 4 KiB / huge pages (CPU ms)\n",
-      kept_runs);
+      kept_only ? kept_only_runs : kept_runs);
   return 0;
 }
