@@ -68,7 +68,7 @@ Server::Server(const ServerOptions& options, Park& park)
     : options_(options), park_(park), receive_buffer_(limits::frame_bytes_max + 1) {
   // WAIT answers come later, when a promotion lands or the deadline passes.
   park_.set_reply_sink([this](ConnectionId id, std::vector<uint8_t>&& frame) {
-    if (connections_.contains(id)) send_reply(id, frame, false);
+    if (open(id)) send_reply(id, frame, false);
   });
 }
 
@@ -200,19 +200,19 @@ Status Server::run(int tick_msec, void (*on_tick)(void*), void* tick_context) {
         }
       } else {
         const auto id = static_cast<ConnectionId>(token);
-        if (!connections_.contains(id)) continue;  // closed earlier in this batch
+        if (!open(id)) continue;  // closed earlier in this batch
         if ((events[i].events & (EPOLLHUP | EPOLLERR)) && !connections_.at(id).outbox.empty()) {
           close_connection(id);  // a peer that hung up cannot take its pending reply
           continue;
         }
         if (events[i].events & EPOLLOUT) on_writable(id);
-        if (connections_.contains(id) && (events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR))) {
-          on_readable(id);
-        }
+        if (open(id) && (events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR))) on_readable(id);
       }
+      close_pending();
     }
     expire_handshakes();
     if (on_tick != nullptr) on_tick(tick_context);
+    close_pending();
   }
   return Status::Ok;
 }
@@ -312,10 +312,10 @@ void Server::on_readable(ConnectionId id) {
       park_.count_protocol_error();
       log_warning_limited("kvparkd: protocol error from pid %d, closing its connection",
                           c.pid);
-      close_connection(id);
+      close_later(id);
       return;
     }
-    if (!connections_.contains(id)) return;
+    if (!open(id)) return;
   }
 }
 
@@ -329,6 +329,7 @@ void Server::on_writable(ConnectionId id) {
 
 bool Server::send_reply(ConnectionId id, std::vector<uint8_t>& frame, bool with_arena_fd) {
   Connection& c = connections_.at(id);
+  if (c.closing) return false;
   iovec iov{frame.data(), frame.size()};
   msghdr msg{};
   msg.msg_iov = &iov;
@@ -349,7 +350,7 @@ bool Server::send_reply(ConnectionId id, std::vector<uint8_t>& frame, bool with_
     if (!c.outbox.empty()) {
       // A second reply while one waits: only a peer that does not read its replies
       // (and sent past a pending WAIT) gets here. One frame of memory is its budget.
-      close_connection(id);
+      close_later(id);
       return false;
     }
     c.outbox = std::move(frame);
@@ -359,7 +360,7 @@ bool Server::send_reply(ConnectionId id, std::vector<uint8_t>& frame, bool with_
     return true;
   }
   if (n < 0) {  // EPIPE, ECONNRESET: the peer is gone
-    close_connection(id);
+    close_later(id);
     return false;
   }
   assert(static_cast<size_t>(n) == frame.size() && "seqpacket sends whole messages");
@@ -465,8 +466,24 @@ bool Server::handle_frame(ConnectionId id, std::span<const uint8_t> message) {
     }
   }
   if (out.empty()) wire::encode(reply_verb, static_cast<uint16_t>(status), seq, out);
-  send_reply(id, out, with_fd);  // on failure it closes the connection itself
+  send_reply(id, out, with_fd);  // on failure the connection closes after this frame
   return true;
+}
+
+void Server::close_later(ConnectionId id) {
+  Connection& c = connections_.at(id);
+  if (c.closing) return;
+  c.closing = true;
+  closing_.push_back(id);
+}
+
+void Server::close_pending() {
+  // Closing tells Park, which may answer other waiters and fail more replies.
+  while (!closing_.empty()) {
+    const ConnectionId id = closing_.back();
+    closing_.pop_back();
+    close_connection(id);
+  }
 }
 
 void Server::close_connection(ConnectionId id) {

@@ -75,6 +75,7 @@ class Server {
     bool send_fd_with_outbox = false;
     bool waiting_writable = false;  // epoll interest is EPOLLOUT
     bool greeted = false;           // HELLO answered Ok
+    bool closing = false;           // in closing_: read nothing more, send nothing more
     uint64_t accepted_usec = 0;     // CLOCK_MONOTONIC
   };
 
@@ -84,8 +85,19 @@ class Server {
   void on_writable(ConnectionId id);
   // Returns false when the connection must close.
   bool handle_frame(ConnectionId id, std::span<const uint8_t> message);
+  // False when the connection is to close (close_later()): the peer is gone, or
+  // does not read its replies.
   bool send_reply(ConnectionId id, std::vector<uint8_t>& frame, bool with_arena_fd);
   void close_connection(ConnectionId id);
+  // Closes the connection once the event in hand is handled (close_pending()): a
+  // reply that fails may be sent from inside Park (a WAIT answered as another request
+  // settles its lease), which must not have the connection's state torn down under it.
+  void close_later(ConnectionId id);
+  void close_pending();
+  bool open(ConnectionId id) const {
+    const auto it = connections_.find(id);
+    return it != connections_.end() && !it->second.closing;
+  }
   void update_interest(ConnectionId id);
   // Closes connections that did not complete HELLO in time.
   void expire_handshakes();
@@ -100,6 +112,7 @@ class Server {
   int signal_fd_ = -1;
   ConnectionId next_id_ = 1;
   std::unordered_map<ConnectionId, Connection> connections_;
+  std::vector<ConnectionId> closing_;
   std::vector<std::function<void()>> watches_;  // epoll token watch_token_base + index
   std::vector<uint8_t> receive_buffer_;
   bool stop_requested_ = false;
