@@ -274,16 +274,22 @@ void DiskMover::keep_low_water() {
   const uint64_t now = coarse_monotonic_usec();
   EntrySlot slot = table_.host_lru_tail();
   while (slot != no_slot && policy_.below_low_water(table_.bytes_free())) {
-    const EntrySlot older_than_next = table_.host_lru_prev(slot);
+    EntrySlot next = table_.host_lru_prev(slot);
     const Entry& e = table_.entry(slot);
     if (TieringPolicy::demotes(e, disk_writable, now)) {
       // Worth a disk write: demote (the host copy goes when the spill completes),
       // predecessors first so the record stays reachable.
-      if (spills_in_flight_ < spills_in_flight_max) (void)spill_chain(slot, 0);
+      if (spills_in_flight_ < spills_in_flight_max) {
+        (void)spill_chain(slot, 0);
+        // The spills pin what they write, which leaves the list: `next` too, when it is
+        // a predecessor sealed after this entry. Each time that happens the list is
+        // shorter, so starting over from its cold end again ends.
+        if (next != no_slot && !table_.entry(next).on_lru) next = table_.host_lru_tail();
+      }
     } else {
       table_.evict_host(slot);
     }
-    slot = older_than_next;
+    slot = next;
   }
 }
 
