@@ -367,7 +367,7 @@ void EntryTable::release_adoption_hold() {
     Entry& e = slots_[slot];
     if (!e.adoption_hold) continue;
     e.adoption_hold = false;
-    if (e.in_use) sync_lists(slot, false);
+    if (e.in_use && !free_if_dead_and_unused(slot)) sync_lists(slot, false);
   }
   held_bytes_ = 0;
 }
@@ -554,7 +554,9 @@ void EntryTable::release_lease(EntrySlot slot) {
 bool EntryTable::free_if_dead_and_unused(EntrySlot slot) {
   Entry& e = slots_[slot];
   if (!e.dead) return false;
-  if (e.leases == 0 && e.io_pins == 0) {
+  // An adopted extent outlives its entry while the previous instance's leases may
+  // still read it (release_adoption_hold() frees it then).
+  if (e.leases == 0 && e.io_pins == 0 && !e.adoption_hold) {
     if (e.on_host) drop_host_copy(slot);
     free_slot(slot);
   }

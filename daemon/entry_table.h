@@ -130,8 +130,9 @@ class EntryTable {
   // by its last dependent rejoins the disk list at the cold end, where that record was.
   void hold_disk_predecessor(EntrySlot slot);
   void release_disk_predecessor(EntrySlot slot);
-  // The disk copy failed verification: the entry leaves the index now and its slot
-  // is freed with its last lease. The caller deletes the record.
+  // The entry leaves the index now (its disk copy failed verification, or an operator
+  // evicted it); its slot and extent are freed with its last lease and I/O pin, and
+  // an adopted entry's not before the adoption hold ends. The caller deletes the record.
   void kill(EntrySlot slot);
 
   void acquire_lease(EntrySlot slot);

@@ -88,7 +88,9 @@ class Park {
 
   void set_reply_sink(ReplySink sink) { reply_sink_ = std::move(sink); }
 
-  // Operator commands (see control.h); they never touch leased entries.
+  // Operator commands (see control.h); they never touch leased entries. An adopted
+  // entry still held for the previous instance's engines leaves the index at once and
+  // frees its extent when the hold ends.
   Status evict_entry(EntrySlot slot);
   Status drop_namespace(const NamespaceId& id, uint64_t& ret_dropped);
   void set_reservation_bytes_max(uint64_t bytes) { options_.reservation_bytes_max = bytes; }

@@ -321,6 +321,39 @@ TEST_F(ParkTest, AdoptedEntriesAreHeldUntilTheGraceDeadlineAndNotOneMicrosecondL
   EXPECT_EQ(table_->evictions(), 1u);
 }
 
+TEST_F(ParkTest, EvictingAnAdoptedEntryUnderTheHoldKeepsItsExtentTakenUntilTheHoldEnds) {
+  make_with_state(8);
+  const auto parked = chain(1, 8);  // fills the arena
+  publish(connect(), parked);
+  constexpr uint64_t deadline_usec = 5'000'000'000;
+  restart_adopting({static_cast<uint32_t>(getpid())}, deadline_usec);
+  ASSERT_TRUE(park_->adoption_held());
+  // The operator evicts the chain's tip (kvparkctl evict), then drops the namespace.
+  const EntrySlot tip = table_->find_block(0, parked.back());
+  ASSERT_NE(tip, no_slot);
+  const uint64_t tip_offset = table_->entry(tip).extent_offset;
+  ASSERT_EQ(park_->evict_entry(tip), Status::Ok);
+  EXPECT_FALSE(present(attention_ns, parked.back()));  // never served again
+  uint64_t dropped = 0;
+  ASSERT_EQ(park_->drop_namespace(attention_ns, dropped), Status::Ok);
+  EXPECT_EQ(dropped, 7u);
+  for (const Hash128& h : parked) EXPECT_FALSE(present(attention_ns, h));
+  // An engine of the previous instance may still be copying out of those extents:
+  // nobody gets them yet.
+  const ConnectionId b = connect(hybrid_ns);
+  wire::ReserveBlocksReply r;
+  EXPECT_EQ(reserve(b, chain(2, 1), 0, r), Status::ArenaFull);
+  EXPECT_EQ(table_->bytes_free(), 0u);
+  park_->tick_at(deadline_usec);
+  ASSERT_FALSE(park_->adoption_held());
+  EXPECT_EQ(table_->bytes_free(), arena_.size());
+  ASSERT_EQ(reserve(b, chain(2, 8), 0, r), Status::Ok);  // the whole arena, nothing evicted
+  EXPECT_EQ(table_->evictions(), 0u);
+  bool tip_extent_reused = false;
+  for (const wire::BlockGrant& g : r.grants) tip_extent_reused |= g.extent_offset == tip_offset;
+  EXPECT_TRUE(tip_extent_reused);
+}
+
 TEST_F(ParkTest, AdoptionHoldEndsWhenTheLastPreviousEngineSaysHelloAgain) {
   make_with_state(8);
   publish(connect(), chain(1, 8));
