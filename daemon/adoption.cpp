@@ -195,13 +195,17 @@ AdoptionReport adopt_entries(EntryState& state, const uint8_t* arena_data, uint6
     // entry would dominate adoption, and readers confirm headers and token ids anyway.
     shm::EntryHeader h{};
     const uint32_t tokens = block ? info.geometry.block_tokens : b.tail_tokens;
+    // The tail is read from the extent: a record (checksummed, but not proof against
+    // every scribble) whose tail would not fit in it is refused before any read.
     const bool header_ok =
-        block || (shm::guarded_copy(&h, arena_data + b.extent_offset, sizeof h) &&
+        block || (shm::payload_offset_for(tokens) <= b.extent_bytes &&
+                  shm::guarded_copy(&h, arena_data + b.extent_offset, sizeof h) &&
                   h.magic == shm::entry_magic && h.format_version == shm::entry_format_version &&
                   h.kind == b.kind && h.namespace_id == b.namespace_id &&
                   h.key_hash == b.key_hash && h.token_count == tokens && h.position == b.position &&
                   h.anchor_chunks == b.anchor_chunks &&
                   h.payload_offset == shm::payload_offset_for(tokens) &&
+                  h.payload_bytes <= b.extent_bytes &&  // no wrap in the sum below
                   shm::extent_bytes_for(tokens, h.payload_bytes) == b.extent_bytes);
     if (!header_ok) {
       drop(DropReason::Header);

@@ -344,5 +344,46 @@ TEST_F(AdoptionTest, SnapshotsInABatchClaimedOnTheIndexerThreadKeepRecordOrder) 
   EXPECT_EQ(adopt().entries, count - 1);
 }
 
+TEST_F(AdoptionTest, ASnapshotWhoseTailWouldRunPastItsExtentIsDroppedBeforeAnyRead) {
+  // A namespace of long blocks, so a tail can be longer than the smallest extent; the
+  // record's snapshot sits in the arena's last granule, and its header's payload size
+  // wraps the extent size check. Reading its tail would run past the arena's end.
+  constexpr uint32_t long_block_tokens = 4096;
+  constexpr uint32_t tail_tokens = long_block_tokens - 1;
+  shm::NamespaceRecord ns{};
+  ns.id = unknown_ns;
+  ns.block_tokens = long_block_tokens;
+  ns.block_payload_bytes = 1024;
+  segment_->write_namespace(1, ns);
+  const uint64_t extent_offset = arena_bytes - granule;
+  const uint32_t payload_offset = shm::payload_offset_for(tail_tokens);
+  ASSERT_GT(payload_offset, granule);
+  shm::StateRecordBody body{};
+  body.namespace_id = unknown_ns;
+  body.key_hash = {300, 300};
+  body.extent_offset = extent_offset;
+  body.extent_bytes = granule;
+  body.position = long_block_tokens + tail_tokens;
+  body.anchor_chunks = 1;
+  body.tail_tokens = tail_tokens;
+  body.kind = static_cast<uint8_t>(EntryKind::Snapshot);
+  segment_->write_record(0, body, 1, 0);
+  Entry e;
+  e.kind = EntryKind::Snapshot;
+  e.key_hash = body.key_hash;
+  e.position = body.position;
+  e.anchor_chunks = body.anchor_chunks;
+  const uint64_t wrapping_payload_bytes = 0 - uint64_t{payload_offset} + granule;
+  ASSERT_EQ(shm::extent_bytes_for(tail_tokens, wrapping_payload_bytes), granule);
+  const shm::EntryHeader h =
+      make_entry_header(e, NamespaceInfo{.id = unknown_ns}, tail_tokens, wrapping_payload_bytes, 7);
+  std::memcpy(arena_.get() + extent_offset, &h, sizeof h);
+  write_block(1, 1, 0);
+  const AdoptionReport report = adopt();
+  EXPECT_EQ(report.entries, 1u);
+  EXPECT_EQ(report.dropped[static_cast<size_t>(DropReason::Header)], 1u);
+  EXPECT_EQ(report.dropped_total(), 1u);
+}
+
 }  // namespace
 }  // namespace kvpark::daemon
