@@ -5,7 +5,9 @@
 // stored token ids must equal the prompt's exactly (a hash only narrows).
 #include "client/kvpark.h"
 
+#include <algorithm>
 #include <cassert>
+#include <chrono>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -35,11 +37,14 @@ static_assert(sizeof(kvpark_hash128) == sizeof(Hash128));
 
 struct kvpark_client {
   kvpark_client(std::string path, wire::HelloRequest hello)
-      : channel(std::move(path), hello), namespace_id(hello.namespace_id),
-        geometry(hello.geometry) {}
+      : channel(std::move(path), hello),
+        namespace_id(hello.namespace_id),
+        geometry(hello.geometry),
+        prefill_tokens_per_second(hello.prefill_tokens_per_second) {}
   kvpark::client::Channel channel;
   kvpark::NamespaceId namespace_id;
   kvpark::Geometry geometry;
+  uint32_t prefill_tokens_per_second = 0;
   uint32_t chain_tokens = 0;
 };
 
@@ -502,30 +507,48 @@ uint32_t kvpark_plan_inflight_tokens(const kvpark_plan* plan) { return plan->inf
 uint32_t kvpark_plan_capture_hint(const kvpark_plan* plan) { return plan->capture_hint_tokens; }
 
 kvpark_status kvpark_plan_wait(kvpark_plan* plan, uint32_t timeout_msec) try {
-  if (plan == nullptr) return KVPARK_INVALID_ARGUMENT;
+  if (plan == nullptr || timeout_msec > limits::wait_timeout_msec_max) {
+    return KVPARK_INVALID_ARGUMENT;
+  }
   if (plan->pending_tokens <= plan->restorable_tokens && plan->inflight_tokens == 0) {
     return KVPARK_OK;
   }
-  std::vector<uint8_t> frame, body;
-  wire::encode(wire::WaitRequest{.lease_id = plan->lease_id, .timeout_msec = timeout_msec}, 0,
-               frame);
-  Attachment ignored;
-  Status answer = Status::Ok;
-  Status s = plan->client->channel.call(frame, plan->attachment.generation, answer, body, ignored);
-  if (s != Status::Ok) return to_c(s);  // the daemon went away: an error, not a hang
-  if (answer != Status::Ok && answer != Status::Timeout) return to_c(answer);
-  wire::LookupReply reply;
-  if (wire::decode(body, reply) != Status::Ok) return KVPARK_PROTOCOL_ERROR;
-  if (answer == Status::Ok && plan->inflight_tokens > 0) {
-    // The engine we waited for sealed (or gave up): look the prompt up again.
-    const std::vector<int32_t> tokens = std::move(plan->tokens);
-    release_lease_one_way(plan);
-    s = lookup_into(plan->client, plan->session_id, tokens.data(), tokens.size(), plan);
-    if (s != Status::Ok) plan->lease_id = 0;
-    return to_c(s);
+  // The daemon ends a wait for another engine's prefill once waiting costs more than
+  // prefilling would; the WAITs go in slices below, so the bound is kept here too.
+  uint64_t wait_msec = timeout_msec;
+  const uint32_t rate = plan->client->prefill_tokens_per_second;
+  if (plan->inflight_tokens > 0 && rate > 0) {
+    wait_msec = std::min(wait_msec, (uint64_t{plan->inflight_tokens} * 1000 + rate - 1) / rate);
   }
-  apply_reply(plan, reply, plan->hashes, plan->tokens.data(), plan->tokens.size());
-  return to_c(answer);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_msec);
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    const auto slice =
+        static_cast<uint32_t>(std::clamp<int64_t>(left.count(), 0, limits::wait_slice_msec));
+    std::vector<uint8_t> frame, body;
+    wire::encode(wire::WaitRequest{.lease_id = plan->lease_id, .timeout_msec = slice}, 0, frame);
+    Attachment ignored;
+    Status answer = Status::Ok;
+    Status s =
+        plan->client->channel.call(frame, plan->attachment.generation, answer, body, ignored);
+    if (s != Status::Ok) return to_c(s);  // the daemon went away: an error, not a hang
+    if (answer != Status::Ok && answer != Status::Timeout) return to_c(answer);
+    wire::LookupReply reply;
+    if (wire::decode(body, reply) != Status::Ok) return KVPARK_PROTOCOL_ERROR;
+    if (answer == Status::Ok && plan->inflight_tokens > 0) {
+      // The engine we waited for sealed (or gave up): look the prompt up again.
+      const std::vector<int32_t> tokens = std::move(plan->tokens);
+      release_lease_one_way(plan);
+      s = lookup_into(plan->client, plan->session_id, tokens.data(), tokens.size(), plan);
+      if (s != Status::Ok) plan->lease_id = 0;
+      return to_c(s);
+    }
+    apply_reply(plan, reply, plan->hashes, plan->tokens.data(), plan->tokens.size());
+    if (answer == Status::Ok || slice == 0 || std::chrono::steady_clock::now() >= deadline) {
+      return to_c(answer);
+    }
+  }
 } catch (...) {
   forget_restorable(plan);  // it may be half updated: it promises nothing now
   return status_of_current_exception();

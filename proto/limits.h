@@ -64,6 +64,10 @@ inline constexpr size_t reserve_blocks_max = 1024;  // blocks in one RESERVE
 
 // Waits and recurrence, all connections.
 inline constexpr uint32_t wait_timeout_msec_max = 600'000;  // one WAIT
+// libkvpark asks for a long wait in WAITs of at most this long: a WAIT holds the
+// connection, whose other users' requests go between them, and no reply may take as
+// long as the client's reply timeout (a silent daemon is taken for gone).
+inline constexpr uint32_t wait_slice_msec = 200;
 inline constexpr size_t waits_max = 1024;                   // pending WAITs
 // Chunk hashes remembered from lookups past their restorable prefix (a ring).
 inline constexpr size_t recurrence_chunks_max = 65536;

@@ -4,7 +4,12 @@
 // under ThreadSanitizer in CI (suite 'client'), where a race on the channel is a failure.
 #include <gtest/gtest.h>
 
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <fstream>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -83,6 +88,74 @@ TEST(SharedClient, ThreadsParkAndRestoreThroughOneClient) {
   ASSERT_EQ(kvpark_get_stats(client.get(), &stats), KVPARK_OK);
   EXPECT_EQ(stats.reservations, 0u);
   client.reset();
+  EXPECT_EQ(daemon.stop(), 0);
+}
+
+// Whether thread `tid` of this process is blocked in recvmsg(2) now (false where
+// /proc does not say).
+bool blocked_in_recvmsg(pid_t tid) {
+  std::ifstream syscall("/proc/self/task/" + std::to_string(tid) + "/syscall");
+  long number = -1;
+  return static_cast<bool>(syscall >> number) && number == SYS_recvmsg;
+}
+
+// A thread waiting for another engine's prefill (single flight) must not hold the
+// shared client's connection for the whole wait: its other threads' calls get through
+// meanwhile, and the waiter is woken when the other engine seals. (The wait used to be
+// one WAIT, holding the connection throughout: the stats calls below then waited for
+// it, so the seal came only after the wait had timed out.)
+TEST(SharedClient, ThreadWaitingOnAnotherEnginesPrefillLeavesTheClientToItsOtherThreads) {
+  if (built_binary("KVPARKD").empty()) GTEST_SKIP() << "KVPARKD not set; run through meson test";
+  if (!std::ifstream("/proc/self/task/" + std::to_string(gettid()) + "/syscall")) {
+    GTEST_SKIP() << "no /proc/self/task/*/syscall to tell a blocked thread";
+  }
+  DaemonProcess daemon;
+  ASSERT_TRUE(daemon.start()) << "kvparkd did not start; log: " << daemon.log_path();
+  const kvpark_namespace ns = engine_namespace(ns_low, block_tokens, block_bytes);
+  ClientPtr leader = connect_client(daemon.socket_path(), ns);
+  ClientPtr shared = connect_client(daemon.socket_path(), ns);
+  ASSERT_NE(leader, nullptr);
+  ASSERT_NE(shared, nullptr);
+  const std::vector<int32_t> head = engine_prompt(7, 4 * block_tokens + 1);
+  kvpark_publish_options options{1, KVPARK_CLASS_SHARED, KVPARK_EVIDENCE_DEFAULT_AUTOMATIC};
+  kvpark_reservation* prefilling = nullptr;
+  ASSERT_EQ(
+      kvpark_reserve_blocks(leader.get(), &options, head.data(), head.size(), 0, 4, &prefilling),
+      KVPARK_OK);
+
+  constexpr uint32_t wait_msec = 60'000;  // the seal ends it long before
+  std::atomic<pid_t> waiter_tid{0};
+  std::atomic<int> waited{-1};
+  std::atomic<uint32_t> restorable{0};
+  std::thread waiter([&] {
+    kvpark_plan* raw = nullptr;
+    if (kvpark_lookup(shared.get(), 2, head.data(), head.size(), &raw) != KVPARK_OK) return;
+    PlanPtr plan(raw);
+    if (kvpark_plan_inflight_tokens(plan.get()) != 4 * block_tokens) return;
+    waiter_tid = gettid();
+    waited = kvpark_plan_wait(plan.get(), wait_msec);
+    restorable = kvpark_plan_restorable_tokens(plan.get());
+  });
+  ASSERT_TRUE(wait_until([&] { return waiter_tid != 0 && blocked_in_recvmsg(waiter_tid); }))
+      << "the waiter never waited";
+  // The other threads' calls, while it waits.
+  bool others_served = true;
+  for (int call = 0; call < 5 && others_served; ++call) {
+    kvpark_stats stats{};
+    others_served = kvpark_get_stats(shared.get(), &stats) == KVPARK_OK;
+  }
+  EXPECT_EQ(waited.load(), -1) << "the wait ended before the leader sealed";
+  for (size_t i = 0; i < 4; ++i) {
+    fill_payload(payload_key(block_hashes(ns_low, head, block_tokens)[i]),
+                 kvpark_reservation_block(prefilling, i), block_bytes);
+  }
+  ASSERT_EQ(kvpark_seal(prefilling), KVPARK_OK);
+  waiter.join();
+  EXPECT_TRUE(others_served);
+  EXPECT_EQ(waited.load(), KVPARK_OK) << "the seal must wake the waiter";
+  EXPECT_EQ(restorable.load(), 4 * block_tokens);
+  shared.reset();
+  leader.reset();
   EXPECT_EQ(daemon.stop(), 0);
 }
 
