@@ -164,7 +164,9 @@ uint32_t kvpark_plan_pending_tokens(const kvpark_plan* plan);
  * kvpark_plan_wait() then returns when that engine sealed or gave up (crash
  * included) and the plan has been looked up again; prefill only what is still
  * missing. The daemon ends such a wait once it has lasted as long as prefilling
- * those tokens at the engine's declared rate would. */
+ * those tokens at the engine's declared rate would. A long wait is asked for in
+ * short WAITs (limits::wait_slice_msec), so other threads' calls on the same client
+ * go through meanwhile. timeout_msec is at most 600000 (KVPARK_INVALID_ARGUMENT). */
 uint32_t kvpark_plan_inflight_tokens(const kvpark_plan* plan);
 /* Recurrence: a position (tokens) that independent sessions share past what is
  * parked; an engine that can should park its state there (evidence
