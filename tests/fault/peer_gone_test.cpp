@@ -43,17 +43,7 @@ class PeerGone : public ::testing::Test {
   // a block another engine has in flight is due at once (single_flight.h), and is
   // answered by the next event that answers waiters.
   static Status hello_fast(RawClient& raw) {
-    wire::HelloRequest req;
-    req.protocol_version = limits::protocol_version;
-    req.namespace_id = raw_ns;
-    req.geometry = raw_geometry;
-    req.prefill_tokens_per_second = UINT32_MAX;
-    req.client_name = "raw";
-    std::vector<uint8_t> frame, body;
-    wire::encode(req, 1, frame);
-    wire::FrameHeader h;
-    if (!raw.call(frame, h, body)) return Status::Unavailable;
-    return static_cast<Status>(h.status);
+    return raw.hello(raw_ns, raw_geometry, UINT32_MAX);
   }
 
   // Reserves the block `hash` on `raw`; the reservation's id.

@@ -160,11 +160,13 @@ class RawClient {
   }
 
   // HELLO for `ns`; returns the daemon's status (Unavailable if no reply came).
-  Status hello(const NamespaceId& ns, const Geometry& geometry) {
+  Status hello(const NamespaceId& ns, const Geometry& geometry,
+               uint32_t prefill_tokens_per_second = 0) {
     wire::HelloRequest req;
     req.protocol_version = limits::protocol_version;
     req.namespace_id = ns;
     req.geometry = geometry;
+    req.prefill_tokens_per_second = prefill_tokens_per_second;
     req.client_name = "raw";
     std::vector<uint8_t> frame, body;
     wire::encode(req, 1, frame);
