@@ -10,7 +10,6 @@
 // answer (or its absence: 502) reaches the client.
 #include <httplib.h>
 #include <rapidjson/document.h>
-#include <rapidjson/error/en.h>
 #include <rapidjson/stringbuffer.h>
 #include <rapidjson/writer.h>
 #include <sys/stat.h>
@@ -24,6 +23,7 @@
 #include <atomic>
 
 #include "client/kvpark_planner.h"
+#include "proxy/json.h"
 #include "proxy/proxy.h"
 #include "proxy/relay.h"
 #include "proxy/turn.h"
@@ -245,7 +245,10 @@ struct SavedSlot {
 };
 
 // Has llama-server save the turn's slot as `purpose`; false (logged) on failure.
-bool save_slot_file(Turn& turn, uint32_t position, const char* purpose, SavedSlot* ret_saved) {
+// exact: the slot must hold tokens[0, position) and nothing after them (a shared
+// head: what follows it in a slot is one conversation's, never to be shared).
+bool save_slot_file(Turn& turn, uint32_t position, bool exact, const char* purpose,
+                    SavedSlot* ret_saved) {
   Route& route = *turn.route;
   const std::string name = route.slot_file_name(turn.slot, purpose);
   const std::string path = route.slot_file_path(name);
@@ -257,6 +260,9 @@ bool save_slot_file(Turn& turn, uint32_t position, const char* purpose, SavedSlo
   if (ok && n_saved < position) {
     ok = false;
     why = "the slot holds " + std::to_string(n_saved) + " tokens, fewer than planned";
+  } else if (ok && exact && n_saved != position) {
+    ok = false;
+    why = "the slot holds " + std::to_string(n_saved) + " tokens, more than the state alone";
   }
   struct stat st;
   if (ok && stat(path.c_str(), &st) != 0) {
@@ -306,7 +312,7 @@ void park_saved(ProxyState& proxy, Route& route, const SavedSlot& saved,
 // Saves the turn's slot and parks it as the state after tokens[0, position), now.
 void park_slot(Turn& turn, uint32_t position, const kvpark_publish_options& options) {
   SavedSlot saved;
-  if (!save_slot_file(turn, position, "save", &saved)) return;
+  if (!save_slot_file(turn, position, /*exact=*/false, "save", &saved)) return;
   saved.options = options;
   saved.tokens = turn.tokens;
   park_saved(*turn.proxy, *turn.route, saved);
@@ -314,13 +320,14 @@ void park_slot(Turn& turn, uint32_t position, const kvpark_publish_options& opti
 
 // Saves the head the turn just prefilled, and parks it in the background while the
 // request goes on (the copy into kvparkd is not the request's to wait for); the
-// flight ends once it is parked, so followers find it. The file has a name of its
-// own: the slot may save again before the copy is done.
+// flight ends once it is parked, so followers find it. Only a slot holding the head
+// alone is parked (exact): what follows it in a slot is one conversation's. The file
+// has a name of its own: the slot may save again before the copy is done.
 void park_head_in_background(Turn& turn, std::shared_ptr<Reserved> reserved, uint64_t flight_key) {
   static std::atomic<uint64_t> head_files{0};
   SavedSlot saved;
   const std::string purpose = "head-" + std::to_string(++head_files);
-  if (!save_slot_file(turn, turn.head, purpose.c_str(), &saved)) {
+  if (!save_slot_file(turn, turn.head, /*exact=*/true, purpose.c_str(), &saved)) {
     turn.proxy->flights.finish(flight_key);
     return;
   }
@@ -400,7 +407,12 @@ void take_slot_with_head(Turn& turn) {
         common = turn.restored;
     }
   }
-  if (common < turn.head) {
+  // Prefilled even into a slot believed to hold the head already: llama-server
+  // reuses what it has cached and drops whatever follows the head there (another
+  // conversation's turn, which this request would overwrite anyway), so the slot
+  // holds the head alone when it is saved, as a shared state must (exact). The cost:
+  // the tokens this request shared with that turn past the head, prefilled again.
+  if (turn.restored < turn.head) {
     uint32_t prefilled = 0;
     std::string why;
     if (route.upstream().prefill(turn.slot, turn.tokens, turn.head, &prefilled, &why)) {
@@ -411,9 +423,6 @@ void take_slot_with_head(Turn& turn) {
     }
     std::fprintf(stderr, "kvpark-proxy: upstream %s slot %u: head prefill failed: %s\n",
                  route.name().c_str(), turn.slot, why.c_str());
-  } else if (turn.restored < turn.head) {
-    park_head_in_background(turn, std::move(reserved), flight_key);  // the slot held it
-    return;
   }
   flights.finish(flight_key);
 }
@@ -537,12 +546,10 @@ void serve_chat(ProxyState& proxy, const httplib::Request& req, httplib::Respons
   turn->proxy = &proxy;
   ++proxy.counters.requests;
   rapidjson::Document& doc = turn->request;
-  doc.Parse(req.body.c_str(), req.body.size());
-  if (doc.HasParseError()) {
+  const JsonStatus parsed_json = parse_json(req.body, doc);
+  if (parsed_json != JsonStatus::ok) {
     send_error(res, 400, "invalid_request_error",
-               std::string("request body is not valid JSON: ") +
-                   rapidjson::GetParseError_En(doc.GetParseError()) + " (at byte " +
-                   std::to_string(doc.GetErrorOffset()) + ")");
+               "request body: " + json_error_string(parsed_json, doc));
     return;
   }
   if (!doc.IsObject() || !doc.HasMember("messages") || !doc["messages"].IsArray() ||

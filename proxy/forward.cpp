@@ -5,7 +5,9 @@
 #include <rapidjson/writer.h>
 
 #include <cstdio>
+#include <string_view>
 
+#include "proxy/json.h"
 #include "proxy/relay.h"
 #include "proxy/turn.h"
 
@@ -100,9 +102,16 @@ void forward(std::shared_ptr<Turn> turn, const std::string& path, httplib::Respo
   set_reuse_headers(res, *turn);
   if (!stream || status != 200 || content_type.rfind("text/event-stream", 0) != 0) {
     std::string text = relay->wait_body();
+    if (!relay->body_complete()) {    // part of a reply is no answer: nothing is parked
+      turn->route->forget_process();  // it may have died: checked again before the next request
+      finish_turn(*turn, 502, false);
+      send_error(res, 502, "upstream_error",
+                 "upstream " + turn->route->name() + ": " + relay->failure());
+      return;
+    }
+    // A reply the proxy cannot read (not JSON, or nested too deep) goes out as it came.
     rapidjson::Document reply;
-    reply.Parse(text.c_str(), text.size());
-    if (status == 200 && !reply.HasParseError() && fix_usage(reply, *turn)) {
+    if (status == 200 && parse_json(text, reply) == JsonStatus::ok && fix_usage(reply, *turn)) {
       text = to_json(reply);
       if (reply.HasMember("timings") && reply["timings"].IsObject() &&
           reply["timings"].HasMember("prompt_ms") && reply["timings"]["prompt_ms"].IsNumber())
@@ -126,8 +135,8 @@ void forward(std::shared_ptr<Turn> turn, const std::string& path, httplib::Respo
       return event;
     rapidjson::Document chunk;
     const size_t json_end = event.find_last_not_of('\n') + 1;
-    chunk.Parse(event.c_str() + 6, json_end - 6);
-    if (chunk.HasParseError() || !fix_usage(chunk, *turn)) return event;
+    const std::string_view json = std::string_view(event).substr(6, json_end - 6);
+    if (parse_json(json, chunk) != JsonStatus::ok || !fix_usage(chunk, *turn)) return event;
     return "data: " + to_json(chunk) + "\n\n";
   });
   stream_to_client(
@@ -135,7 +144,15 @@ void forward(std::shared_ptr<Turn> turn, const std::string& path, httplib::Respo
       [splitter](const std::string& chunk, bool last) {
         return last ? splitter->flush() : splitter->feed(chunk);
       },
-      [turn](bool completed) { finish_turn(*turn, 200, completed); });
+      [turn](StreamEnd end) {
+        if (end != StreamEnd::upstream_failed) {
+          finish_turn(*turn, 200, end == StreamEnd::completed);
+          return;
+        }
+        // The client had status 200, but no answer: finished (logged) as the 502 it is.
+        turn->route->forget_process();
+        finish_turn(*turn, 502, false);
+      });
 }
 
 }  // namespace kvpark::proxy

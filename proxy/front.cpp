@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <thread>
 
+#include "proxy/json.h"
 #include "proxy/relay.h"
 
 namespace kvpark::proxy {
@@ -16,10 +17,12 @@ namespace {
 
 constexpr size_t server_threads = 64;  // concurrent requests (followers wait on a thread)
 
+// The body's "model"; "" when it names none, or is not JSON the proxy reads (too
+// deep included: such a body is passed through unread, for the upstream to judge).
 std::string model_of(const httplib::Request& req) {
   rapidjson::Document doc;
-  doc.Parse(req.body.c_str(), req.body.size());
-  if (doc.HasParseError() || !doc.IsObject() || !doc.HasMember("model") || !doc["model"].IsString())
+  if (parse_json(req.body, doc) != JsonStatus::ok || !doc.IsObject() || !doc.HasMember("model") ||
+      !doc["model"].IsString())
     return "";
   return doc["model"].GetString();
 }
@@ -62,11 +65,16 @@ void pass_through(ProxyState& proxy, const httplib::Request& req, httplib::Respo
   if (status == 200 && content_type.rfind("text/event-stream", 0) == 0) {
     stream_to_client(
         relay, res, content_type, [](const std::string& chunk, bool) { return chunk; },
-        [](bool) {});
+        [](StreamEnd) {});
+    return;
+  }
+  std::string body = relay->wait_body();
+  if (!relay->body_complete()) {
+    send_error(res, 502, "upstream_error", "upstream " + route->name() + ": " + relay->failure());
     return;
   }
   res.status = status;
-  res.set_content(relay->wait_body(),
+  res.set_content(std::move(body),
                   content_type.empty() ? "application/octet-stream" : content_type.c_str());
 }
 
@@ -206,21 +214,8 @@ Route* route_request(ProxyState& proxy, const std::string& model) {
 
 void send_error(httplib::Response& res, int status, const std::string& type,
                 const std::string& message) {
-  rapidjson::StringBuffer buffer;
-  rapidjson::Writer<rapidjson::StringBuffer> w(buffer);
-  w.StartObject();
-  w.Key("error");
-  w.StartObject();
-  w.Key("message");
-  w.String(message.c_str(), rapidjson::SizeType(message.size()));
-  w.Key("type");
-  w.String(type.c_str());
-  w.Key("code");
-  w.Int(status);
-  w.EndObject();
-  w.EndObject();
   res.status = status;
-  res.set_content(buffer.GetString(), "application/json");
+  res.set_content(error_body(status, type, message), "application/json");
 }
 
 void install_routes(ProxyState& proxy, httplib::Server& server) {

@@ -1,10 +1,13 @@
 #include "proxy/relay.h"
 
 #include <httplib.h>
+#include <rapidjson/stringbuffer.h>
+#include <rapidjson/writer.h>
 
 namespace kvpark::proxy {
 
-Relay::Relay(const Upstream& upstream, std::string path, std::string body) {
+Relay::Relay(const Upstream& upstream, std::string path, std::string body)
+    : who_(upstream.describe()) {
   thread_ = std::thread([this, &upstream, path = std::move(path), body = std::move(body)] {
     const Reply reply = upstream.post_streaming(
         path, body,
@@ -24,6 +27,7 @@ Relay::Relay(const Upstream& upstream, std::string path, std::string body) {
     std::lock_guard lock(mutex_);
     if (status_ < 0) status_ = reply.status;
     error_ = reply.error;
+    complete_ = reply.error.empty();  // post_streaming sets it whenever the exchange failed
     finished_ = true;
     changed_.notify_all();
   });
@@ -68,6 +72,16 @@ const std::string& Relay::error() {
   return error_;
 }
 
+bool Relay::body_complete() {
+  std::unique_lock lock(mutex_);
+  changed_.wait(lock, [&] { return finished_; });
+  return complete_;
+}
+
+std::string Relay::failure() {
+  return who_ + " broke off mid-response: " + error();
+}
+
 std::string EventSplitter::feed(const std::string& bytes) {
   pending_ += bytes;
   std::string out;
@@ -90,11 +104,11 @@ std::string EventSplitter::flush() {
 void stream_to_client(std::shared_ptr<Relay> relay, httplib::Response& res,
                       const std::string& content_type,
                       std::function<std::string(const std::string&, bool last)> transform,
-                      std::function<void(bool completed)> on_end) {
-  auto completed = std::make_shared<bool>(false);
+                      std::function<void(StreamEnd end)> on_end) {
+  auto end = std::make_shared<StreamEnd>(StreamEnd::client_gone);
   res.set_chunked_content_provider(
       content_type,
-      [relay, transform, completed](size_t, httplib::DataSink& sink) {
+      [relay, transform, end](size_t, httplib::DataSink& sink) {
         std::string chunk;
         if (relay->next_chunk(&chunk)) {
           const std::string out = transform(chunk, false);
@@ -104,17 +118,29 @@ void stream_to_client(std::shared_ptr<Relay> relay, httplib::Response& res,
           }
           return true;
         }
+        if (!relay->body_complete()) {
+          // Headers said 200 long ago, and a stream that merely stops reads as a
+          // finished answer to most clients. So: an error event, which OpenAI's SDKs
+          // raise as an APIError, then the connection closes without the last chunk
+          // (returning false), which every HTTP client reports as a truncated
+          // transfer. The part of an event held back by `transform` is dropped.
+          *end = StreamEnd::upstream_failed;
+          const std::string event =
+              "data: " + error_body(502, "upstream_error", relay->failure()) + "\n\n";
+          sink.write(event.data(), event.size());
+          return false;
+        }
         const std::string out = transform(std::string(), true);
         if (!out.empty()) sink.write(out.data(), out.size());
-        *completed = true;
+        *end = StreamEnd::completed;
         sink.done();
         return true;
       },
       // Runs once the response is written (or abandoned), so on_end's work (saving
       // and parking the slot) never delays the client.
-      [relay, completed, on_end](bool success) {
+      [relay, end, on_end](bool success) {
         relay->cancel();
-        on_end(*completed && success);
+        on_end(*end == StreamEnd::completed && !success ? StreamEnd::client_gone : *end);
       });
 }
 
@@ -128,6 +154,23 @@ void send_then(httplib::Response& res, int status, std::string body,
         return sink.write(shared->data() + offset, length);
       },
       [after](bool) { after(); });
+}
+
+std::string error_body(int status, const std::string& type, const std::string& message) {
+  rapidjson::StringBuffer buffer;
+  rapidjson::Writer<rapidjson::StringBuffer> w(buffer);
+  w.StartObject();
+  w.Key("error");
+  w.StartObject();
+  w.Key("message");
+  w.String(message.c_str(), rapidjson::SizeType(message.size()));
+  w.Key("type");
+  w.String(type.c_str());
+  w.Key("code");
+  w.Int(status);
+  w.EndObject();
+  w.EndObject();
+  return std::string(buffer.GetString(), buffer.GetSize());
 }
 
 }  // namespace kvpark::proxy

@@ -28,12 +28,19 @@ class Relay {
 
   // Waits for the status line: 0 when the upstream could not be reached.
   int wait_status(std::string* ret_content_type);
-  // Waits for the end and returns the whole body (for a reply that is not relayed).
+  // Waits for the end and returns the body as it came (for a reply that is not
+  // relayed): all of it only if body_complete().
   std::string wait_body();
   // The next chunk; false at the end of the body.
   bool next_chunk(std::string* ret_chunk);
   void cancel();
-  const std::string& error();  // why the upstream could not be reached
+  const std::string& error();  // why the upstream could not be reached, or broke off
+  // Waits for the end: whether the upstream's body arrived whole. false: the
+  // exchange failed after the status line (the upstream died or closed mid-body,
+  // or the request was cancelled), so what came is not an answer.
+  bool body_complete();
+  // "llama-server at URL broke off mid-response: <error>", for messages.
+  std::string failure();
 
  private:
   std::mutex mutex_;
@@ -43,7 +50,9 @@ class Relay {
   std::deque<std::string> chunks_;
   bool finished_ = false;
   bool cancelled_ = false;
+  bool complete_ = false;  // set with finished_
   std::string error_;
+  std::string who_;  // the upstream, as messages name it
   std::thread thread_;
 };
 
@@ -61,13 +70,24 @@ class EventSplitter {
   std::string pending_;
 };
 
-// Streams the relay's body to the client (status 200, the upstream's content type),
-// each chunk through `transform` (last: the end, no chunk); `on_end` runs once the
-// response is written (true) or abandoned by the client (false).
+// How a relayed stream ended.
+enum class StreamEnd {
+  completed,        // the whole body reached the client
+  client_gone,      // the client went away (or could not be written to) first
+  upstream_failed,  // the upstream's body broke off; the client's stream was broken too
+};
+
+// Streams the relay's event stream to the client (status 200, the upstream's content
+// type), each chunk through `transform` (last: the end, no chunk); `on_end` runs once
+// the response is written or abandoned. When the upstream breaks off, what is held
+// back is dropped and the client's stream ends in an error event and no last chunk.
 void stream_to_client(std::shared_ptr<Relay> relay, httplib::Response& res,
                       const std::string& content_type,
                       std::function<std::string(const std::string&, bool last)> transform,
-                      std::function<void(bool completed)> on_end);
+                      std::function<void(StreamEnd end)> on_end);
+
+// An OpenAI-style error body: {"error": {"message", "type", "code"}}.
+std::string error_body(int status, const std::string& type, const std::string& message);
 
 // Sends a whole body, then runs `after` once it is written (or abandoned).
 void send_then(httplib::Response& res, int status, std::string body,

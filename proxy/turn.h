@@ -65,7 +65,8 @@ uint32_t cached_tokens(const Turn& turn);
 double msec_since(Clock::time_point t);
 
 // After the response (or its failure): parks the turn, gives the slot back, logs
-// the request's line. chat.cpp.
+// the request's line. status: 200 for an answer; any other, none (nothing is parked
+// or counted answered, and what the slot holds is forgotten). chat.cpp.
 void finish_turn(Turn& turn, int status, bool completed);
 
 // Sends the request to the turn's upstream, pinned to its slot, and relays the

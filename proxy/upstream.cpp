@@ -5,6 +5,8 @@
 #include <rapidjson/stringbuffer.h>
 #include <rapidjson/writer.h>
 
+#include "proxy/json.h"
+
 namespace kvpark::proxy {
 namespace {
 
@@ -32,17 +34,16 @@ Reply from_result(const httplib::Result& result) {
 std::string error_message(const Reply& reply) {
   if (reply.status == 0) return reply.error;
   rapidjson::Document doc;
-  doc.Parse(reply.body.c_str(), reply.body.size());
-  if (!doc.HasParseError() && doc.IsObject() && doc.HasMember("error") &&
+  if (parse_json(reply.body, doc) == JsonStatus::ok && doc.IsObject() && doc.HasMember("error") &&
       doc["error"].IsObject() && doc["error"].HasMember("message") &&
       doc["error"]["message"].IsString())
     return "HTTP " + std::to_string(reply.status) + ": " + doc["error"]["message"].GetString();
   return "HTTP " + std::to_string(reply.status);
 }
 
+// A reply nested too deep to read is as bad as one that is not JSON.
 bool parse_object(const Reply& reply, rapidjson::Document& doc) {
-  doc.Parse(reply.body.c_str(), reply.body.size());
-  return !doc.HasParseError() && doc.IsObject();
+  return parse_json(reply.body, doc) == JsonStatus::ok && doc.IsObject();
 }
 
 uint32_t uint_member(const rapidjson::Value& v, const char* name) {
@@ -156,8 +157,7 @@ bool Upstream::slots(std::vector<SlotReport>* ret_slots, Reply* ret_reply) const
   const Reply reply = get("/slots");
   if (ret_reply != nullptr) *ret_reply = reply;
   rapidjson::Document doc;
-  doc.Parse(reply.body.c_str(), reply.body.size());
-  if (!reply.ok() || doc.HasParseError() || !doc.IsArray()) return false;
+  if (!reply.ok() || parse_json(reply.body, doc) != JsonStatus::ok || !doc.IsArray()) return false;
   std::vector<SlotReport> slots;
   for (const auto& s : doc.GetArray()) {
     SlotReport r;
