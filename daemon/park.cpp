@@ -414,15 +414,16 @@ Status Park::abort(ConnectionId id, const wire::ReservationRequest& req) {
 Status Park::evict_entry(EntrySlot slot) {
   const Entry& e = table_.entry(slot);
   if (!e.sealed || e.leases > 0 || e.pinned || e.io_pins > 0) return Status::BadState;
-  if (e.adoption_hold) {
-    // Out of the index and off the disk now; its extent stays taken until the hold
-    // ends, for the previous instance's engines may still be copying out of it.
-    if (e.on_disk) remove_from_disk(slot);
-    if (table_.entry(slot).in_use && !table_.entry(slot).dead) table_.kill(slot);
-    return Status::Ok;
-  }
   if (e.on_disk) remove_from_disk(slot);
-  if (table_.entry(slot).in_use) table_.erase(slot);
+  const Entry& left = table_.entry(slot);
+  if (!left.in_use || left.dead) return Status::Ok;
+  // An adopted entry leaves the index now and its extent when the hold ends: the
+  // previous instance's engines may still be copying out of it.
+  if (left.adoption_hold) {
+    table_.kill(slot);
+  } else {
+    table_.erase(slot);
+  }
   return Status::Ok;
 }
 
