@@ -13,8 +13,9 @@
 
 namespace kvpark::client {
 
-Channel::Channel(std::string socket_path, wire::HelloRequest hello)
+Channel::Channel(std::string socket_path, wire::HelloRequest hello, int reply_timeout_msec)
     : socket_path_(std::move(socket_path)),
+      reply_timeout_msec_(reply_timeout_msec),
       hello_(std::move(hello)),
       receive_buffer_(limits::frame_bytes_max + 1) {}
 
@@ -30,8 +31,20 @@ void Channel::drop_locked() {
   attachment_ = Attachment{};
 }
 
+bool Channel::backing_off_locked() const {
+  return fd_ < 0 && silent_ &&
+         std::chrono::steady_clock::now() - silent_since_ <
+             std::chrono::milliseconds(silent_daemon_backoff_msec);
+}
+
+void Channel::note_silence_locked() {
+  silent_ = true;
+  silent_since_ = std::chrono::steady_clock::now();
+}
+
 Status Channel::connect(Attachment& ret_attachment) {
   std::lock_guard lock(mutex_);
+  if (backing_off_locked()) return Status::Unavailable;
   if (fd_ < 0) {
     if (Status s = connect_locked(); s != Status::Ok) return s;
   }
@@ -56,12 +69,14 @@ Status Channel::connect_once_locked() {
   std::memcpy(addr.sun_path, socket_path_.c_str(), socket_path_.size());
   int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
   if (fd < 0) return Status::IoError;
-  const timeval timeout{reply_timeout_msec / 1000, (reply_timeout_msec % 1000) * 1000};
+  const timeval timeout{reply_timeout_msec_ / 1000, (reply_timeout_msec_ % 1000) * 1000};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
   setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof timeout);
   if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
     const int err = errno;
     close(fd);
+    // A full backlog that did not drain within the timeout: nobody is accepting.
+    if (err == EAGAIN) note_silence_locked();
     return err == EACCES || err == EPERM ? Status::PermissionDenied : Status::Unavailable;
   }
   fd_ = fd;
@@ -109,6 +124,7 @@ Status Channel::round_trip_locked(std::vector<uint8_t>& request, Status& ret_sta
   // If the send fails the daemon may already have refused us with a reply: read it.
   const bool sent = send(fd_, request.data(), request.size(), MSG_NOSIGNAL) ==
                     static_cast<ssize_t>(request.size());
+  if (!sent && errno == EAGAIN) note_silence_locked();  // its queue stayed full
   iovec iov{receive_buffer_.data(), receive_buffer_.size()};
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * ReceivedFds::fds_max)] = {};
   msghdr msg{};
@@ -120,6 +136,7 @@ Status Channel::round_trip_locked(std::vector<uint8_t>& request, Status& ret_sta
   do {
     n = recvmsg(fd_, &msg, MSG_CMSG_CLOEXEC | (sent ? 0 : MSG_DONTWAIT));
   } while (n < 0 && errno == EINTR);
+  if (n < 0 && errno == EAGAIN && sent) note_silence_locked();  // the whole reply timeout
   if (n < 0 && errno == ECONNRESET) {
     // A daemon that refuses us at accept closes with our request unread: the kernel
     // reports the reset first, and its refusal reply is still queued behind it.
@@ -165,6 +182,8 @@ Status Channel::round_trip_locked(std::vector<uint8_t>& request, Status& ret_sta
 Status Channel::call(std::vector<uint8_t>& request, uint64_t generation, Status& ret_status,
                      std::vector<uint8_t>& ret_body, Attachment& ret_attachment) {
   std::lock_guard lock(mutex_);
+  if (backing_off_locked()) return Status::Unavailable;
+  silent_ = false;
   for (int attempt = 0; attempt < 2; ++attempt) {
     if (generation != 0 && (fd_ < 0 || attachment_.generation != generation)) {
       return Status::Unavailable;
@@ -184,7 +203,8 @@ Status Channel::call(std::vector<uint8_t>& request, uint64_t generation, Status&
       return Status::Ok;
     }
     drop_locked();
-    if (s != Status::Unavailable) return s;
+    // A silent daemon is not asked again: that would wait as long once more.
+    if (s != Status::Unavailable || silent_) return s;
   }
   return Status::Unavailable;
 }

@@ -8,6 +8,7 @@
 // are not sent to a newer incarnation, which never heard of them.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -21,6 +22,13 @@
 namespace kvpark::client {
 
 inline constexpr int reply_timeout_msec = 30'000;  // a daemon silent this long is gone
+// The shortest a client may choose (kvpark_connect_with_reply_timeout): well above one
+// WAIT slice (limits::wait_slice_msec), the longest a healthy daemon keeps a reply.
+inline constexpr int reply_timeout_msec_min = 1'000;
+// After a daemon stayed silent a whole reply timeout (stopped, hung), calls fail at
+// once for this long instead of each waiting the timeout out again, one after another
+// behind the channel's lock. A daemon that is down fails fast anyway (no backoff).
+inline constexpr int silent_daemon_backoff_msec = 5'000;
 
 struct Attachment {  // what one HELLO gave us
   wire::HelloReply hello;
@@ -36,7 +44,8 @@ struct ReceivedFds {  // passed with a reply (SCM_RIGHTS)
 
 class Channel {
  public:
-  Channel(std::string socket_path, wire::HelloRequest hello);
+  Channel(std::string socket_path, wire::HelloRequest hello,
+          int reply_timeout_msec = client::reply_timeout_msec);
   ~Channel();
 
   // Connects now (used once by kvpark_connect so a missing daemon is reported at once).
@@ -57,12 +66,18 @@ class Channel {
  private:
   Status connect_locked();
   Status connect_once_locked();
+  bool backing_off_locked() const;  // a silent daemon is being left alone
+  void note_silence_locked();
   void drop_locked();
   Status round_trip_locked(std::vector<uint8_t>& request, Status& ret_status,
                            std::vector<uint8_t>& ret_body, ReceivedFds* ret_fds);
 
   std::mutex mutex_;
   std::string socket_path_;
+  const int reply_timeout_msec_;
+  // Set by a send, connect or reply that ran into the timeout; when it was last.
+  bool silent_ = false;
+  std::chrono::steady_clock::time_point silent_since_{};
   wire::HelloRequest hello_;
   int fd_ = -1;
   Attachment attachment_;

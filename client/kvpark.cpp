@@ -36,8 +36,8 @@ static_assert(sizeof(kvpark_stats) == sizeof(wire::StatsReply));
 static_assert(sizeof(kvpark_hash128) == sizeof(Hash128));
 
 struct kvpark_client {
-  kvpark_client(std::string path, wire::HelloRequest hello)
-      : channel(std::move(path), hello),
+  kvpark_client(std::string path, wire::HelloRequest hello, int reply_timeout_msec)
+      : channel(std::move(path), hello, reply_timeout_msec),
         namespace_id(hello.namespace_id),
         geometry(hello.geometry),
         prefill_tokens_per_second(hello.prefill_tokens_per_second) {}
@@ -439,8 +439,18 @@ const char* kvpark_status_string(kvpark_status status) {
 }
 
 kvpark_status kvpark_connect(const char* socket_path, const kvpark_namespace* ns,
-                             kvpark_client** ret_client) try {
+                             kvpark_client** ret_client) {
+  return kvpark_connect_with_reply_timeout(socket_path, ns, 0, ret_client);
+}
+
+kvpark_status kvpark_connect_with_reply_timeout(const char* socket_path, const kvpark_namespace* ns,
+                                                uint32_t reply_timeout_msec,
+                                                kvpark_client** ret_client) try {
   if (ns == nullptr || ret_client == nullptr) return KVPARK_INVALID_ARGUMENT;
+  if (reply_timeout_msec == 0) reply_timeout_msec = kvpark::client::reply_timeout_msec;
+  if (reply_timeout_msec < uint32_t(kvpark::client::reply_timeout_msec_min) ||
+      reply_timeout_msec > limits::wait_timeout_msec_max)
+    return KVPARK_INVALID_ARGUMENT;
   wire::HelloRequest hello;
   hello.protocol_version = limits::protocol_version;
   hello.namespace_id = {ns->id.low, ns->id.high};
@@ -453,7 +463,7 @@ kvpark_status kvpark_connect(const char* socket_path, const kvpark_namespace* ns
     hello.client_name.resize(limits::client_name_bytes_max);
   }
   std::string path = socket_path != nullptr ? socket_path : kvpark::default_socket_path();
-  auto client = std::make_unique<kvpark_client>(std::move(path), hello);
+  auto client = std::make_unique<kvpark_client>(std::move(path), hello, int(reply_timeout_msec));
   Attachment attachment;
   if (Status s = client->channel.connect(attachment); s != Status::Ok) return to_c(s);
   client->chain_tokens = attachment.hello.chain_tokens;

@@ -103,6 +103,15 @@ typedef struct kvpark_reservation kvpark_reservation;
  * KVPARK_UNAVAILABLE when no daemon listens there. */
 kvpark_status kvpark_connect(const char* socket_path, const kvpark_namespace* ns,
                              kvpark_client** ret_client);
+/* As kvpark_connect, with the longest any one reply may take, in milliseconds (0: the
+ * default, 30 s; else 1,000 to 600,000). A daemon silent that long (stopped, hung) is
+ * taken for gone: the call fails with KVPARK_UNAVAILABLE, and the client's calls in
+ * the next 5 s fail at once rather than each waiting as long again; then the next
+ * call tries the daemon anew. For a caller that would rather go without kvparkd than
+ * wait on it, as kvpark-proxy does. */
+kvpark_status kvpark_connect_with_reply_timeout(const char* socket_path, const kvpark_namespace* ns,
+                                                uint32_t reply_timeout_msec,
+                                                kvpark_client** ret_client);
 void kvpark_disconnect(kvpark_client* client);
 
 /* Tokens per hash chunk for this namespace (block_tokens, or 64 if snapshot-only). */

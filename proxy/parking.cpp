@@ -15,6 +15,10 @@ namespace kvpark::proxy {
 namespace {
 
 constexpr auto reconnect_interval = std::chrono::seconds(1);
+// kvparkd answers in microseconds when well (a WAIT within limits::wait_slice_msec);
+// one silent this long (stopped, hung) is taken for gone, and requests go uncached
+// rather than queue behind it (libkvpark then fails calls at once for a while).
+constexpr uint32_t kvparkd_reply_timeout_msec = 2'000;
 // Staging buffer between arena and file: small enough that hashing it and writing it
 // out read it from the L2 cache the copy just filled.
 constexpr size_t copy_chunk_bytes = 256u << 10;
@@ -111,19 +115,25 @@ Parking::~Parking() {
 }
 
 void Parking::set_namespace(kvpark_hash128 id, uint32_t prefill_tokens_per_second) {
-  std::lock_guard lock(mutex_);
-  if (has_namespace_ && namespace_.id.low == id.low && namespace_.id.high == id.high) return;
-  // Other threads may still be in a call on the old client: retire it, do not free it.
-  if (client_ != nullptr) retired_.push_back(client_);
-  client_ = nullptr;
-  has_namespace_ = true;
-  namespace_ = kvpark_namespace{.id = id,
-                                .block_tokens = 0,  // llama-server: whole-slot state only
-                                .block_payload_bytes = 0,
-                                .snapshot_required = 1,
-                                .prefill_tokens_per_second = prefill_tokens_per_second,
-                                .client_name = client_name_.c_str()};
-  next_attempt_ = {};
+  {
+    std::lock_guard lock(mutex_);
+    if (has_namespace_ && namespace_.id.low == id.low && namespace_.id.high == id.high) return;
+    // Other threads may still be in a call on the old client: retire it, do not free it.
+    if (client_ != nullptr) retired_.push_back(client_);
+    client_ = nullptr;
+    has_namespace_ = true;
+    namespace_ = kvpark_namespace{.id = id,
+                                  .block_tokens = 0,  // llama-server: whole-slot state only
+                                  .block_payload_bytes = 0,
+                                  .snapshot_required = 1,
+                                  .prefill_tokens_per_second = prefill_tokens_per_second,
+                                  .client_name = client_name_.c_str()};
+    next_attempt_ = {};
+    ++namespace_generation_;
+  }
+  // Connected before requests come: siblings that arrive together find the client
+  // (none of them goes uncached because another was connecting).
+  (void)client();
 }
 
 bool Parking::has_namespace() const {
@@ -131,24 +141,38 @@ bool Parking::has_namespace() const {
   return has_namespace_;
 }
 
-kvpark_client* Parking::client_locked() {
-  if (client_ != nullptr || !has_namespace_) return client_;
-  const auto now = std::chrono::steady_clock::now();
-  if (now < next_attempt_) return nullptr;
-  next_attempt_ = now + reconnect_interval;
-  if (kvpark_connect(socket_path_.empty() ? nullptr : socket_path_.c_str(), &namespace_,
-                     &client_) != KVPARK_OK)
-    client_ = nullptr;
+// The lock is not held across the HELLO: a daemon that does not answer would hold
+// up every request for the reply timeout. Requests that come while another thread
+// connects go without kvparkd (they are uncached, not delayed).
+kvpark_client* Parking::client() {
+  std::unique_lock lock(mutex_);
+  if (client_ != nullptr || !has_namespace_ || connecting_) return client_;
+  if (std::chrono::steady_clock::now() < next_attempt_) return nullptr;
+  connecting_ = true;
+  const kvpark_namespace space = namespace_;
+  const uint64_t generation = namespace_generation_;
+  lock.unlock();
+  kvpark_client* client = nullptr;
+  if (kvpark_connect_with_reply_timeout(socket_path_.empty() ? nullptr : socket_path_.c_str(),
+                                        &space, kvparkd_reply_timeout_msec, &client) != KVPARK_OK)
+    client = nullptr;
+  lock.lock();
+  connecting_ = false;
+  next_attempt_ = std::chrono::steady_clock::now() + reconnect_interval;
+  if (generation != namespace_generation_) {  // connected in a namespace since left
+    if (client != nullptr) retired_.push_back(client);
+    return client_;
+  }
+  client_ = client;
   return client_;
 }
 
 bool Parking::connected() {
-  std::lock_guard lock(mutex_);
-  kvpark_client* client = client_locked();
-  if (client == nullptr) return false;
+  kvpark_client* c = client();
+  if (c == nullptr) return false;
   kvpark_stats stats;
   // libkvpark reconnects by itself when the daemon is back.
-  return kvpark_get_stats(client, &stats) == KVPARK_OK;
+  return kvpark_get_stats(c, &stats) == KVPARK_OK;
 }
 
 // The payload is read (and verified) once, when its slot file is written.
@@ -182,11 +206,7 @@ bool Parked::write_slot_file(const std::string& path, std::string* ret_refused,
 
 std::unique_ptr<Parked> Parking::lookup(const std::vector<int32_t>& tokens, uint64_t session_id,
                                         uint32_t promotion_wait_msec, uint32_t inflight_wait_msec) {
-  kvpark_client* client = nullptr;
-  {
-    std::lock_guard lock(mutex_);
-    client = client_locked();
-  }
+  kvpark_client* client = this->client();
   kvpark_plan* plan = nullptr;
   if (client == nullptr ||
       kvpark_lookup(client, session_id, tokens.data(), tokens.size(), &plan) != KVPARK_OK)
@@ -197,11 +217,6 @@ std::unique_ptr<Parked> Parking::lookup(const std::vector<int32_t>& tokens, uint
   else if (kvpark_plan_pending_tokens(plan) > kvpark_plan_restorable_tokens(plan))
     kvpark_plan_wait(plan, promotion_wait_msec);
   return std::make_unique<Parked>(plan);
-}
-
-kvpark_client* Parking::client() {
-  std::lock_guard lock(mutex_);
-  return client_locked();
 }
 
 kvpark_status Parking::reserve(const std::vector<int32_t>& tokens, uint32_t position,

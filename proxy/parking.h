@@ -77,6 +77,8 @@ class Parking {
   // A new namespace drops the connection; the next call connects in it.
   void set_namespace(kvpark_hash128 id, uint32_t prefill_tokens_per_second);
   bool has_namespace() const;
+  // kvparkd answers now (a round trip, at most the reply timeout; never under a lock
+  // other requests need).
   bool connected();
 
   // The longest parked prefix of tokens, waiting up to promotion_wait_msec for a
@@ -96,7 +98,7 @@ class Parking {
                  uint64_t file_bytes, std::string* ret_error);
 
  private:
-  kvpark_client* client_locked();  // connects when needed; nullptr if unavailable
+  // Connects when needed; nullptr if unavailable, or while another thread connects.
   kvpark_client* client();
 
   const std::string socket_path_;
@@ -104,7 +106,9 @@ class Parking {
   mutable std::mutex mutex_;
   bool has_namespace_ = false;
   kvpark_namespace namespace_{};
+  uint64_t namespace_generation_ = 0;  // set_namespace calls
   kvpark_client* client_ = nullptr;
+  bool connecting_ = false;              // a thread is saying HELLO, without the lock
   std::vector<kvpark_client*> retired_;  // earlier namespaces' clients, freed at exit
   std::chrono::steady_clock::time_point next_attempt_{};
 };

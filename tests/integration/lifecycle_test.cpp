@@ -9,9 +9,11 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "client/channel.h"
@@ -135,6 +137,62 @@ TEST(Reconnect, ClientSurvivesDaemonRestart) {
   const auto r = restores_in(v.output);
   ASSERT_EQ(r.size(), 1u);
   EXPECT_EQ(r[0].tokens, full_restore_tokens(1024, block_tokens));
+}
+
+// A daemon that is there but does not answer (stopped, hung): the first call waits out
+// the client's reply timeout; the calls after it, from any thread, fail at once rather
+// than each waiting as long behind it; once the daemon answers again, so do calls.
+TEST(Reconnect, SilentDaemonCostsOneReplyTimeoutThenCallsFailAtOnce) {
+  constexpr uint32_t reply_timeout_msec = 2'000;
+  constexpr int threads = 8;
+  DaemonProcess daemon;
+  ASSERT_TRUE(daemon.start());
+  const kvpark_namespace ns = engine_namespace(ns_low, block_tokens, block_bytes);
+  kvpark_client* raw = nullptr;
+  EXPECT_EQ(kvpark_connect_with_reply_timeout(daemon.socket_path().c_str(), &ns, 999, &raw),
+            KVPARK_INVALID_ARGUMENT);
+  ASSERT_EQ(kvpark_connect_with_reply_timeout(daemon.socket_path().c_str(), &ns, reply_timeout_msec,
+                                              &raw),
+            KVPARK_OK);
+  ClientPtr client(raw);
+  const std::vector<int32_t> parked = engine_prompt(73, 1024);
+  ASSERT_EQ(park_blocks(client.get(), ns_low, block_bytes, parked, 1), KVPARK_OK);
+
+  ASSERT_EQ(kill(daemon.pid(), SIGSTOP), 0);
+  struct Resume {  // whatever fails below, the daemon is not left stopped
+    pid_t pid;
+    ~Resume() { kill(pid, SIGCONT); }
+  } resume{daemon.pid()};
+  kvpark_plan* plan = nullptr;
+  const auto silent = Clock::now();
+  EXPECT_EQ(kvpark_lookup(client.get(), 1, parked.data(), parked.size(), &plan),
+            KVPARK_UNAVAILABLE);
+  EXPECT_GE(Clock::now() - silent, std::chrono::milliseconds(reply_timeout_msec));
+  // Without the backoff each of these would wait the timeout out in turn (16 s).
+  const auto after = Clock::now();
+  std::atomic<int> unavailable{0};
+  std::vector<std::thread> callers;
+  for (int t = 0; t < threads; ++t)
+    callers.emplace_back([&] {
+      kvpark_stats s{};
+      if (kvpark_get_stats(client.get(), &s) == KVPARK_UNAVAILABLE) ++unavailable;
+    });
+  for (std::thread& t : callers) t.join();
+  EXPECT_EQ(unavailable.load(), threads);
+  EXPECT_LT(Clock::now() - after, std::chrono::milliseconds(reply_timeout_msec));
+
+  ASSERT_EQ(kill(daemon.pid(), SIGCONT), 0);
+  // After the backoff the client asks again, and finds everything parked before.
+  EXPECT_TRUE(wait_until(
+      [&] {
+        if (kvpark_lookup(client.get(), 1, parked.data(), parked.size(), &plan) != KVPARK_OK)
+          return false;
+        const bool whole =
+            kvpark_plan_restorable_tokens(plan) == full_restore_tokens(1024, block_tokens);
+        kvpark_plan_release(plan);
+        return whole;
+      },
+      30'000));
 }
 
 class CleanShutdown : public ::testing::TestWithParam<int> {};

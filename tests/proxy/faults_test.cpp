@@ -2,6 +2,11 @@
 // to overflow a recursive parser, an upstream that dies mid-response or answers
 // nonsense (fault_upstream.h), and a shared head that must never be parked from a
 // slot holding another conversation after it.
+#include <signal.h>
+
+#include <atomic>
+#include <thread>
+
 #include "proxy/json.h"
 #include "tests/proxy/fault_upstream.h"
 #include "tests/proxy/proxy_e2e.h"
@@ -276,6 +281,62 @@ TEST_F(ProxyE2E, SharedHeadIsParkedAloneFromASlotHoldingAnotherConversation) {
   EXPECT_EQ(c.cache_n, int64_t(head.size())) << "llama-server's cache after the restore";
   const ChatResult direct = post_chat(server.url(), reference(sibling));
   EXPECT_EQ(c.content, direct.content);
+}
+
+// Regression: with kvparkd stopped (SIGSTOP: there, but silent), every request waited
+// 30 s for its reply, one after another behind the proxy's lock, so four requests took
+// minutes. Now the first waits out a short reply timeout and the rest go straight
+// to llama-server, uncached; once kvparkd answers again, the proxy parks again.
+TEST_F(ProxyE2E, RequestsAreServedUncachedWhileKvparkdIsStoppedNotQueuedBehindIt) {
+  constexpr int requests = 4;
+  // Minutes before; seconds now. Far from either on a loaded machine.
+  constexpr int served_wait_msec_max = 60'000;
+  start_server();
+  ProxyProcess& proxy = start_proxy();
+  const ChatResult first =
+      post_chat(proxy.url(), chat(conversation(head_text(36), user_text(360))));
+  ASSERT_EQ(first.http.status, 200) << describe(first);
+  const int64_t publishes = wait_for_publishes(proxy, 2).publishes;
+
+  ASSERT_EQ(kill(daemon_.pid(), SIGSTOP), 0);
+  struct Resume {  // whatever fails below, kvparkd is not left stopped
+    pid_t pid;
+    ~Resume() { kill(pid, SIGCONT); }
+  } resume{daemon_.pid()};
+  std::vector<ChatResult> results(requests);
+  std::atomic<int> served{0};
+  std::vector<std::thread> clients;
+  for (int i = 0; i < requests; ++i)
+    clients.emplace_back([&, i] {
+      results[size_t(i)] =
+          post_chat(proxy.url(), chat(conversation(head_text(37 + uint64_t(i)), user_text(370))));
+      ++served;
+    });
+  const bool served_while_stopped =
+      wait_until([&] { return served.load() == requests; }, served_wait_msec_max);
+  const ProxyStatus stopped = get_proxy_status(proxy.url());
+  ASSERT_EQ(kill(daemon_.pid(), SIGCONT), 0);
+  for (std::thread& t : clients) t.join();
+  EXPECT_TRUE(served_while_stopped) << served.load() << " of " << requests << " served";
+  for (int i = 0; i < requests; ++i) {
+    const ChatResult& r = results[size_t(i)];
+    EXPECT_EQ(r.http.status, 200) << describe(r);
+    const ChatResult direct =
+        post_chat(servers_.at(0)->url(),
+                  reference(chat(conversation(head_text(37 + uint64_t(i)), user_text(370)))));
+    EXPECT_EQ(r.content, direct.content);
+  }
+  ASSERT_TRUE(stopped.parsed) << stopped.body;
+  EXPECT_FALSE(stopped.kvparkd_connected) << stopped.body;
+  EXPECT_GE(stopped.uncached_requests, requests) << stopped.body;
+
+  // kvparkd answers again: the proxy connects and parks the next conversation.
+  ASSERT_TRUE(wait_until([&] { return get_proxy_status(proxy.url()).kvparkd_connected; },
+                         reconnect_wait_msec_max));
+  const ChatResult later =
+      post_chat(proxy.url(), chat(conversation(head_text(41), user_text(371))));
+  ASSERT_EQ(later.http.status, 200) << describe(later);
+  EXPECT_GT(wait_for_publishes(proxy, publishes + 1).publishes, publishes);
 }
 
 }  // namespace
