@@ -68,6 +68,8 @@ int main(int argc, char** argv) {
   // another live daemon's.
   daemon::SocketClaim claim;
   if (const int code = daemon::claim_socket(options, claim); code != 0) return code;
+  daemon::PidLock disk_claim;  // held until exit
+  if (const int code = daemon::claim_disk_directory(options, disk_claim); code != 0) return code;
 
   uint64_t incarnation = 0;
   if (!daemon::random_incarnation(incarnation)) {

@@ -3,7 +3,6 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <sys/file.h>
 #include <sys/epoll.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
@@ -19,6 +18,7 @@
 
 #include "daemon/clock.h"
 #include "daemon/log.h"
+#include "daemon/pid_lock.h"
 #include "proto/limits.h"
 
 namespace kvpark::daemon {
@@ -54,12 +54,6 @@ bool socket_answers(const sockaddr_un& addr) {
       connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) == 0 || errno == EAGAIN;
   close(fd);
   return answers;
-}
-
-pid_t read_pid(int fd) {
-  char text[32] = {};
-  const ssize_t n = pread(fd, text, sizeof text - 1, 0);
-  return n > 0 ? static_cast<pid_t>(atol(text)) : 0;
 }
 
 }  // namespace
@@ -103,18 +97,12 @@ Status claim_socket_path(const std::string& socket_path, SocketClaim& ret_claim,
     return Status::InvalidArgument;
   }
   std::memcpy(addr.sun_path, socket_path.c_str(), socket_path.size());
-  const std::string lock_path = socket_path + ".lock";
-  const int fd = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
-  if (fd < 0) {
-    ret_errno = errno;
-    return Status::IoError;
+  PidLock lock;
+  if (const Status s = take_pid_lock(socket_path + ".lock", lock, ret_errno); s != Status::Ok) {
+    ret_claim.other_pid = lock.other_pid;
+    return s;
   }
-  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    ret_errno = errno;
-    ret_claim.other_pid = read_pid(fd);
-    close(fd);
-    return ret_errno == EWOULDBLOCK ? Status::AlreadyPresent : Status::IoError;
-  }
+  const int fd = lock.fd;
   // The lock is ours; a daemon that predates the lock file (or whose lock file was
   // removed) may still answer on the path. Only a file nobody answers on is stale.
   if (socket_answers(addr)) {
@@ -154,9 +142,7 @@ Status Server::listen(int& ret_errno) {
     ret_errno = errno;
     return Status::IoError;
   }
-  const std::string pid_text = std::to_string(getpid()) + "\n";
-  if (ftruncate(options_.lock_fd, 0) != 0 ||
-      pwrite(options_.lock_fd, pid_text.data(), pid_text.size(), 0) != static_cast<ssize_t>(pid_text.size())) {
+  if (!write_pid(options_.lock_fd)) {
     log_warning("kvparkd: cannot write the pid to %s.lock: %s", options_.socket_path.c_str(),
                 strerror(errno));
   }

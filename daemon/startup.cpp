@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <sys/random.h>
 #include <sys/signalfd.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -156,6 +157,34 @@ int claim_socket(const DaemonOptions& options, SocketClaim& ret_claim) {
   }
   log_error("kvparkd: cannot lock %s.lock: %s", options.socket_path.c_str(), strerror(err));
   return exit_failure;
+}
+
+int claim_disk_directory(const DaemonOptions& options, PidLock& ret_lock) {
+  if (options.disk_directory.empty()) return 0;
+  // The disk tier makes the directory too; the lock file needs it first.
+  (void)mkdir(options.disk_directory.c_str(), 0750);
+  const std::string path = options.disk_directory + "/" + std::string(disk_lock_file_name);
+  int err = 0;
+  const Status s = take_pid_lock(path, ret_lock, err);
+  if (s == Status::Ok) {
+    if (!write_pid(ret_lock.fd))
+      log_warning("kvparkd: cannot write the pid to %s: %s", path.c_str(), strerror(errno));
+    return 0;
+  }
+  if (s == Status::AlreadyPresent) {
+    if (ret_lock.other_pid > 0) {
+      log_error("kvparkd: disk directory %s is used by another kvparkd (pid %d); not starting",
+                options.disk_directory.c_str(), static_cast<int>(ret_lock.other_pid));
+    } else {
+      log_error("kvparkd: disk directory %s is used by another kvparkd; not starting",
+                options.disk_directory.c_str());
+    }
+    return exit_already_running;
+  }
+  // Not writable here (read-only, or missing): the disk tier then writes nothing there.
+  if (err != EACCES && err != EPERM && err != EROFS && err != ENOENT)
+    log_warning("kvparkd: cannot lock %s: %s", path.c_str(), strerror(err));
+  return 0;
 }
 
 void LoopTicker::run(void* context) {

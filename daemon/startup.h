@@ -15,6 +15,7 @@
 #include "daemon/notify.h"
 #include "daemon/options.h"
 #include "daemon/park.h"
+#include "daemon/pid_lock.h"
 #include "daemon/remote_tier.h"
 #include "daemon/server.h"
 #include "iouring/disk_store.h"
@@ -24,7 +25,7 @@
 namespace kvpark::daemon {
 
 // Exit codes: 1 a start or loop failure, 2 a bad flag or config file (options.h),
-// 3 another kvparkd already serves this socket.
+// 3 another kvparkd already serves this socket or uses this disk directory.
 inline constexpr int exit_failure = 1;
 inline constexpr int exit_already_running = 3;
 
@@ -53,6 +54,12 @@ void log_overrides(const DaemonOptions& options);
 // Makes the socket's directory and claims the socket path before the arena or the
 // disk directory is touched (they may be another live daemon's); 0, or the exit code.
 int claim_socket(const DaemonOptions& options, SocketClaim& ret_claim);
+// Then the disk directory, if any: an flock on its kvparkd.lock, held until exit (two
+// daemons spilling to one directory would remove each other's records and in-flight
+// writes). 0, or the exit code. A directory this daemon cannot write is not claimed:
+// it writes nothing there (open_disk_tier says why it serves it read-only or not).
+inline constexpr std::string_view disk_lock_file_name = "kvparkd.lock";  // beside the fan-out
+int claim_disk_directory(const DaemonOptions& options, PidLock& ret_lock);
 
 // The arena and its state: adopted from what the service manager kept when that agrees
 // with this configuration, else made new (and stored with the manager, when there is

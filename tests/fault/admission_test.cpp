@@ -146,6 +146,37 @@ TEST_F(Admission, SecondDaemonOnTheSameSocketRefusesAndLeavesTheFirstServing) {
   EXPECT_FALSE(std::filesystem::exists(socket)) << "its owner removes the socket at exit";
 }
 
+// Two daemons on one disk directory (another socket, the same configuration) would
+// each remove the other's in-flight spills at recovery and evict records the other
+// serves. The second refuses in one line naming the first, which serves on; the lock
+// does not outlive a killed holder.
+TEST_F(Admission, SecondDaemonOnTheSameDiskDirectoryRefusesAndLeavesTheFirstServing) {
+  char templ[] = "/var/tmp/kvpark-admission-disk-XXXXXX";
+  ASSERT_NE(mkdtemp(templ), nullptr);
+  const std::string disk = templ;
+  start({"--disk-dir", disk});
+  DaemonProcess second(
+      DaemonConfig{.arena_bytes = 16ull << 20, .extra_args = {"--disk-dir", disk}});
+  std::string output;
+  const int code = run_process(
+      {"/bin/sh", "-c",
+       built_binary("KVPARKD") + " --socket " + second.socket_path() +
+           " --arena-name /kvpark-admission-disk-" + std::to_string(getpid()) +
+           " --arena-size 16M --http-listen off --dbus off --disk-dir " + disk + " 2>&1"},
+      10'000, &output);
+  EXPECT_EQ(code, 3) << output;  // kvparkd(8): another kvparkd uses this disk directory
+  EXPECT_NE(output.find("disk directory " + disk), std::string::npos) << output;
+  EXPECT_NE(output.find("pid " + std::to_string(daemon_->pid())), std::string::npos) << output;
+  EXPECT_EQ(std::count(output.begin(), output.end(), '\n'), 1) << "one line: " << output;
+  observer_.publish_and_verify();
+
+  daemon_->kill_hard();
+  ASSERT_TRUE(second.start()) << read_file(second.log_path());
+  EXPECT_EQ(try_connect(second.socket_path(), make_ns(0xd15c, 16, 4096)), KVPARK_OK);
+  EXPECT_EQ(second.stop(), 0);
+  std::filesystem::remove_all(disk);
+}
+
 TEST_F(Admission, StaleSocketFileIsTakenOver) {
   // A crashed daemon's socket file: bound once, nobody listening, no lock held.
   DaemonProcess probe;
