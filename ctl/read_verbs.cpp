@@ -108,11 +108,12 @@ int verb_status(ReadSource& source, const ReadOptions& o) {
          count(s, "lookups").c_str(), count(s, "lookup_hit_tokens").c_str(),
          count(s, "reuse_root").c_str(), count(s, "reuse_shared_stable_prefix").c_str(),
          count(s, "reuse_private_turn_closure").c_str(), count(s, "restored_tokens").c_str());
-  printf("  Evictions: %s; dedup hits %s; protocol errors %s; corrupt seals %s; "
-         "corrupt payloads %s\n",
-         count(s, "evictions").c_str(), count(s, "dedup_hits").c_str(),
-         count(s, "protocol_errors").c_str(), count(s, "seal_corrupt").c_str(),
-         count(s, "corrupt_payloads").c_str());
+  printf(
+      "  Evictions: %s; dedup hits %s; protocol errors %s; corrupt seals %s; "
+      "corrupt payloads %s (reports refuted %s)\n",
+      count(s, "evictions").c_str(), count(s, "dedup_hits").c_str(),
+      count(s, "protocol_errors").c_str(), count(s, "seal_corrupt").c_str(),
+      count(s, "corrupt_payloads").c_str(), count(s, "corrupt_reports_refuted").c_str());
   return exit_ok;
 }
 

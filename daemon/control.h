@@ -69,6 +69,7 @@ struct StatusInfo {
   uint64_t restore_bytes = 0;
   uint64_t checksum_failures = 0;
   uint64_t corrupt_payloads = 0;  // host payloads engines found altered, dropped
+  uint64_t corrupt_reports_refuted = 0;  // reports of payloads that were intact: kept
   uint64_t disk_io_errors = 0;
   // The host tier's start (docs/operations.md, "Restarts"): adopted from the
   // previous instance through the service manager's fd store, or made new.

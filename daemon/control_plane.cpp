@@ -64,6 +64,7 @@ StatusInfo ControlPlane::status_in_loop() const {
   s.restore_bytes = c.promotion_bytes;
   s.checksum_failures = c.checksum_failures;
   s.corrupt_payloads = c.corrupt_payloads;
+  s.corrupt_reports_refuted = c.corrupt_reports_refuted;
   s.spill_latency = c.spill_latency;
   s.restore_latency = c.promotion_latency;
   const AdoptionReport& a = options_.adoption;

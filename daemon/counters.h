@@ -26,6 +26,7 @@ struct Counters {
   uint64_t promotion_failures = 0;
   uint64_t checksum_failures = 0;
   uint64_t corrupt_payloads = 0;  // host payloads engines found altered (REPORT_CORRUPT)
+  uint64_t corrupt_reports_refuted = 0;      // REPORT_CORRUPTs whose payload checked out intact
   uint64_t unreachable_records_removed = 0;  // at recovery: their chain did not reach them
   uint64_t chain_spills_dropped = 0;  // written, but the predecessor's spill failed
   uint64_t budget_refusals = 0;  // spills skipped: daily write budget spent

@@ -108,6 +108,7 @@ Dict status_dict(const StatusInfo& s) {
       {"restore_bytes", sdbus::Variant(s.restore_bytes)},
       {"checksum_failures", sdbus::Variant(s.checksum_failures)},
       {"corrupt_payloads", sdbus::Variant(s.corrupt_payloads)},
+      {"corrupt_reports_refuted", sdbus::Variant(s.corrupt_reports_refuted)},
       {"disk_io_errors", sdbus::Variant(s.disk_io_errors)},
       {"remote_enabled", sdbus::Variant(s.remote_enabled)},
       {"remote_up", sdbus::Variant(s.remote_up)},

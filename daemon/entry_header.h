@@ -13,6 +13,10 @@ namespace kvpark::daemon {
 // The header of `e` in namespace `ns` as this daemon instance (`incarnation`) writes it.
 shm::EntryHeader make_entry_header(const Entry& e, const NamespaceInfo& ns, uint32_t token_count,
                                    uint64_t payload_bytes, uint64_t incarnation);
+// Whether e's payload in the arena (`arena_data`) still hashes to the checksum it was
+// sealed with. Its header is checked first: one that does not name e, or a page a
+// client took away, is not intact. Reads the whole payload, in pieces.
+bool payload_intact(const uint8_t* arena_data, const Entry& e, const NamespaceInfo& ns);
 // A guarded access to the arena failed: logged, rate-limited.
 void log_arena_fault(uint64_t extent_offset);
 

@@ -152,6 +152,7 @@ void write_status(JsonWriter& w, const StatusInfo& s) {
       {"restore_bytes", s.restore_bytes},
       {"checksum_failures", s.checksum_failures},
       {"corrupt_payloads", s.corrupt_payloads},
+      {"corrupt_reports_refuted", s.corrupt_reports_refuted},
       {"disk_io_errors", s.disk_io_errors},
       {"adopted_entries", s.adopted_entries},
       {"adopted_bytes", s.adopted_bytes},
@@ -429,6 +430,9 @@ std::string render_metrics(const StatusInfo& s, const std::vector<NamespaceSumma
         s.checksum_failures);
   m.one("kvpark_corrupt_payloads_total", "counter",
         "Host payloads engines found altered at restore (dropped, never served).", s.corrupt_payloads);
+  m.one("kvpark_corrupt_reports_refuted_total", "counter",
+        "Engine reports of an altered payload that the daemon found intact (entry kept).",
+        s.corrupt_reports_refuted);
   m.one("kvpark_disk_io_errors_total", "counter", "Disk tier I/O errors.", s.disk_io_errors);
   if (s.remote_enabled) {
     m.one("kvpark_remote_up", "gauge", "1 when the remote store answered the last job.",

@@ -387,9 +387,21 @@ void Park::report_corrupt(ConnectionId id, const wire::CorruptReport& req) {
   EntrySlot slot = no_slot;
   for (EntrySlot s : lease.blocks) slot = slot == no_slot && named(s) ? s : slot;
   for (EntrySlot s : lease.snapshots) slot = slot == no_slot && named(s) ? s : slot;
-  if (slot == no_slot) return;
-  ++counters_.corrupt_payloads;
+  if (slot == no_slot || c->refuted_report) return;
   const Entry& e = table_.entry(slot);
+  // Checked before anything is dropped: a careless or hostile engine must not be able
+  // to take entries (and their disk records) from everyone else by saying so.
+  if (payload_intact(options_.arena_data, e, table_.namespace_info(e.ns))) {
+    ++counters_.corrupt_reports_refuted;
+    c->refuted_report = true;
+    log_warning_limited(
+        "kvparkd: an engine (pid %u) reported the payload of entry %llx altered, "
+        "but it matches its checksum: kept, and that connection's reports are "
+        "ignored from now on",
+        c->peer_pid, static_cast<unsigned long long>(table_.entry_id(slot)));
+    return;
+  }
+  ++counters_.corrupt_payloads;
   log_warning_limited("kvparkd: an engine (pid %u) found the payload of entry %llx altered; dropped",
                       c->peer_pid, static_cast<unsigned long long>(table_.entry_id(slot)));
   // A spill reading it right now keeps the slot until it completes; the engine has

@@ -145,6 +145,9 @@ class Park {
     uint32_t peer_pid = 0;
     uint32_t state_slot = no_record;  // its word in the state segment
     bool greeted = false;
+    // It reported an intact payload altered: its reports are not acted on again (each
+    // costs a read of the whole payload on the loop).
+    bool refuted_report = false;
     NamespaceIndex ns = 0;
     std::unordered_map<uint64_t, Lease> leases;
     std::map<uint64_t, Reservation> reservations;

@@ -229,6 +229,48 @@ TEST_F(HostileClient, AlteredSealedPayloadsRestoreAsMissesAndAreCounted) {
   expect_service_intact(victim_blocks);
 }
 
+// An engine of the same namespace that says intact payloads are altered (a bug, or on
+// purpose): the daemon checks before it drops anything, keeps the entries, and acts
+// on none of that connection's reports again. Every block still restores.
+TEST_F(HostileClient, ReportingIntactPayloadsCorruptDropsNothing) {
+  const uint64_t before = corrupt_payloads();
+  const int reported = in_child([&] {
+    RawClient liar(daemon_.socket_path());
+    if (liar.hello({victim_ns, 0}, {block_tokens, block_bytes, false}) != Status::Ok) return 255;
+    wire::LookupRequest lookup;
+    lookup.session_id = 9;
+    lookup.prompt_tokens = static_cast<uint32_t>(tokens_.size());
+    for (const kvpark_hash128& h : block_hashes(victim_ns, tokens_, block_tokens))
+      lookup.chunk_hashes.push_back({h.low, h.high});
+    lookup.tail_tokens.assign(tokens_.begin() + ptrdiff_t(victim_blocks * block_tokens),
+                              tokens_.end());
+    std::vector<uint8_t> frame;
+    wire::encode(lookup, 2, frame);
+    wire::FrameHeader header;
+    std::vector<uint8_t> body;
+    wire::LookupReply reply;
+    if (!liar.call(frame, header, body) || header.status != 0 ||
+        wire::decode(body, reply) != Status::Ok)
+      return 254;
+    for (uint64_t offset : reply.block_offsets) {
+      frame.clear();
+      wire::encode(wire::CorruptReport{.lease_id = reply.lease_id, .extent_offset = offset}, 3,
+                   frame);
+      if (!liar.send(frame)) return 253;
+    }
+    // A round trip after the reports: the daemon has handled them (one connection, in order).
+    frame.clear();
+    wire::encode(wire::ReleaseRequest{.lease_id = reply.lease_id}, 4, frame);
+    if (!liar.call(frame, header, body)) return 252;
+    return static_cast<int>(reply.block_offsets.size());
+  });
+  ASSERT_EQ(reported, static_cast<int>(victim_blocks));
+  EXPECT_EQ(corrupt_payloads(), before) << "an intact payload was counted as altered";
+  expect_service_intact(victim_blocks);
+  const std::string log = daemon_.log_tail();
+  EXPECT_NE(log.find("but it matches its checksum"), std::string::npos) << log;
+}
+
 TEST_F(HostileClient, RawPointerAccessRefusesAlteredPayloads) {
   const int altered = in_child([&] {
     HostileAttachment a = attach_hostile(daemon_.socket_path());
