@@ -35,6 +35,9 @@ Status SingleFlight::enqueue(ConnectionId id, uint32_t sequence, uint64_t lease_
                              const Lease& lease, uint32_t timeout_msec,
                              uint32_t prefill_tokens_per_second) {
   if (waiters_.size() >= limits::waits_max) return Status::LimitExceeded;
+  const auto own = std::count_if(waiters_.begin(), waiters_.end(),
+                                 [id](const Waiter& w) { return w.connection == id; });
+  if (static_cast<size_t>(own) >= limits::waits_per_connection_max) return Status::LimitExceeded;
   uint64_t timeout_usec = uint64_t{timeout_msec} * 1000;
   // A follower never waits longer than prefilling the in-flight part itself would take.
   const uint32_t rate = prefill_tokens_per_second;

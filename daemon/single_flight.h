@@ -42,7 +42,7 @@ class SingleFlight {
 
   // Queues a WAIT on an unsettled lease for at most timeout_msec (shortened to the
   // in-flight tokens' prefill time at prefill_tokens_per_second, when declared).
-  // LimitExceeded when limits::waits_max are pending.
+  // LimitExceeded when limits::waits_max are pending, or waits_per_connection_max of id's.
   Status enqueue(ConnectionId id, uint32_t sequence, uint64_t lease_id, const Lease& lease,
                  uint32_t timeout_msec, uint32_t prefill_tokens_per_second);
   // A closed connection's waits go unanswered.

@@ -69,6 +69,10 @@ inline constexpr uint32_t wait_timeout_msec_max = 600'000;  // one WAIT
 // long as the client's reply timeout (a silent daemon is taken for gone).
 inline constexpr uint32_t wait_slice_msec = 200;
 inline constexpr size_t waits_max = 1024;                   // pending WAITs
+// Pending WAITs of one connection. libkvpark has one request in flight per client;
+// a peer that pipelines more must not take every slot from the rest.
+inline constexpr size_t waits_per_connection_max = 16;
+static_assert(waits_per_connection_max < waits_max);
 // Chunk hashes remembered from lookups past their restorable prefix (a ring).
 inline constexpr size_t recurrence_chunks_max = 65536;
 

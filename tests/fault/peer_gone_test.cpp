@@ -1,10 +1,12 @@
-// Peers that go away while the daemon owes them a reply, against a real kvparkd: a
-// WAIT answered from inside another request (the peer's own ABORT or SEAL settles
-// the lease it waits on) finds the peer unable to read. That connection closes, only
-// after the request in hand is done; the daemon stays up and serves everyone else.
+// Peers that go away or overreach while the daemon owes them replies, against a real
+// kvparkd: a WAIT answered from inside another request (the peer's own ABORT or SEAL
+// settles the lease it waits on) finds the peer unable to read. That connection
+// closes, only after the request in hand is done; the daemon stays up and serves
+// everyone else. A peer that pipelines WAITs is held to its share of the slots.
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 
+#include <span>
 #include <vector>
 
 #include "proto/limits.h"
@@ -113,6 +115,73 @@ TEST_F(PeerGone, SettlingItsOwnReservationAfterItStoppedReadingClosesOnlyItsConn
   }
   leader.close();  // its reservation is aborted
   // The SEAL took effect; only its reply was lost. Nothing else changed.
+  EXPECT_TRUE(wait_until([&] { return observer_.stats().blocks == baseline_.blocks + 1; }));
+  baseline_ = observer_.stats();
+}
+
+// A peer that pipelines WAITs (libkvpark sends one request at a time per client) gets
+// LIMIT_EXCEEDED past its own share; the pending-WAIT slots stay open to everyone else,
+// whose WAIT is queued and answered when the leader seals.
+TEST_F(PeerGone, PipelinedWaitsOfOneConnectionLeaveWaitSlotsForOthers) {
+  constexpr NamespaceId slow_ns{0x51e, 0x90e};  // prefill rate 0: WAITs run their course
+  const Hash128 in_flight{0x3f1, 0x77};
+  RawClient leader(daemon_.socket_path());
+  ASSERT_EQ(leader.hello(slow_ns, raw_geometry), Status::Ok);
+  wire::ReserveBlocksRequest reserve_req;
+  reserve_req.parent_hash = slow_ns;
+  reserve_req.chunk_hashes = {in_flight};
+  std::vector<uint8_t> frame, body;
+  wire::FrameHeader h;
+  wire::encode(reserve_req, 2, frame);
+  ASSERT_TRUE(leader.call(frame, h, body));
+  ASSERT_EQ(h.status, 0);
+  wire::ReserveBlocksReply reserved;
+  ASSERT_EQ(wire::decode(body, reserved), Status::Ok);
+
+  RawClient hog(daemon_.socket_path());
+  ASSERT_EQ(hog.hello(slow_ns, raw_geometry), Status::Ok);
+  const uint64_t hog_lease = lease_in_flight(hog, in_flight);
+  // Its share is queued (no reply yet); every WAIT past it, as many as would fill every
+  // slot, is refused at once.
+  for (uint32_t i = 0; i < limits::waits_max; ++i) {
+    frame.clear();
+    wire::encode(
+        wire::WaitRequest{.lease_id = hog_lease, .timeout_msec = limits::wait_timeout_msec_max},
+        100 + i, frame);
+    ASSERT_TRUE(hog.send(frame)) << "WAIT " << i;
+    if (i < limits::waits_per_connection_max) continue;
+    std::vector<uint8_t> reply;
+    ASSERT_EQ(hog.receive(reply), Received::Message) << "WAIT " << i;
+    std::span<const uint8_t> reply_body;
+    ASSERT_EQ(wire::decode_header(reply, h, reply_body), Status::Ok);
+    ASSERT_EQ(h.sequence, 100 + i);
+    ASSERT_EQ(h.status, static_cast<uint16_t>(Status::LimitExceeded)) << "WAIT " << i;
+  }
+
+  RawClient follower(daemon_.socket_path());
+  ASSERT_EQ(follower.hello(slow_ns, raw_geometry), Status::Ok);
+  const uint64_t lease = lease_in_flight(follower, in_flight);
+  frame.clear();
+  wire::encode(wire::WaitRequest{.lease_id = lease, .timeout_msec = limits::wait_timeout_msec_max},
+               4, frame);
+  ASSERT_TRUE(follower.send(frame));
+  frame.clear();
+  wire::encode(
+      wire::Verb::Seal,
+      wire::ReservationRequest{.reservation_id = reserved.reservation_id, .payload_checksums = {0}},
+      3, frame);
+  ASSERT_TRUE(leader.call(frame, h, body));
+  ASSERT_EQ(h.status, 0);
+  // Queued, not refused: its answer comes with the seal (settled: look up again).
+  std::vector<uint8_t> reply;
+  ASSERT_EQ(follower.receive(reply), Received::Message);
+  std::span<const uint8_t> reply_body;
+  ASSERT_EQ(wire::decode_header(reply, h, reply_body), Status::Ok);
+  EXPECT_EQ(h.sequence, 4u);
+  EXPECT_EQ(h.status, 0) << status_name(static_cast<Status>(h.status));
+  hog.close();
+  follower.close();
+  leader.close();
   EXPECT_TRUE(wait_until([&] { return observer_.stats().blocks == baseline_.blocks + 1; }));
   baseline_ = observer_.stats();
 }
