@@ -199,7 +199,6 @@ Status Park::reserve_blocks(ConnectionId id, const wire::ReserveBlocksRequest& r
   if (wanted.size() * info.block_extent_bytes > options_.reservation_bytes_max) {
     return Status::LimitExceeded;
   }
-  counters_.dedup_hits += present.size();
   // Present blocks are part of this chain: keep them from being evicted for it. A
   // block presented again as shared (or marked) is upgraded and written through now,
   // with whatever of its chain is not on disk yet.
@@ -246,6 +245,7 @@ Status Park::reserve_blocks(ConnectionId id, const wire::ReserveBlocksRequest& r
     ret = wire::ReserveBlocksReply{};
     return status;
   }
+  counters_.dedup_hits += present.size();  // only once the writer is told of them
   if (r.slots.empty()) return Status::Ok;
   for (EntrySlot slot : r.slots) {
     const Entry& e = table_.entry(slot);

@@ -295,6 +295,25 @@ TEST_F(ParkTest, LeasesBlockEviction) {
   EXPECT_EQ(reserve(a, chain(4, 5), 0, r), Status::Ok);
 }
 
+// Regression: a RESERVE refused with ArenaFull counted the blocks it found present as
+// dedup hits, though the writer was told nothing of them and wrote nothing less.
+TEST_F(ParkTest, ARefusedReserveCountsNoDedupHits) {
+  make(8);
+  const ConnectionId a = connect(), b = connect();
+  publish(a, chain(1, 4));
+  publish(a, chain(2, 4));
+  wire::LookupReply first, second;
+  ASSERT_EQ(lookup(b, chain(1, 4), {7}, first), Status::Ok);
+  ASSERT_EQ(lookup(b, chain(2, 4), {7}, second), Status::Ok);
+  // chain(1, 8): four blocks present, four new ones, and no room while b leases all.
+  wire::ReserveBlocksReply r;
+  EXPECT_EQ(reserve(a, chain(1, 8), 0, r), Status::ArenaFull);
+  EXPECT_EQ(park_->stats().dedup_hits, 0u);
+  ASSERT_EQ(park_->release(b, {second.lease_id}), Status::Ok);
+  ASSERT_EQ(reserve(a, chain(1, 8), 0, r), Status::Ok);
+  EXPECT_EQ(park_->stats().dedup_hits, 4u);
+}
+
 // Regression: a multi-block RESERVE that could never fit used to evict every
 // evictable entry, one block at a time, before failing with ArenaFull.
 TEST_F(ParkTest, AdoptedEntriesAreHeldUntilTheGraceDeadlineAndNotOneMicrosecondLonger) {
