@@ -109,18 +109,23 @@ bool write_checked_file(kvpark_plan* plan, uint64_t payload_bytes, uint32_t posi
 Parking::Parking(std::string socket_path, std::string client_name)
     : socket_path_(std::move(socket_path)), client_name_(std::move(client_name)) {}
 
-Parking::~Parking() {
-  kvpark_disconnect(client_);
-  for (kvpark_client* c : retired_) kvpark_disconnect(c);
+Parking::~Parking() = default;
+
+ClientRef Parking::connect(const kvpark_namespace& space) const {
+  kvpark_client* client = nullptr;
+  if (kvpark_connect_with_reply_timeout(socket_path_.empty() ? nullptr : socket_path_.c_str(),
+                                        &space, kvparkd_reply_timeout_msec, &client) != KVPARK_OK)
+    return nullptr;
+  return ClientRef(client, kvpark_disconnect);
 }
 
 void Parking::set_namespace(kvpark_hash128 id, uint32_t prefill_tokens_per_second) {
   {
     std::lock_guard lock(mutex_);
     if (has_namespace_ && namespace_.id.low == id.low && namespace_.id.high == id.high) return;
-    // Other threads may still be in a call on the old client: retire it, do not free it.
-    if (client_ != nullptr) retired_.push_back(client_);
-    client_ = nullptr;
+    // Other threads may still be in a call on the old client, or hold its plans: the
+    // last of them disconnects it.
+    client_.reset();
     has_namespace_ = true;
     namespace_ = kvpark_namespace{.id = id,
                                   .block_tokens = 0,  // llama-server: whole-slot state only
@@ -144,7 +149,7 @@ bool Parking::has_namespace() const {
 // The lock is not held across the HELLO: a daemon that does not answer would hold
 // up every request for the reply timeout. Requests that come while another thread
 // connects go without kvparkd (they are uncached, not delayed).
-kvpark_client* Parking::client() {
+ClientRef Parking::client() {
   std::unique_lock lock(mutex_);
   if (client_ != nullptr || !has_namespace_ || connecting_) return client_;
   if (std::chrono::steady_clock::now() < next_attempt_) return nullptr;
@@ -152,31 +157,25 @@ kvpark_client* Parking::client() {
   const kvpark_namespace space = namespace_;
   const uint64_t generation = namespace_generation_;
   lock.unlock();
-  kvpark_client* client = nullptr;
-  if (kvpark_connect_with_reply_timeout(socket_path_.empty() ? nullptr : socket_path_.c_str(),
-                                        &space, kvparkd_reply_timeout_msec, &client) != KVPARK_OK)
-    client = nullptr;
+  ClientRef client = connect(space);
   lock.lock();
   connecting_ = false;
   next_attempt_ = std::chrono::steady_clock::now() + reconnect_interval;
-  if (generation != namespace_generation_) {  // connected in a namespace since left
-    if (client != nullptr) retired_.push_back(client);
-    return client_;
-  }
-  client_ = client;
+  // Connected in a namespace since left: dropped (disconnected) on return.
+  if (generation == namespace_generation_) client_ = std::move(client);
   return client_;
 }
 
 bool Parking::connected() {
-  kvpark_client* c = client();
+  const ClientRef c = client();
   if (c == nullptr) return false;
   kvpark_stats stats;
   // libkvpark reconnects by itself when the daemon is back.
-  return kvpark_get_stats(c, &stats) == KVPARK_OK;
+  return kvpark_get_stats(c.get(), &stats) == KVPARK_OK;
 }
 
 // The payload is read (and verified) once, when its slot file is written.
-Parked::Parked(kvpark_plan* plan) : plan_(plan) {
+Parked::Parked(kvpark_plan* plan, ClientRef client) : client_(std::move(client)), plan_(plan) {
   payload_bytes_ = kvpark_plan_snapshot_bytes(plan, &position_);
   reuse_kind_ = position_ > 0 ? kvpark_plan_reuse_kind(plan) : KVPARK_REUSE_ROOT;
 }
@@ -206,28 +205,30 @@ bool Parked::write_slot_file(const std::string& path, std::string* ret_refused,
 
 std::unique_ptr<Parked> Parking::lookup(const std::vector<int32_t>& tokens, uint64_t session_id,
                                         uint32_t promotion_wait_msec, uint32_t inflight_wait_msec) {
-  kvpark_client* client = this->client();
+  ClientRef client = this->client();
   kvpark_plan* plan = nullptr;
   if (client == nullptr ||
-      kvpark_lookup(client, session_id, tokens.data(), tokens.size(), &plan) != KVPARK_OK)
+      kvpark_lookup(client.get(), session_id, tokens.data(), tokens.size(), &plan) != KVPARK_OK)
     return std::make_unique<Parked>();
   // On timeout, what is ready stays usable.
   if (kvpark_plan_inflight_tokens(plan) > 0)
     kvpark_plan_wait(plan, inflight_wait_msec);
   else if (kvpark_plan_pending_tokens(plan) > kvpark_plan_restorable_tokens(plan))
     kvpark_plan_wait(plan, promotion_wait_msec);
-  return std::make_unique<Parked>(plan);
+  return std::make_unique<Parked>(plan, std::move(client));
 }
 
 kvpark_status Parking::reserve(const std::vector<int32_t>& tokens, uint32_t position,
                                const kvpark_publish_options& options, uint64_t file_bytes,
                                Reserved* ret_reserved) {
-  kvpark_client* c = client();
+  ClientRef c = client();
   if (c == nullptr) return KVPARK_UNAVAILABLE;
   kvpark_reservation* reservation = nullptr;
-  const kvpark_status s = kvpark_reserve_snapshot(
-      c, &options, tokens.data(), position, sizeof(SealedPayloadHeader) + file_bytes, &reservation);
+  const kvpark_status s =
+      kvpark_reserve_snapshot(c.get(), &options, tokens.data(), position,
+                              sizeof(SealedPayloadHeader) + file_bytes, &reservation);
   if (s == KVPARK_OK) {
+    ret_reserved->client_ = std::move(c);
     ret_reserved->reservation_ = reservation;
     ret_reserved->position_ = position;
     ret_reserved->file_bytes_ = file_bytes;

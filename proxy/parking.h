@@ -18,12 +18,16 @@
 
 namespace kvpark::proxy {
 
+// A connection to kvparkd, disconnected when the last holder lets go: the Parking
+// that made it, a call in progress, or a plan or reservation made on it.
+using ClientRef = std::shared_ptr<kvpark_client>;
+
 // A lookup's result, holding its lease: the parked state cannot be evicted until
 // this is destroyed.
 class Parked {
  public:
   Parked() = default;
-  explicit Parked(kvpark_plan* plan);
+  Parked(kvpark_plan* plan, ClientRef client);
   ~Parked();
   Parked(const Parked&) = delete;
   Parked& operator=(const Parked&) = delete;
@@ -40,6 +44,7 @@ class Parked {
   void report_restored() const;
 
  private:
+  ClientRef client_;  // outlives the plan (released first)
   kvpark_plan* plan_ = nullptr;
   uint32_t position_ = 0;
   kvpark_reuse_kind reuse_kind_ = KVPARK_REUSE_ROOT;
@@ -62,6 +67,7 @@ class Reserved {
 
  private:
   friend class Parking;
+  ClientRef client_;  // outlives the reservation
   kvpark_reservation* reservation_ = nullptr;
   uint32_t position_ = 0;
   uint64_t file_bytes_ = 0;
@@ -99,7 +105,8 @@ class Parking {
 
  private:
   // Connects when needed; nullptr if unavailable, or while another thread connects.
-  kvpark_client* client();
+  ClientRef client();
+  ClientRef connect(const kvpark_namespace& space) const;  // nullptr if it cannot
 
   const std::string socket_path_;
   const std::string client_name_;
@@ -107,9 +114,8 @@ class Parking {
   bool has_namespace_ = false;
   kvpark_namespace namespace_{};
   uint64_t namespace_generation_ = 0;  // set_namespace calls
-  kvpark_client* client_ = nullptr;
-  bool connecting_ = false;              // a thread is saying HELLO, without the lock
-  std::vector<kvpark_client*> retired_;  // earlier namespaces' clients, freed at exit
+  ClientRef client_;
+  bool connecting_ = false;  // a thread is saying HELLO, without the lock
   std::chrono::steady_clock::time_point next_attempt_{};
 };
 
