@@ -194,15 +194,9 @@ bool DiskMover::stamp_promoted_image(const Entry& e) {
     h = shm::EntryHeader{};  // fails the check below
   }
   const NamespaceInfo& info = table_.namespace_info(e.ns);
-  const uint32_t tokens = e.kind == EntryKind::Block ? info.geometry.block_tokens
-                                                     : static_cast<uint32_t>(e.tail_tokens.size());
-  const bool names_entry =
-      h.magic == shm::entry_magic && h.format_version == shm::entry_format_version &&
-      h.kind == static_cast<uint8_t>(e.kind) && h.namespace_id == info.id &&
-      h.key_hash == e.key_hash && h.token_count == tokens && h.position == e.position &&
-      shm::extent_bytes_for(tokens, h.payload_bytes) == e.extent_bytes;
-  if (!names_entry) return false;
-  const shm::EntryHeader fresh = make_entry_header(e, table_.namespace_info(e.ns), tokens, h.payload_bytes, incarnation_);
+  if (!header_names_entry(h, e, info)) return false;
+  const shm::EntryHeader fresh =
+      make_entry_header(e, info, entry_token_count(e, info), h.payload_bytes, incarnation_);
   if (shm::guarded_copy(arena_data_ + e.extent_offset, &fresh, sizeof fresh)) return true;
   log_arena_fault(e.extent_offset);
   return false;

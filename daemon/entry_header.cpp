@@ -34,17 +34,26 @@ shm::EntryHeader make_entry_header(const Entry& e, const NamespaceInfo& ns, uint
   return h;
 }
 
+uint32_t entry_token_count(const Entry& e, const NamespaceInfo& ns) {
+  return e.kind == EntryKind::Block ? ns.geometry.block_tokens
+                                    : static_cast<uint32_t>(e.tail_tokens.size());
+}
+
+bool header_names_entry(const shm::EntryHeader& h, const Entry& e, const NamespaceInfo& ns) {
+  const uint32_t tokens = entry_token_count(e, ns);
+  return h.magic == shm::entry_magic && h.format_version == shm::entry_format_version &&
+         h.kind == static_cast<uint8_t>(e.kind) && h.namespace_id == ns.id &&
+         h.key_hash == e.key_hash && h.token_count == tokens && h.position == e.position &&
+         h.payload_offset == shm::payload_offset_for(tokens) &&
+         h.payload_bytes <= e.extent_bytes &&  // no wrap in the sum below
+         shm::extent_bytes_for(tokens, h.payload_bytes) == e.extent_bytes &&
+         (e.kind != EntryKind::Block || h.payload_bytes == ns.geometry.block_payload_bytes);
+}
+
 bool payload_intact(const uint8_t* arena_data, const Entry& e, const NamespaceInfo& ns) {
-  const bool block = e.kind == EntryKind::Block;
-  const uint32_t tokens =
-      block ? ns.geometry.block_tokens : static_cast<uint32_t>(e.tail_tokens.size());
   shm::EntryHeader h{};
-  if (!e.on_host || !shm::guarded_copy(&h, arena_data + e.extent_offset, sizeof h)) return false;
-  if (h.magic != shm::entry_magic || h.key_hash != e.key_hash ||
-      h.kind != static_cast<uint8_t>(e.kind) || h.token_count != tokens ||
-      h.payload_offset != shm::payload_offset_for(tokens) || h.payload_bytes > e.extent_bytes ||
-      shm::extent_bytes_for(tokens, h.payload_bytes) != e.extent_bytes ||
-      (block && h.payload_bytes != ns.geometry.block_payload_bytes))
+  if (!e.on_host || !shm::guarded_copy(&h, arena_data + e.extent_offset, sizeof h) ||
+      !header_names_entry(h, e, ns))
     return false;
   std::vector<uint8_t> piece(
       static_cast<size_t>(std::min<uint64_t>(verify_piece_bytes, h.payload_bytes)));

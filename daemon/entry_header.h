@@ -13,6 +13,10 @@ namespace kvpark::daemon {
 // The header of `e` in namespace `ns` as this daemon instance (`incarnation`) writes it.
 shm::EntryHeader make_entry_header(const Entry& e, const NamespaceInfo& ns, uint32_t token_count,
                                    uint64_t payload_bytes, uint64_t incarnation);
+// The tokens e's extent holds (a block's, or a snapshot's tail) and whether `h`, read
+// from its extent, names e in namespace `ns` with sizes that fit its extent.
+uint32_t entry_token_count(const Entry& e, const NamespaceInfo& ns);
+bool header_names_entry(const shm::EntryHeader& h, const Entry& e, const NamespaceInfo& ns);
 // Whether e's payload in the arena (`arena_data`) still hashes to the checksum it was
 // sealed with. Its header is checked first: one that does not name e, or a page a
 // client took away, is not intact. Reads the whole payload, in pieces.

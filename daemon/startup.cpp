@@ -61,6 +61,17 @@ bool create_arena(const DaemonOptions& options, uint64_t incarnation,
   return true;
 }
 
+// `what` (a socket path or a disk directory) is another live daemon's: one line, exit 3.
+int refuse_start(const std::string& what, pid_t other_pid) {
+  if (other_pid > 0) {
+    log_error("kvparkd: %s by another kvparkd (pid %d); not starting", what.c_str(),
+              static_cast<int>(other_pid));
+  } else {
+    log_error("kvparkd: %s by another kvparkd; not starting", what.c_str());
+  }
+  return exit_already_running;
+}
+
 }  // namespace
 
 bool random_incarnation(uint64_t& ret_incarnation) {
@@ -145,16 +156,8 @@ int claim_socket(const DaemonOptions& options, SocketClaim& ret_claim) {
   int err = 0;
   const Status s = claim_socket_path(options.socket_path, ret_claim, err);
   if (s == Status::Ok) return 0;
-  if (s == Status::AlreadyPresent) {
-    if (ret_claim.other_pid > 0) {
-      log_error("kvparkd: %s is served by another kvparkd (pid %d); not starting",
-                options.socket_path.c_str(), static_cast<int>(ret_claim.other_pid));
-    } else {
-      log_error("kvparkd: %s is served by another kvparkd; not starting",
-                options.socket_path.c_str());
-    }
-    return exit_already_running;
-  }
+  if (s == Status::AlreadyPresent)
+    return refuse_start(options.socket_path + " is served", ret_claim.other_pid);
   log_error("kvparkd: cannot lock %s.lock: %s", options.socket_path.c_str(), strerror(err));
   return exit_failure;
 }
@@ -171,16 +174,9 @@ int claim_disk_directory(const DaemonOptions& options, PidLock& ret_lock) {
       log_warning("kvparkd: cannot write the pid to %s: %s", path.c_str(), strerror(errno));
     return 0;
   }
-  if (s == Status::AlreadyPresent) {
-    if (ret_lock.other_pid > 0) {
-      log_error("kvparkd: disk directory %s is used by another kvparkd (pid %d); not starting",
-                options.disk_directory.c_str(), static_cast<int>(ret_lock.other_pid));
-    } else {
-      log_error("kvparkd: disk directory %s is used by another kvparkd; not starting",
-                options.disk_directory.c_str());
-    }
-    return exit_already_running;
-  }
+  if (s == Status::AlreadyPresent)
+    return refuse_start("disk directory " + options.disk_directory + " is used",
+                        ret_lock.other_pid);
   // Not writable here (read-only, or missing): the disk tier then writes nothing there.
   if (err != EACCES && err != EPERM && err != EROFS && err != ENOENT)
     log_warning("kvparkd: cannot lock %s: %s", path.c_str(), strerror(err));
