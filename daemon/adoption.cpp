@@ -66,6 +66,7 @@ std::string AdoptionReport::summary() const {
                 static_cast<unsigned long long>(entries), static_cast<double>(bytes) / (1ull << 30),
                 static_cast<unsigned long long>(usec / 1000));
   std::string text = head;
+  if (index_image) text += ", its index kept";
   text += "; dropped " + std::to_string(dropped_total());
   std::string why;
   for (size_t r = 0; r < drop_reason_count; ++r) {
@@ -74,6 +75,52 @@ std::string AdoptionReport::summary() const {
            drop_reason_name(static_cast<DropReason>(r));
   }
   return why.empty() ? text : text + " (" + why + ")";
+}
+
+bool record_adoptable(const shm::StateRecordBody& b, const NamespaceInfo& info,
+                      const uint8_t* arena_data, uint64_t arena_bytes,
+                      std::vector<int32_t>& ret_tail, DropReason& ret_reason) {
+  const bool block = b.kind == static_cast<uint8_t>(EntryKind::Block);
+  const bool shape = (block ? info.geometry.block_tokens > 0 && b.tail_tokens == 0
+                            : b.kind == static_cast<uint8_t>(EntryKind::Snapshot) &&
+                                  b.tail_tokens < info.chain_tokens) &&
+                     b.entry_class <= entry_class_max && b.evidence <= evidence_max;
+  if (!shape || b.extent_bytes == 0 || b.extent_offset % limits::extent_align_bytes != 0 ||
+      b.extent_bytes % limits::extent_align_bytes != 0 || b.extent_offset > arena_bytes ||
+      b.extent_bytes > arena_bytes - b.extent_offset) {
+    ret_reason = DropReason::Extent;
+    return false;
+  }
+  ret_tail.clear();
+  if (block) return true;
+  // A snapshot's extent is read for its tail tokens (the index needs them), and its
+  // header must name the same entry. Blocks touch no arena page: a page fault per
+  // entry would dominate adoption, and readers confirm headers and token ids anyway.
+  // The tail is read from the extent: a record (checksummed, but not proof against
+  // every scribble) whose tail would not fit in it is refused before any read.
+  shm::EntryHeader h{};
+  const uint32_t tokens = b.tail_tokens;
+  const bool header_ok =
+      shm::payload_offset_for(tokens) <= b.extent_bytes &&
+      shm::guarded_copy(&h, arena_data + b.extent_offset, sizeof h) &&
+      h.magic == shm::entry_magic && h.format_version == shm::entry_format_version &&
+      h.kind == b.kind && h.namespace_id == b.namespace_id && h.key_hash == b.key_hash &&
+      h.token_count == tokens && h.position == b.position && h.anchor_chunks == b.anchor_chunks &&
+      h.payload_offset == shm::payload_offset_for(tokens) &&
+      h.payload_bytes <= b.extent_bytes &&  // no wrap in the sum below
+      shm::extent_bytes_for(tokens, h.payload_bytes) == b.extent_bytes;
+  if (!header_ok) {
+    ret_reason = DropReason::Header;
+    return false;
+  }
+  ret_tail.assign(tokens, 0);
+  if (!shm::guarded_copy(ret_tail.data(), arena_data + b.extent_offset + limits::entry_header_bytes,
+                         ret_tail.size() * sizeof(int32_t)) ||
+      record_tail_digest(ret_tail) != b.tail_digest) {
+    ret_reason = DropReason::Tail;
+    return false;
+  }
+  return true;
 }
 
 bool take_over(StoredFds& fds, const AdoptionConfig& config, KeptArena& ret_kept,
@@ -178,45 +225,10 @@ AdoptionReport adopt_entries(EntryState& state, const uint8_t* arena_data, uint6
       drop(DropReason::Namespace);
       continue;
     }
-    const NamespaceInfo& info = table.namespace_info(ns_it->second);
-    const bool block = b.kind == static_cast<uint8_t>(EntryKind::Block);
-    const bool shape = (block ? info.geometry.block_tokens > 0 && b.tail_tokens == 0
-                              : b.kind == static_cast<uint8_t>(EntryKind::Snapshot) &&
-                                    b.tail_tokens < info.chain_tokens) &&
-                       b.entry_class <= entry_class_max && b.evidence <= evidence_max;
-    if (!shape || b.extent_bytes == 0 || b.extent_offset % limits::extent_align_bytes != 0 ||
-        b.extent_bytes % limits::extent_align_bytes != 0 || b.extent_offset > arena_bytes ||
-        b.extent_bytes > arena_bytes - b.extent_offset) {
-      drop(DropReason::Extent);
-      continue;
-    }
-    // A snapshot's extent is read for its tail tokens (the index needs them), and its
-    // header must name the same entry. Blocks touch no arena page: a page fault per
-    // entry would dominate adoption, and readers confirm headers and token ids anyway.
-    shm::EntryHeader h{};
-    const uint32_t tokens = block ? info.geometry.block_tokens : b.tail_tokens;
-    // The tail is read from the extent: a record (checksummed, but not proof against
-    // every scribble) whose tail would not fit in it is refused before any read.
-    const bool header_ok =
-        block || (shm::payload_offset_for(tokens) <= b.extent_bytes &&
-                  shm::guarded_copy(&h, arena_data + b.extent_offset, sizeof h) &&
-                  h.magic == shm::entry_magic && h.format_version == shm::entry_format_version &&
-                  h.kind == b.kind && h.namespace_id == b.namespace_id &&
-                  h.key_hash == b.key_hash && h.token_count == tokens && h.position == b.position &&
-                  h.anchor_chunks == b.anchor_chunks &&
-                  h.payload_offset == shm::payload_offset_for(tokens) &&
-                  h.payload_bytes <= b.extent_bytes &&  // no wrap in the sum below
-                  shm::extent_bytes_for(tokens, h.payload_bytes) == b.extent_bytes);
-    if (!header_ok) {
-      drop(DropReason::Header);
-      continue;
-    }
-    tail.assign(block ? 0 : b.tail_tokens, 0);
-    if (!block &&
-        (!shm::guarded_copy(tail.data(), arena_data + b.extent_offset + limits::entry_header_bytes,
-                            tail.size() * sizeof(int32_t)) ||
-         record_tail_digest(tail) != b.tail_digest)) {
-      drop(DropReason::Tail);
+    DropReason reason = DropReason::Extent;
+    if (!record_adoptable(b, table.namespace_info(ns_it->second), arena_data, arena_bytes, tail,
+                          reason)) {
+      drop(reason);
       continue;
     }
     uint8_t entry_class = 0, evidence = 0;

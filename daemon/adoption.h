@@ -55,15 +55,26 @@ const char* drop_reason_name(DropReason reason);  // "damaged", "namespace", ...
 
 struct AdoptionReport {
   bool adopted = false;
+  bool index_image = false;  // the index the previous instance left was adopted, not rebuilt
   uint64_t entries = 0;
   uint64_t bytes = 0;  // extents
   uint64_t usec = 0;   // reading the records and rebuilding the index
   uint64_t dropped[drop_reason_count] = {};
   std::vector<uint32_t> previous_pids;  // engines the previous instance had connected
   uint64_t dropped_total() const;
-  // "adopted N entries (X GiB) from the previous instance in T ms; dropped ..."
+  // "adopted N entries (X GiB) from the previous instance in T ms[, its index kept];
+  // dropped ..."
   std::string summary() const;
 };
+
+struct NamespaceInfo;
+// The checks a kept record passes before its entry is adopted: its shape for its
+// namespace and its extent inside the arena; for a snapshot, the entry header in the
+// arena naming it and its tail tokens (copied into ret_tail) matching the record's
+// digest. False with the reason it is dropped.
+bool record_adoptable(const shm::StateRecordBody& b, const NamespaceInfo& info,
+                      const uint8_t* arena_data, uint64_t arena_bytes,
+                      std::vector<int32_t>& ret_tail, DropReason& ret_reason);
 
 // Rebuilds `table` (which must keep its records in `state`) from the segment over
 // the adopted arena's data region.

@@ -53,6 +53,7 @@ class BlockIndex {
   static constexpr size_t cell_bytes = 32;  // per cell; at most two cells a key
 
  private:
+  friend struct IndexImage;  // keeps the cells and seeds across a restart (index_image.h)
   struct Cell {
     Hash128 hash;
     NamespaceIndex ns = 0;

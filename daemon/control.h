@@ -80,6 +80,7 @@ struct StatusInfo {
   uint64_t adopted_entries = 0;
   uint64_t adopted_bytes = 0;
   uint64_t adoption_usec = 0;
+  bool adoption_index_kept = false;  // the index a clean stop left was adopted, not rebuilt
   uint64_t adoption_dropped = 0;   // records dropped at adoption, all reasons
   uint64_t adoption_dropped_damaged = 0;    // failed their record checksum
   uint64_t adoption_dropped_namespace = 0;  // their namespace record was missing or damaged

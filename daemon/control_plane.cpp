@@ -75,6 +75,7 @@ StatusInfo ControlPlane::status_in_loop() const {
   s.adopted_entries = a.entries;
   s.adopted_bytes = a.bytes;
   s.adoption_usec = a.usec;
+  s.adoption_index_kept = a.index_image;
   s.adoption_dropped = a.dropped_total();
   s.adoption_dropped_damaged = a.dropped[static_cast<size_t>(DropReason::Damaged)];
   s.adoption_dropped_namespace = a.dropped[static_cast<size_t>(DropReason::Namespace)];

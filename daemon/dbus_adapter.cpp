@@ -142,6 +142,7 @@ Dict status_dict(const StatusInfo& s) {
       {"adopted_entries", sdbus::Variant(s.adopted_entries)},
       {"adopted_bytes", sdbus::Variant(s.adopted_bytes)},
       {"adoption_usec", sdbus::Variant(s.adoption_usec)},
+      {"adoption_index_kept", sdbus::Variant(s.adoption_index_kept)},
       {"adoption_dropped", sdbus::Variant(s.adoption_dropped)},
       {"adoption_dropped_damaged", sdbus::Variant(s.adoption_dropped_damaged)},
       {"adoption_dropped_namespace", sdbus::Variant(s.adoption_dropped_namespace)},

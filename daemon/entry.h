@@ -3,9 +3,10 @@
 // (value_model.h). Plain data; the entry table alone changes them.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
-#include <vector>
+#include <type_traits>
 
 #include "daemon/entry_state.h"
 #include "proto/types.h"
@@ -35,19 +36,37 @@ struct NamespaceInfo {
   uint64_t restored_tokens = 0;
 };
 
+// A snapshot's tail token ids, owned by the entry table (allocated when the entry is
+// made, freed with its slot): a plain pointer and count, so an Entry is plain data that
+// a kept index image (index_image.h) can hold. Empty for blocks.
+struct TailTokens {
+  const int32_t* data = nullptr;
+  uint32_t count = 0;
+  size_t size() const { return count; }
+  bool empty() const { return count == 0; }
+  const int32_t* begin() const { return data; }
+  const int32_t* end() const { return data + count; }
+  operator std::span<const int32_t>() const { return {data, count}; }
+};
+
+// The first cache line holds what adopting a kept index image checks against each
+// entry's state record (index_image.h): that check reads one line an entry.
 struct Entry {
   Hash128 key_hash;                  // block chain hash, or snapshot anchor hash
-  Hash128 parent_hash;               // block: h[i-1] (the namespace id for block 0)
-  std::vector<int32_t> tail_tokens;  // snapshots only
   uint64_t extent_offset = 0;        // data-region offset, valid when on_host
   uint64_t extent_bytes = 0;         // the entry's image size, whatever its tier
+  TailTokens tail_tokens;            // snapshots only
+  NamespaceIndex ns = 0;
+  uint32_t state_record = no_record;  // its record in the state segment, if any
+  EntryKind kind = EntryKind::Block;
+  bool in_use = false;               // slab slot holds an entry
+  Hash128 parent_hash;               // block: h[i-1] (the namespace id for block 0)
   uint64_t disk_bytes = 0;           // record file bytes, when on_disk
   uint64_t creator_session = 0;
   uint64_t payload_checksum = 0;     // XXH3-64 of the payload, from SEAL (or the disk record)
   uint64_t hits = 0;
   uint64_t last_use_tick = 0;
   uint64_t last_use_usec = 0;        // CLOCK_MONOTONIC_COARSE
-  NamespaceIndex ns = 0;
   uint32_t position = 0;             // tokens restored through this entry
   uint32_t anchor_chunks = 0;
   uint32_t leases = 0;
@@ -61,13 +80,10 @@ struct Entry {
   EntrySlot lru_next = no_slot;
   EntrySlot disk_prev = no_slot;
   EntrySlot disk_next = no_slot;
-  uint32_t state_record = no_record;  // its record in the state segment, if any
-  EntryKind kind = EntryKind::Block;
   EntryClass entry_class = EntryClass::Private;
   Evidence evidence = Evidence::DefaultAutomatic;
   bool sealed = false;
   bool pinned = false;
-  bool in_use = false;     // slab slot holds an entry
   bool on_host = true;     // has an arena extent
   bool on_disk = false;    // has a verified disk record (its id follows from the key)
   bool promoting = false;  // extent allocated, disk restore still filling it
@@ -76,6 +92,7 @@ struct Entry {
   bool on_disk_lru = false;
   bool adoption_hold = false;  // adopted; a lease of the previous daemon may still read it
 };
+static_assert(std::is_trivially_copyable_v<Entry>, "an index image holds entries as bytes");
 
 struct NewEntry {
   NamespaceIndex ns = 0;

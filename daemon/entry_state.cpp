@@ -115,6 +115,11 @@ void EntryState::finish_adoption(uint32_t namespaces) {
   for (uint32_t i = namespaces; i < limits::namespaces_max; ++i) segment_.clear_namespace(i);
 }
 
+void EntryState::adopt_free_records(std::vector<uint32_t> free_records) {
+  assert(std::is_sorted(free_records.begin(), free_records.end()));
+  free_ = decltype(free_)(std::greater<>(), std::move(free_records));  // ascending: a min-heap
+}
+
 std::vector<uint32_t> EntryState::take_previous_connections() {
   std::vector<uint32_t> pids;
   for (uint32_t slot = 0; slot < segment_.connection_capacity(); ++slot) {

@@ -41,6 +41,9 @@ class EntryState {
   void claim(uint32_t record) { claimed_.push_back(record); }
   void drop(uint32_t record) { dropped_.push_back(record); }
   void finish_adoption(uint32_t namespaces);
+  // Adoption of an index image (index_image.h): every record below the high-water mark
+  // is an adopted entry's but `free_records` (ascending, each empty).
+  void adopt_free_records(std::vector<uint32_t> free_records);
 
   // Connected engines (a connection slot is the daemon's own numbering).
   uint32_t add_connection(uint32_t pid);  // a slot, or no_record when full
@@ -53,6 +56,7 @@ class EntryState {
   void freeze_connections() { connections_frozen_ = true; }
 
   shm::StateSegment& segment() { return segment_; }
+  const shm::StateSegment& segment() const { return segment_; }
 
  private:
   uint32_t allocate();

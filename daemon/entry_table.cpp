@@ -27,6 +27,16 @@ EntryTable::~EntryTable() {
   // An adoption given up half way. The indexer first: it may be joining cells_writer_.
   if (indexer_.joinable()) indexer_.join();
   if (cells_writer_.joinable()) cells_writer_.join();
+  for (Entry& e : slots_) set_tail(e, {});
+}
+
+void EntryTable::set_tail(Entry& e, std::span<const int32_t> tail) {
+  delete[] e.tail_tokens.data;
+  e.tail_tokens = {};
+  if (tail.empty()) return;
+  auto* copy = new int32_t[tail.size()];
+  std::copy(tail.begin(), tail.end(), copy);
+  e.tail_tokens = {.data = copy, .count = static_cast<uint32_t>(tail.size())};
 }
 
 Status EntryTable::register_namespace(const NamespaceId& id, const Geometry& g,
@@ -107,7 +117,7 @@ EntrySlot EntryTable::new_slot(const NewEntry& n, uint64_t last_use_usec) {
   Entry& e = slots_[slot];
   e.key_hash = n.key_hash;
   e.parent_hash = n.parent_hash;
-  if (!n.tail_tokens.empty()) e.tail_tokens.assign(n.tail_tokens.begin(), n.tail_tokens.end());
+  set_tail(e, n.tail_tokens);
   e.extent_bytes = n.extent_bytes;
   e.creator_session = n.creator_session;
   e.payload_checksum = n.payload_checksum;
@@ -391,6 +401,7 @@ void EntryTable::free_slot(EntrySlot slot) {
          e.state_record == no_record);
   if (e.pinned) --pinned_;
   release_disk_predecessor(slot);  // a spill that never finished
+  set_tail(e, {});
   e = Entry{};
   ++generations_[slot];
   free_slots_.push_back(slot);

@@ -182,6 +182,7 @@ class EntryTable {
   size_t slots_in_use() const { return slots_in_use_; }
 
  private:
+  friend struct IndexImage;  // keeps the arrays across a restart (index_image.h)
   struct BlockKey {
     NamespaceIndex ns;
     Hash128 hash;
@@ -208,6 +209,8 @@ class EntryTable {
   Status allocate_extent(uint64_t bytes, uint64_t& ret_offset);
   void drop_host_copy(EntrySlot slot);
   void forget_disk_copy(EntrySlot slot);
+  // Replaces the entry's tail tokens with a copy of `tail` (none: frees them).
+  static void set_tail(Entry& e, std::span<const int32_t> tail);
   // A slot holding the new entry, last used at last_use_usec (CLOCK_MONOTONIC_COARSE).
   EntrySlot new_slot(const NewEntry& n, uint64_t last_use_usec);
   void index(EntrySlot slot);

@@ -212,6 +212,8 @@ void write_status(JsonWriter& w, const StatusInfo& s) {
   w.Bool(s.arena_adopted);
   w.Key("adoption_hold");
   w.Bool(s.adoption_hold);
+  w.Key("adoption_index_kept");
+  w.Bool(s.adoption_index_kept);
   w.Key("adoption");
   w.String(s.adoption.c_str());
   w.Key("fresh_start_reason");
@@ -498,6 +500,9 @@ std::string render_metrics(const StatusInfo& s, const std::vector<NamespaceSumma
         s.adopted_bytes);
   m.family("kvpark_adoption_seconds", "gauge", "Time adoption took at start (records read, index rebuilt).");
   m.sample_double(static_cast<double>(s.adoption_usec) / 1e6);
+  m.one("kvpark_adoption_index_kept", "gauge",
+        "1 when adoption took the index a clean stop left instead of rebuilding it.",
+        s.adoption_index_kept ? 1 : 0);
   m.family("kvpark_adoption_dropped", "gauge", "Records dropped at adoption, by reason (never served).");
   m.sample(s.adoption_dropped_damaged, label("reason", "damaged"));
   m.sample(s.adoption_dropped_namespace, label("reason", "namespace"));

@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <new>
+#include <utility>
 #include <vector>
 
 namespace kvpark::daemon {
@@ -32,6 +33,11 @@ void* map_huge_pages(size_t bytes);
 // advised; nullptr when the kernel refuses.
 void* map_aligned_anonymous(size_t size);
 void unmap_huge_pages(void* p, size_t bytes);
+
+// Set on a thread while it sizes arrays over contents they already hold (adopting an
+// index image, index_image.cpp): value-initialisation (vector::resize) then leaves each
+// element's memory as it is.
+inline thread_local bool keep_contents_on_resize = false;
 
 template <typename T>
 class HugePageAllocator {
@@ -55,6 +61,14 @@ class HugePageAllocator {
     } else {
       ::operator delete(p);
     }
+  }
+  template <typename U>
+  void construct(U* p) {
+    if (!keep_contents_on_resize) ::new (static_cast<void*>(p)) U();
+  }
+  template <typename U, typename A0, typename... A>
+  void construct(U* p, A0&& first, A&&... rest) {
+    ::new (static_cast<void*>(p)) U(std::forward<A0>(first), std::forward<A>(rest)...);
   }
   template <typename U>
   bool operator==(const HugePageAllocator<U>&) const noexcept {

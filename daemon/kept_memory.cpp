@@ -2,8 +2,10 @@
 #include "daemon/kept_memory.h"
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -47,24 +49,49 @@ bool usable(int fd) {
   return ftruncate(fd, static_cast<off_t>(kept_memory_bytes_max)) == 0;
 }
 
+// A new memfd of kept_memory_bytes_max with its header unit mapped; -1 (errno set)
+// when it cannot be made or (on reserved huge pages) no page is left for the header.
+int new_memfd(unsigned int flags, void*& ret_header) {
+  const int fd = memfd_create("kvpark-index-memory", MFD_CLOEXEC | flags);
+  if (fd < 0) return -1;
+  if (usable(fd)) {
+    ret_header = mmap(nullptr, kept_memory_header_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (ret_header != MAP_FAILED) return fd;
+  }
+  const int err = errno;
+  close(fd);
+  errno = err;
+  return -1;
+}
+
 }  // namespace
 
-Status KeptMemory::open(int kept_fd, std::unique_ptr<KeptMemory>& ret_memory, int& ret_err) {
+Status KeptMemory::open(int kept_fd, bool huge_pages, std::unique_ptr<KeptMemory>& ret_memory,
+                        int& ret_err) {
   int fd = kept_fd;
-  if (fd >= 0 && !usable(fd)) {
-    close(fd);
-    fd = -1;
-  }
-  const bool kept = fd >= 0;
-  if (!kept) {
-    fd = memfd_create("kvpark-index-memory", MFD_CLOEXEC);
-    if (fd < 0 || !usable(fd)) {
-      ret_err = errno;
-      if (fd >= 0) close(fd);
-      return Status::IoError;
+  void* header = MAP_FAILED;
+  if (fd >= 0) {
+    if (usable(fd))
+      header = mmap(nullptr, kept_memory_header_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (header == MAP_FAILED) {
+      close(fd);
+      fd = -1;
     }
   }
+  const bool kept = fd >= 0;
+  // Reserved huge pages when allowed and there are any: the next instance reads the
+  // index through a new mapping, and on 4 KiB pages that first read of each page costs
+  // more than the read on some VMs (docs/operations.md).
+  if (!kept && huge_pages) fd = new_memfd(MFD_HUGETLB, header);
+  if (fd < 0) fd = new_memfd(0, header);
+  if (fd < 0) {
+    ret_err = errno;
+    return Status::IoError;
+  }
   std::unique_ptr<KeptMemory> memory(new KeptMemory(fd, kept));
+  memory->header_ = static_cast<uint8_t*>(header);
+  struct statfs fs {};
+  memory->huge_pages_ = fstatfs(fd, &fs) == 0 && fs.f_type == HUGETLBFS_MAGIC;
   memory->list_ranges();
   ret_memory = std::move(memory);
   return Status::Ok;
@@ -73,13 +100,29 @@ Status KeptMemory::open(int kept_fd, std::unique_ptr<KeptMemory>& ret_memory, in
 KeptMemory::~KeptMemory() {
   assert(mappings_.empty() && "every array drawn from it is gone first");
   if (kept_memory.load() == this) use_kept_memory(nullptr);
+  munmap(header_, kept_memory_header_bytes);
   close(fd_);
 }
 
 void KeptMemory::list_ranges() {
+  if (huge_pages_) {
+    // hugetlbfs reports no holes: every range is free, none known to hold pages (an
+    // index image names its own), and release_unused() gives back whatever is left.
+    // The header page is read first, so that it is allocated and the count is exact.
+    (void)*static_cast<volatile uint8_t*>(header_);
+    struct stat st {};
+    if (fstat(fd_, &st) == 0) {
+      const uint64_t held = static_cast<uint64_t>(st.st_blocks) * 512;
+      kept_bytes_ = held > kept_memory_header_bytes ? held - kept_memory_header_bytes : 0;
+    }
+    free_[kept_memory_header_bytes] =
+        Range{.bytes = kept_memory_bytes_max - kept_memory_header_bytes, .backed = false};
+    return;
+  }
   // Backed ranges, rounded out to whole units (a live array may have left its last
-  // pages untouched), then the gaps between them as empty ranges.
-  uint64_t at = 0;
+  // pages untouched), then the gaps between them as empty ranges. The header unit is
+  // never a range.
+  uint64_t at = kept_memory_header_bytes;
   size_t n = 0;
   for (; n < kept_memory_backed_ranges_max && at < kept_memory_bytes_max; ++n) {
     const off_t data = lseek(fd_, static_cast<off_t>(at), SEEK_DATA);
@@ -115,9 +158,29 @@ void KeptMemory::carve(std::map<uint64_t, Range>::iterator at, uint64_t bytes) {
     free_[offset + bytes] = Range{.bytes = range.bytes - bytes, .backed = range.backed};
 }
 
+void* KeptMemory::map_file_range(uint64_t offset, uint64_t bytes) const {
+  // An aligned window first (mmap aligns to 4 KiB only), then the file over it.
+  void* window = map_aligned_anonymous(bytes);
+  if (window == nullptr) return nullptr;
+  void* p = mmap(window, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd_,
+                 static_cast<off_t>(offset));
+  if (p == MAP_FAILED) {
+    munmap(window, bytes);
+    return nullptr;
+  }
+  return p;
+}
+
 void* KeptMemory::map(size_t bytes) {
   const uint64_t size = round_up(bytes);
   std::lock_guard lock(mutex_);
+  if (next_map_ != nullptr) {
+    const auto it = mappings_.find(reinterpret_cast<uintptr_t>(next_map_));
+    assert(it != mappings_.end() && it->second.bytes == size &&
+           "served to the array it was made for");
+    (void)it;
+    return std::exchange(next_map_, nullptr);
+  }
   // First fit among the ranges that hold pages, else the first empty one. A range that
   // holds pages also fits with the empty range right after it: an array's last pages
   // were reserved but never touched, so the same array asked for again finds its
@@ -141,15 +204,8 @@ void* KeptMemory::map(size_t bytes) {
   }
   if (chosen == free_.end()) return nullptr;
   const uint64_t offset = chosen->first;
-  // An aligned window first (mmap aligns to 4 KiB only), then the file over it.
-  void* window = map_aligned_anonymous(size);
-  if (window == nullptr) return nullptr;
-  void* p = mmap(window, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd_,
-                 static_cast<off_t>(offset));
-  if (p == MAP_FAILED) {
-    munmap(window, size);
-    return nullptr;
-  }
+  void* p = map_file_range(offset, size);
+  if (p == nullptr) return nullptr;
   if (backed_bytes > 0 && backed_bytes < size) {
     const uint64_t tail = size - backed_bytes;
     const auto after = std::next(chosen);
@@ -170,6 +226,69 @@ void* KeptMemory::map(size_t bytes) {
   return p;
 }
 
+void* KeptMemory::map_range(uint64_t offset, uint64_t bytes, uint64_t populate_bytes) {
+  if (offset % kept_memory_unit_bytes != 0 || bytes == 0 || bytes % kept_memory_unit_bytes != 0 ||
+      populate_bytes > bytes) {
+    return nullptr;
+  }
+  std::lock_guard lock(mutex_);
+  // The free ranges covering all of it, back to back (an array's touched pages are
+  // listed apart from the untouched rest of its mapping), if any.
+  auto first = free_.upper_bound(offset);
+  if (first == free_.begin()) return nullptr;
+  --first;
+  const uint64_t end = offset + bytes;
+  if (end < offset) return nullptr;
+  auto last = first;
+  uint64_t covered_to = first->first + first->second.bytes;
+  while (covered_to < end) {
+    const auto next = std::next(last);
+    if (next == free_.end() || next->first != covered_to) return nullptr;
+    last = next;
+    covered_to += next->second.bytes;
+  }
+  if (covered_to < offset) return nullptr;
+  void* p = map_file_range(offset, bytes);
+  if (p == nullptr) return nullptr;
+  const uint64_t head_begin = first->first;
+  const Range head = first->second, tail = last->second;
+  const uint64_t tail_end = covered_to;
+  free_.erase(first, std::next(last));
+  if (offset > head_begin)
+    free_[head_begin] = Range{.bytes = offset - head_begin, .backed = head.backed};
+  if (tail_end > end) free_[end] = Range{.bytes = tail_end - end, .backed = tail.backed};
+  (void)madvise(p, bytes, MADV_HUGEPAGE);
+  if (populate_bytes > 0) (void)madvise(p, populate_bytes, MADV_POPULATE_READ);
+  mappings_[reinterpret_cast<uintptr_t>(p)] = Mapping{.offset = offset, .bytes = bytes};
+  return p;
+}
+
+void KeptMemory::serve_next_map(void* p) {
+  std::lock_guard lock(mutex_);
+  assert(mappings_.count(reinterpret_cast<uintptr_t>(p)) == 1 && next_map_ == nullptr);
+  next_map_ = p;
+}
+
+bool KeptMemory::find_mapping(const void* p, uint64_t& ret_offset, uint64_t& ret_bytes) {
+  std::lock_guard lock(mutex_);
+  const auto it = mappings_.find(reinterpret_cast<uintptr_t>(p));
+  if (it == mappings_.end()) return false;
+  ret_offset = it->second.offset;
+  ret_bytes = it->second.bytes;
+  return true;
+}
+
+void KeptMemory::unmap_keeping_pages(void* p) {
+  std::lock_guard lock(mutex_);
+  auto it = mappings_.find(reinterpret_cast<uintptr_t>(p));
+  assert(it != mappings_.end());
+  const Mapping m = it->second;
+  mappings_.erase(it);
+  munmap(p, m.bytes);
+  // Back on the free list as a range that holds pages, a candidate for the next map().
+  free_[m.offset] = Range{.bytes = m.bytes, .backed = true};
+}
+
 bool KeptMemory::unmap(void* p) {
   std::lock_guard lock(mutex_);
   auto it = mappings_.find(reinterpret_cast<uintptr_t>(p));
@@ -187,6 +306,20 @@ bool KeptMemory::unmap(void* p) {
 
 uint64_t KeptMemory::release_unused() {
   std::lock_guard lock(mutex_);
+  if (huge_pages_) {
+    // Whatever pages lie outside the live mappings are the previous instance's.
+    struct stat st {};
+    const auto held = [&] {
+      return fstat(fd_, &st) == 0 ? static_cast<uint64_t>(st.st_blocks) * 512 : 0;
+    };
+    const uint64_t before = held();
+    for (const auto& [offset, range] : free_) {
+      (void)fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset),
+                      static_cast<off_t>(range.bytes));
+    }
+    const uint64_t after = held();
+    return before > after ? before - after : 0;
+  }
   uint64_t released = 0;
   std::vector<std::pair<uint64_t, uint64_t>> backed;
   for (const auto& [offset, range] : free_) {

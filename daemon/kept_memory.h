@@ -12,10 +12,19 @@
 // third of what a write populate costs), and new pages only where a range was rounded
 // out to whole 2 MiB units.
 //
-// The memfd holds no state: every array is constructed over its range before it is
-// read, so a new instance trusts nothing it finds there, and no client ever sees it.
-// Its size is virtual (kept_memory_bytes_max, sparse); a range freed is punched out,
-// so the pages it holds are the live arrays' and no more.
+// The memfd's first unit is a header: a clean stop describes there the index image it
+// leaves in place (index_image.h), which the next instance adopts only after checking
+// it against the state segment. Apart from an image, it holds no state: every array is
+// constructed over its range before it is read, so a new instance trusts nothing else it
+// finds there, and no client ever sees it. Its size is virtual (kept_memory_bytes_max,
+// sparse); a range freed is punched out, so the pages it holds are the live arrays'
+// and no more.
+//
+// With huge pages allowed and reserved ones free (vm.nr_hugepages), the memfd is on
+// hugetlbfs: reading a kept array through a new mapping then costs a fault per 2 MiB,
+// where on 4 KiB pages some VMs charge several microseconds per page even after a
+// populate (docs/operations.md). hugetlbfs reports no holes, so there no range is known
+// to hold pages: an image maps its own, and release_unused() punches every free range.
 // Thread-safe (one mutex): the allocator that calls it is global.
 #pragma once
 
@@ -34,6 +43,8 @@ namespace kvpark::daemon {
 inline constexpr uint64_t kept_memory_bytes_max = 256ull << 30;
 // Ranges are handed out in these units, so every mapping can be on huge pages.
 inline constexpr uint64_t kept_memory_unit_bytes = 2ull << 20;
+// The memfd's first unit is no range: it holds the index image's header (index_image.h).
+inline constexpr uint64_t kept_memory_header_bytes = kept_memory_unit_bytes;
 // At start, the memfd's ranges that still hold pages are listed up to this many (the
 // live arrays of the instance before: a handful); the rest are treated as empty.
 inline constexpr size_t kept_memory_backed_ranges_max = 4096;
@@ -41,14 +52,19 @@ inline constexpr size_t kept_memory_backed_ranges_max = 4096;
 class KeptMemory {
  public:
   // Over `kept_fd` (a memfd the previous instance stored; taken), or a new memfd when
-  // kept_fd < 0. Fails only when no memfd can be made or sized (errno in ret_err);
-  // a kept fd that cannot serve is closed and a new memfd made in its place.
-  static Status open(int kept_fd, std::unique_ptr<KeptMemory>& ret_memory, int& ret_err);
+  // kept_fd < 0: on reserved huge pages (vm.nr_hugepages) when `huge_pages` allows and
+  // any are free, else on 4 KiB pages. Fails only when no memfd can be made or sized
+  // (errno in ret_err); a kept fd that cannot serve is closed and a new memfd made in
+  // its place.
+  static Status open(int kept_fd, bool huge_pages, std::unique_ptr<KeptMemory>& ret_memory,
+                     int& ret_err);
   ~KeptMemory();
   KeptMemory(const KeptMemory&) = delete;
   KeptMemory& operator=(const KeptMemory&) = delete;
 
   int fd() const { return fd_; }
+  // On reserved huge pages (hugetlbfs), not 4 KiB shmem pages.
+  bool huge_pages() const { return huge_pages_; }
   // Over the memfd an earlier instance kept (false: a new one, to be stored).
   bool kept() const { return kept_; }
   // Bytes of the ranges that held pages when this instance opened the memfd, rounded
@@ -62,6 +78,19 @@ class KeptMemory {
   // Unmaps what map() returned and frees its pages; false (nothing done) when `p` is
   // not one of this memory's mappings.
   bool unmap(void* p);
+
+  // The index image (index_image.h). The header unit, mapped for as long as this lives.
+  uint8_t* header() const { return header_; }
+  // A mapping of exactly [offset, +bytes) (whole units, inside one free range), its
+  // first populate_bytes mapped with a read populate; nullptr when that range is not free.
+  void* map_range(uint64_t offset, uint64_t bytes, uint64_t populate_bytes);
+  // The next map() returns `p` (a map_range() mapping of the size it asks for): how an
+  // array is handed its image's pages in place.
+  void serve_next_map(void* p);
+  // The memfd range of the mapping starting at `p`; false when `p` starts none.
+  bool find_mapping(const void* p, uint64_t& ret_offset, uint64_t& ret_bytes);
+  // Unmaps, leaving the pages where they are, free to the next map() that fits.
+  void unmap_keeping_pages(void* p);
   // Gives back the pages of every kept range no array took (an index smaller than the
   // last instance's, or a fresh start); returns their bytes. Called once the index is
   // built, so what the memfd holds is the live arrays again.
@@ -84,13 +113,19 @@ class KeptMemory {
   };
 
   KeptMemory(int fd, bool kept) : fd_(fd), kept_(kept) {}
-  void list_ranges();  // the free list over the whole memfd, backed ranges marked
+  void list_ranges();
+  // [offset, +bytes) of the memfd mapped 2 MiB-aligned; nullptr when it cannot be.
+  void* map_file_range(uint64_t offset, uint64_t bytes)
+      const;  // the free list over the whole memfd, backed ranges marked
   // Takes [offset, +bytes) out of the free range starting at `at`.
   void carve(std::map<uint64_t, Range>::iterator at, uint64_t bytes);
   void release(uint64_t offset, uint64_t bytes);  // back on the free list, merged
 
   int fd_ = -1;
+  uint8_t* header_ = nullptr;
+  void* next_map_ = nullptr;  // serve_next_map()
   bool kept_ = false;
+  bool huge_pages_ = false;
   bool keep_pages_ = false;
   uint64_t kept_bytes_ = 0;
   std::mutex mutex_;

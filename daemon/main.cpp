@@ -12,6 +12,7 @@
 #include "daemon/entry_state.h"
 #include "daemon/entry_table.h"
 #include "daemon/http_adapter.h"
+#include "daemon/index_image.h"
 #include "daemon/log.h"
 #include "daemon/loop_queue.h"
 #include "daemon/notify.h"
@@ -114,10 +115,22 @@ int main(int argc, char** argv) {
                     table);
   daemon::AdoptionReport adoption;
   if (adopted) {
-    adoption = daemon::adopt_entries(*entry_state, arena->data(), arena->data_bytes(), table);
+    // The index the previous instance left, when it stopped cleanly and every check
+    // holds; otherwise it is rebuilt from the state records.
+    std::string image_refused;
+    if (!index_memory ||
+        !daemon::adopt_index_image(*index_memory, *entry_state, arena->data(), arena->data_bytes(),
+                                   table, adoption, image_refused)) {
+      if (!image_refused.empty()) {
+        log_info("kvparkd: the kept index is not used (%s); rebuilding it from the state records",
+                 image_refused.c_str());
+      }
+      adoption = daemon::adopt_entries(*entry_state, arena->data(), arena->data_bytes(), table);
+    }
     log_info("kvparkd: %s", adoption.summary().c_str());
     park.hold_adopted(adoption.previous_pids, monotonic_usec() + limits::adopted_lease_grace_usec);
   }
+  if (index_memory && !adopted) daemon::discard_index_image(*index_memory);
   if (disk) daemon::recover_disk(park, *disk, recovery);
   if (index_memory) {
     if (const uint64_t unused = index_memory->release_unused(); unused > 0) {
@@ -203,8 +216,18 @@ int main(int argc, char** argv) {
   loop.close();  // adapter threads waiting on the loop get 'unavailable' from here on
   http.stop();
   dbus.reset();
+  // The entry table's arrays stay for the next instance: as an index it adopts when
+  // this stop was clean, or as pages it rebuilds the index in.
+  if (index_memory) {
+    std::string why_not;
+    if (entry_state && daemon::write_index_image(table, *entry_state, *index_memory, why_not)) {
+      log_info("kvparkd: left the index of %llu entries for the next instance",
+               static_cast<unsigned long long>(table.slots_in_use()));
+    } else if (!why_not.empty()) {
+      log_info("kvparkd: left no index for the next instance: %s", why_not.c_str());
+    }
+    index_memory->keep_pages();
+  }
   log_info("kvparkd: stopped");
-  // The entry table's arrays are freed on the way out; the next instance reuses them.
-  if (index_memory) index_memory->keep_pages();
   return 0;
 }

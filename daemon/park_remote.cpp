@@ -300,9 +300,10 @@ void Park::finish_remote_get(const RemoteCompletion& done) {
     // (the key's digest is of it, and the manifest named the key).
     std::vector<int32_t> tail(e.tail_tokens.size());
     good = tail.empty() ||
-           (shm::guarded_copy(tail.data(), options_.arena_data + e.extent_offset + limits::entry_header_bytes,
+           (shm::guarded_copy(tail.data(),
+                              options_.arena_data + e.extent_offset + limits::entry_header_bytes,
                               tail.size() * sizeof(int32_t)) &&
-            tail == e.tail_tokens);
+            std::equal(tail.begin(), tail.end(), e.tail_tokens.begin(), e.tail_tokens.end()));
     if (!good) {
       ++counters_.remote_rejected;
       log_warning_limited("kvparkd: a remote snapshot's tail tokens are not its key's; dropped");

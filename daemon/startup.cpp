@@ -313,11 +313,11 @@ namespace {
 
 // Under a service manager (or over memory one kept), the memory the entry table's
 // bulk comes from; null when there is neither, or none can be made (logged).
-std::unique_ptr<KeptMemory> open_index_memory(int kept_fd) {
+std::unique_ptr<KeptMemory> open_index_memory(int kept_fd, shm::HugePages huge_pages) {
   if (kept_fd < 0 && !service_manager_present()) return nullptr;
   std::unique_ptr<KeptMemory> memory;
   int err = 0;
-  if (KeptMemory::open(kept_fd, memory, err) != Status::Ok) {
+  if (KeptMemory::open(kept_fd, huge_pages != shm::HugePages::Off, memory, err) != Status::Ok) {
     log_warning(
         "kvparkd: no index memory to keep (%s): a restart rebuilds the index in fresh memory",
         strerror(err));
@@ -328,6 +328,7 @@ std::unique_ptr<KeptMemory> open_index_memory(int kept_fd) {
              static_cast<unsigned long long>(memory->kept_bytes() >> 20));
     return memory;
   }
+  if (memory->huge_pages()) log_info("kvparkd: index memory on reserved huge pages");
   if (kept_fd >= 0) (void)remove_stored_fds(fd_name_index_memory);  // it could not serve
   if (const int r = store_fd(fd_name_index_memory, memory->fd()); r < 0) {
     log_warning("kvparkd: cannot keep the index memory with the service manager (%s)",
@@ -344,7 +345,9 @@ bool open_host_tier(const DaemonOptions& options, std::unique_ptr<shm::ArenaOwne
                     std::string& ret_fresh_reason) {
   ret_adopted = false;
   StoredFds stored = take_stored_fds();
-  ret_index_memory = open_index_memory(std::exchange(stored.index_memory, -1));
+  // Opened after the arena and the state segment: with huge pages allowed it may take
+  // reserved huge pages, which the arena, sized by the operator, comes first for.
+  const int kept_index_memory = std::exchange(stored.index_memory, -1);
   KeptArena kept;
   std::string& fresh_reason = ret_fresh_reason;
   if (take_over(stored, {.configured_arena_bytes = options.arena_bytes, .huge_pages = options.huge_pages},
@@ -352,6 +355,7 @@ bool open_host_tier(const DaemonOptions& options, std::unique_ptr<shm::ArenaOwne
     ret_arena = std::move(kept.arena);
     ret_state = std::move(kept.state);
     ret_adopted = true;
+    ret_index_memory = open_index_memory(kept_index_memory, options.huge_pages);
     return true;
   }
   if (!fresh_reason.empty()) {
@@ -363,7 +367,10 @@ bool open_host_tier(const DaemonOptions& options, std::unique_ptr<shm::ArenaOwne
     log_error("kvparkd: no random arena identity from getrandom: %s", strerror(errno));
     return false;
   }
-  if (!create_arena(options, arena_identity, ret_arena)) return false;
+  if (!create_arena(options, arena_identity, ret_arena)) {
+    if (kept_index_memory >= 0) close(kept_index_memory);
+    return false;
+  }
   int err = 0;
   if (shm::StateSegment::create({.arena_identity = arena_identity,
                                  .arena_data_bytes = ret_arena->data_bytes(),
@@ -371,8 +378,11 @@ bool open_host_tier(const DaemonOptions& options, std::unique_ptr<shm::ArenaOwne
                                  .huge_pages = static_cast<uint16_t>(options.huge_pages)},
                                 ret_state, err) != Status::Ok) {
     log_warning("kvparkd: no state segment (%s): a restart will start with an empty arena", strerror(err));
+    ret_index_memory = open_index_memory(kept_index_memory, options.huge_pages);
     return true;
   }
+  if (ret_state->on_huge_pages()) log_info("kvparkd: state segment on reserved huge pages");
+  ret_index_memory = open_index_memory(kept_index_memory, options.huge_pages);
   if (!service_manager_present()) return true;
   const int fds[] = {ret_arena->header_fd(), ret_arena->data_fd(), ret_state->fd()};
   for (size_t i = 0; i < std::size(fds); ++i) {

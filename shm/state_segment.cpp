@@ -2,8 +2,10 @@
 #include "shm/state_segment.h"
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -14,6 +16,7 @@
 #include <cstring>
 
 #include "proto/xxh3.h"
+#include "shm/arena.h"
 #include "shm/arena_format.h"
 
 #ifndef MADV_POPULATE_READ
@@ -59,6 +62,10 @@ uint64_t now_unix_usec() {
 
 }  // namespace
 
+uint64_t state_huge_segment_bytes(uint64_t bytes) {
+  return (bytes + state_huge_page_bytes - 1) / state_huge_page_bytes * state_huge_page_bytes;
+}
+
 uint64_t state_segment_bytes(uint64_t record_capacity) {
   return state_header_bytes + state_hints_bytes +
          page_align(limits::namespaces_max * sizeof(NamespaceRecord)) +
@@ -83,26 +90,44 @@ Status StateSegment::map(int fd, uint64_t bytes, int& ret_errno) {
   fd_ = fd;
   base_ = static_cast<uint8_t*>(m);
   bytes_ = bytes;
+  struct statfs fs {};
+  on_huge_pages_ = fstatfs(fd, &fs) == 0 && fs.f_type == HUGETLBFS_MAGIC;
   return Status::Ok;
 }
+
+namespace {
+
+// A sealed memfd of `bytes`, mapped into `segment`; false (errno set) otherwise.
+bool make_segment_memfd(StateSegment& segment, unsigned int flags, uint64_t bytes, int& ret_errno,
+                        Status (StateSegment::*map)(int, uint64_t, int&)) {
+  int fd = memfd_create("kvparkd-state", MFD_CLOEXEC | MFD_ALLOW_SEALING | flags);
+  if (fd < 0 || ftruncate(fd, static_cast<off_t>(bytes)) != 0 ||
+      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0 ||
+      (segment.*map)(fd, bytes, ret_errno) != Status::Ok) {
+    ret_errno = errno;
+    if (fd >= 0) close(fd);
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
 
 Status StateSegment::create(const StateLayout& layout, std::unique_ptr<StateSegment>& ret_segment,
                             int& ret_errno) {
   const uint64_t capacity = state_record_capacity_for(layout.arena_data_bytes);
   const uint64_t bytes = state_segment_bytes(capacity);
-  // Sparse: pages are allocated as records are written, lowest indexes first.
-  int fd = memfd_create("kvparkd-state", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (fd < 0 || ftruncate(fd, static_cast<off_t>(bytes)) != 0 ||
-      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
-    ret_errno = errno;
-    if (fd >= 0) close(fd);
-    return Status::IoError;
-  }
   auto segment = std::unique_ptr<StateSegment>(new StateSegment());
-  if (Status s = segment->map(fd, bytes, ret_errno); s != Status::Ok) {
-    close(fd);
-    return s;
-  }
+  // With huge pages allowed, on reserved huge pages (vm.nr_hugepages) when they have
+  // room for it: a restarted daemon reads every record, and on 4 KiB pages the first
+  // read of each page through a new mapping costs more than the read (a few
+  // microseconds each on some VMs: docs/operations.md). The mapping reserves its pages.
+  // Otherwise sparse: pages are allocated as records are written, lowest indexes first.
+  const bool huge = layout.huge_pages != static_cast<uint16_t>(HugePages::Off) &&
+                    make_segment_memfd(*segment, MFD_HUGETLB, state_huge_segment_bytes(bytes),
+                                       ret_errno, &StateSegment::map);
+  if (!huge && !make_segment_memfd(*segment, 0, bytes, ret_errno, &StateSegment::map))
+    return Status::IoError;
   StateHeader& h = segment->header_;
   h = StateHeader{};
   h.magic = state_magic;
@@ -139,7 +164,9 @@ Status StateSegment::adopt(int fd, std::unique_ptr<StateSegment>& ret_segment, i
                   h.namespace_capacity == limits::namespaces_max &&
                   h.connection_capacity == limits::connections_max &&
                   h.record_capacity == state_record_capacity_for(h.arena_data_bytes) &&
-                  static_cast<uint64_t>(st.st_size) == state_segment_bytes(h.record_capacity);
+                  (static_cast<uint64_t>(st.st_size) == state_segment_bytes(h.record_capacity) ||
+                   static_cast<uint64_t>(st.st_size) ==
+                       state_huge_segment_bytes(state_segment_bytes(h.record_capacity)));
   if (!ok) {
     ret_errno = 0;
     close(fd);

@@ -81,6 +81,8 @@ class StateSegment {
   // The raw mapping, for tests that scribble on it.
   uint8_t* base() const { return base_; }
   uint64_t bytes() const { return bytes_; }
+  // On reserved huge pages (vm.nr_hugepages), not 4 KiB ones.
+  bool on_huge_pages() const { return on_huge_pages_; }
   uint64_t records_offset() const { return records_offset_; }
 
  private:
@@ -102,9 +104,13 @@ class StateSegment {
   uint64_t connections_offset_ = 0;
   uint64_t records_offset_ = 0;
   uint64_t sequence_ = 0;
+  bool on_huge_pages_ = false;
 };
 
 // Bytes of a segment for this many records.
 uint64_t state_segment_bytes(uint64_t record_capacity);
+// On reserved huge pages a segment's size is rounded up to whole pages of this size.
+inline constexpr uint64_t state_huge_page_bytes = 2ull << 20;
+uint64_t state_huge_segment_bytes(uint64_t bytes);
 
 }  // namespace kvpark::shm

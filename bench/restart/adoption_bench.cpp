@@ -23,10 +23,20 @@
 // backs guest memory lazily they may get memory it freed, already backed. Adoption
 // reads no arena page of a block, so the arena itself is only a size here.
 //
+// Last, as a daemon that stopped cleanly leaves it: the index image (daemon/index_image.h).
+// One process adopts over the kept memory and leaves its index as an image; then
+// three fresh processes in a row each adopt the image the one before left (mapping the
+// kept memory included) and leave it again: "image" is their median and fastest, and
+// "stop" the median time a stop spends leaving the image.
+//
+// --huge-pages puts the state segment and the kept index memory on reserved huge pages
+// (vm.nr_hugepages; kvparkd does with huge_pages = try or on when some are free), as
+// the bench says in its first line; without it both are on 4 KiB pages.
+//
 // --kept-only runs the kept restarts alone, more of them, each figure printed: what to
 // run under a profiler (`perf record`), where the other rows would only add samples.
 //
-//   kvpark-adoption-bench [--quick] [--kept-only] [--entries N ...]
+//   kvpark-adoption-bench [--quick] [--kept-only] [--huge-pages] [--entries N ...]
 #include <fcntl.h>
 #include <getopt.h>
 #include <sys/mman.h>
@@ -50,8 +60,10 @@
 #include "daemon/entry_state.h"
 #include "daemon/entry_table.h"
 #include "daemon/huge_page_allocator.h"
+#include "daemon/index_image.h"
 #include "daemon/kept_memory.h"
 #include "proto/limits.h"
+#include "shm/arena.h"
 #include "shm/state_segment.h"
 
 namespace {
@@ -61,6 +73,8 @@ using namespace kvpark;
 constexpr uint64_t extent_bytes = 2 * limits::extent_align_bytes;  // the smallest entry
 constexpr NamespaceId bench_ns{0x7e57a7, 0x7e57a7};
 constexpr uint32_t block_tokens = 16;
+bool use_huge_pages = false;  // --huge-pages
+
 // Restarts over kept index memory per row: this figure is the one a restarted daemon
 // meets, and on a shared machine one run alone swings by half.
 constexpr int kept_runs = 3;
@@ -91,7 +105,8 @@ int write_kept_segment(uint64_t entries, uint64_t arena_bytes) {
   if (shm::StateSegment::create({.arena_identity = 1,
                                  .arena_data_bytes = arena_bytes,
                                  .configured_arena_bytes = arena_bytes,
-                                 .huge_pages = 0},
+                                 .huge_pages = static_cast<uint16_t>(
+                                     use_huge_pages ? shm::HugePages::Try : shm::HugePages::Off)},
                                 segment, err) != Status::Ok) {
     fail("cannot create a state segment");
   }
@@ -166,7 +181,9 @@ double touch_msec(uint64_t entries, bool huge) {
 struct Row {
   uint64_t entries = 0, arena_bytes = 0, adopted = 0, dropped = 0;
   double adopt_msec = 0, adopt_cpu_msec = 0, kept_msec = 0, kept_cpu_msec = 0, kept_min_msec = 0,
-         again_cpu_msec = 0, floor_msec = 0, touch_4k_msec = 0, touch_huge_msec = 0;
+         again_cpu_msec = 0, floor_msec = 0, touch_4k_msec = 0, touch_huge_msec = 0, image_msec = 0,
+         image_cpu_msec = 0, image_min_msec = 0, stop_msec = 0;
+  bool state_huge = false, index_huge = false;  // on reserved huge pages, as measured
 };
 
 // Runs `measure` in a forked child and returns what it filled in. Each figure comes
@@ -221,16 +238,59 @@ double adopt_once(int fd, Row& row, double wall_start, double cpu_start, double&
 // An adoption in this process with the index memory over `memory_fd` (kept_memory.h),
 // mapping it included; returns wall ms, and CPU ms in ret_cpu_msec. It leaves the pages
 // to the next one, as a stopping daemon does.
-double adopt_over_kept_memory(int fd, int memory_fd, Row& row, double& ret_cpu_msec) {
+// The kept memory over `memory_fd`, in use for the entry table's arrays from now on.
+std::unique_ptr<daemon::KeptMemory> use_kept_memory_fd(int memory_fd) {
   std::unique_ptr<daemon::KeptMemory> memory;
   int err = 0;
+  if (daemon::KeptMemory::open(dup(memory_fd), use_huge_pages, memory, err) != Status::Ok)
+    fail("kept memory");
+  daemon::use_kept_memory(memory.get());
+  return memory;
+}
+
+double adopt_over_kept_memory(int fd, int memory_fd, Row& row, double& ret_cpu_msec) {
   const double start = now_msec();
   const double cpu_start = cpu_msec();
-  if (daemon::KeptMemory::open(dup(memory_fd), memory, err) != Status::Ok) fail("kept memory");
-  daemon::use_kept_memory(memory.get());
+  const std::unique_ptr<daemon::KeptMemory> memory = use_kept_memory_fd(memory_fd);
   // Before adopt_once() frees the table on its way out (nothing else is freed before).
   memory->keep_pages();
   return adopt_once(fd, row, start, cpu_start, ret_cpu_msec);
+}
+
+// A restart over the kept memory that adopts the index image the last one left (or, with
+// `rebuild`, rebuilds the index from the records), then stops cleanly, leaving the
+// image for the next. Returns the adoption's wall ms (mapping the kept memory included);
+// CPU ms in ret_cpu_msec, the stop's wall ms in ret_stop_msec.
+double adopt_image_over_kept_memory(int fd, int memory_fd, bool rebuild, Row& row,
+                                    double& ret_cpu_msec, double& ret_stop_msec) {
+  const double start = now_msec();
+  const double cpu_start = cpu_msec();
+  const std::unique_ptr<daemon::KeptMemory> memory = use_kept_memory_fd(memory_fd);
+  int err = 0;
+  std::unique_ptr<shm::StateSegment> segment;
+  const int copy = dup(fd);
+  if (copy < 0 || shm::StateSegment::adopt(copy, segment, err) != Status::Ok) fail("adopt");
+  daemon::EntryState state(*segment);
+  daemon::EntryTable table(row.arena_bytes, limits::extent_align_bytes);
+  table.set_state(&state);
+  daemon::AdoptionReport report;
+  std::string why_not;
+  if (rebuild) {
+    report = daemon::adopt_entries(state, nullptr, row.arena_bytes, table);
+  } else if (!daemon::adopt_index_image(*memory, state, nullptr, row.arena_bytes, table, report,
+                                        why_not)) {
+    fail(("the index image was not adopted: " + why_not).c_str());
+  }
+  const double wall = now_msec() - start;
+  ret_cpu_msec = cpu_msec() - cpu_start;
+  if (report.entries != row.entries) fail("adoption lost entries");
+  row.state_huge = segment->on_huge_pages();
+  row.index_huge = memory->huge_pages();
+  const double stop_start = now_msec();
+  if (!daemon::write_index_image(table, state, *memory, why_not))
+    fail(("no index image left: " + why_not).c_str());
+  ret_stop_msec = now_msec() - stop_start;
+  return wall;
 }
 
 Row measure(uint64_t entries, bool kept_only) {
@@ -248,7 +308,8 @@ Row measure(uint64_t entries, bool kept_only) {
   {
     std::unique_ptr<daemon::KeptMemory> memory;
     int err = 0;
-    if (daemon::KeptMemory::open(-1, memory, err) != Status::Ok) fail("kept memory");
+    if (daemon::KeptMemory::open(-1, use_huge_pages, memory, err) != Status::Ok)
+      fail("kept memory");
     memory_fd = dup(memory->fd());
   }
   row = in_fresh_process(row, [&](Row& r) {
@@ -270,6 +331,29 @@ Row measure(uint64_t entries, bool kept_only) {
   std::sort(kept.begin(), kept.end());
   row.kept_min_msec = kept.front().first;
   std::tie(row.kept_msec, row.kept_cpu_msec) = kept[kept.size() / 2];
+  // Clean stops: each restart adopts the index image the one before left.
+  row = in_fresh_process(row, [&](Row& r) {
+    double cpu = 0, stop = 0;
+    (void)adopt_image_over_kept_memory(fd, memory_fd, true, r, cpu, stop);
+  });
+  std::vector<std::pair<double, double>> images;  // wall, CPU
+  std::vector<double> stops;
+  for (int run = 0; run < runs; ++run) {
+    const Row done = in_fresh_process(row, [&](Row& r) {
+      r.image_msec =
+          adopt_image_over_kept_memory(fd, memory_fd, false, r, r.image_cpu_msec, r.stop_msec);
+    });
+    images.emplace_back(done.image_msec, done.image_cpu_msec);
+    stops.push_back(done.stop_msec);
+    if (kept_only)
+      std::printf("image restart %d: %.1f ms, CPU %.1f ms, stop %.1f ms\n", run + 1,
+                  done.image_msec, done.image_cpu_msec, done.stop_msec);
+  }
+  std::sort(images.begin(), images.end());
+  std::sort(stops.begin(), stops.end());
+  row.image_min_msec = images.front().first;
+  std::tie(row.image_msec, row.image_cpu_msec) = images[images.size() / 2];
+  row.stop_msec = stops[stops.size() / 2];
   close(memory_fd);
   if (kept_only) {
     close(fd);
@@ -289,6 +373,7 @@ int main(int argc, char** argv) {
   bool quick = false, kept_only = false;
   const option long_options[] = {{"quick", no_argument, nullptr, 'q'},
                                  {"kept-only", no_argument, nullptr, 'k'},
+                                 {"huge-pages", no_argument, nullptr, 'h'},
                                  {"entries", required_argument, nullptr, 'n'},
                                  {nullptr, 0, nullptr, 0}};
   for (int c; (c = getopt_long(argc, argv, "", long_options, nullptr)) != -1;) {
@@ -296,11 +381,14 @@ int main(int argc, char** argv) {
       quick = true;
     } else if (c == 'k') {
       kept_only = true;
+    } else if (c == 'h') {
+      use_huge_pages = true;
     } else if (c == 'n') {
       counts.push_back(std::strtoull(optarg, nullptr, 0));
     } else {
       std::fprintf(stderr,
-                   "Usage: kvpark-adoption-bench [--quick] [--kept-only] [--entries N ...]\n");
+                   "Usage: kvpark-adoption-bench [--quick] [--kept-only] [--huge-pages] [--entries "
+                   "N ...]\n");
       return 2;
     }
   }
@@ -309,20 +397,28 @@ int main(int argc, char** argv) {
         quick ? std::vector<uint64_t>{10'000} : std::vector<uint64_t>{10'000, 100'000, 1'000'000};
   }
   std::printf(
-      "kvpark-adoption-bench: sealed blocks of %llu KiB extents, arena sized to hold them\n",
-      static_cast<unsigned long long>(extent_bytes >> 10));
-  std::printf("%10s %9s %9s %9s %9s %9s %9s %9s %9s %9s %10s %10s\n", "entries", "arena GiB",
-              "adopt ms", "cpu ms", "ns/entry", "kept ms", "kept cpu", "kept min", "again ms",
-              "floor ms", "4k-touch", "huge-touch");
+      "kvpark-adoption-bench: sealed blocks of %llu KiB extents, arena sized to hold them; state "
+      "segment and index memory on %s pages\n",
+      static_cast<unsigned long long>(extent_bytes >> 10),
+      use_huge_pages ? "reserved huge" : "4 KiB");
+  std::printf("%10s %9s %9s %9s %9s %9s %9s %9s %9s %9s %10s %10s %9s %9s %9s %9s\n", "entries",
+              "arena GiB", "adopt ms", "cpu ms", "ns/entry", "kept ms", "kept cpu", "kept min",
+              "again ms", "floor ms", "4k-touch", "huge-touch", "image ms", "image cpu",
+              "image min", "stop ms");
   for (uint64_t n : counts) {
     if (n == 0) continue;
     const Row r = measure(n, kept_only);
-    std::printf("%10llu %9.2f %9.1f %9.1f %9.0f %9.1f %9.1f %9.1f %9.1f %9.1f %10.1f %10.1f\n",
-                static_cast<unsigned long long>(r.entries),
-                static_cast<double>(r.arena_bytes) / (1ull << 30), r.adopt_msec, r.adopt_cpu_msec,
-                r.adopt_cpu_msec * 1e6 / static_cast<double>(r.entries), r.kept_msec,
-                r.kept_cpu_msec, r.kept_min_msec, r.again_cpu_msec, r.floor_msec, r.touch_4k_msec,
-                r.touch_huge_msec);
+    std::printf(
+        "%10llu %9.2f %9.1f %9.1f %9.0f %9.1f %9.1f %9.1f %9.1f %9.1f %10.1f %10.1f %9.1f "
+        "%9.1f %9.1f %9.1f\n",
+        static_cast<unsigned long long>(r.entries),
+        static_cast<double>(r.arena_bytes) / (1ull << 30), r.adopt_msec, r.adopt_cpu_msec,
+        r.adopt_cpu_msec * 1e6 / static_cast<double>(r.entries), r.kept_msec, r.kept_cpu_msec,
+        r.kept_min_msec, r.again_cpu_msec, r.floor_msec, r.touch_4k_msec, r.touch_huge_msec,
+        r.image_msec, r.image_cpu_msec, r.image_min_msec, r.stop_msec);
+    if (use_huge_pages && !(r.state_huge && r.index_huge))
+      std::printf("  (not all on huge pages: state segment %s, index memory %s; vm.nr_hugepages)\n",
+                  r.state_huge ? "yes" : "no", r.index_huge ? "yes" : "no");
   }
   std::printf(
       "each figure from a process of its own, as a restarted daemon is.\n"
@@ -332,7 +428,10 @@ int main(int argc, char** argv) {
       "a row, and the fastest (kept min); again: a second\n"
       "adoption in the same process, into memory the first freed (CPU ms); floor:\n"
       "reading and checking the records; 4k-touch / huge-touch: first-touching memory\n"
-      "the size of the index on 4 KiB / huge pages (CPU ms)\n",
+      "the size of the index on 4 KiB / huge pages (CPU ms); image: wall and CPU time\n"
+      "adopting the index image a clean stop left (daemon/index_image.h), mapping the\n"
+      "kept memory included, median and fastest of as many restarts; stop: the median\n"
+      "time a clean stop spends leaving the image\n",
       kept_only ? kept_only_runs : kept_runs);
   return 0;
 }

@@ -6,9 +6,11 @@
 // is kept too, reused at the next start, and trusted for nothing.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -17,72 +19,12 @@
 #include <vector>
 
 #include "shm/state_segment.h"
-#include "tests/testing/daemon_process.h"
-#include "tests/testing/engine_runner.h"
+#include "tests/integration/adoption_support.h"
 
 namespace kvpark::testing {
 namespace {
 
 using std::to_string;
-
-constexpr const char* state_fd_name = "kvpark-state";
-const std::vector<std::string> stored_names = {"kvpark-arena-header", "kvpark-arena-data",
-                                               state_fd_name};
-
-// Lines of the daemon's log holding `needle`.
-std::vector<std::string> log_lines(const DaemonProcess& daemon, const std::string& needle) {
-  std::ifstream in(daemon.log_path());
-  std::vector<std::string> lines;
-  for (std::string line; std::getline(in, line);) {
-    if (line.find(needle) != std::string::npos) lines.push_back(line);
-  }
-  return lines;
-}
-
-DaemonConfig kept_config(uint64_t arena_bytes = 64ull << 20) {
-  return {.arena_bytes = arena_bytes, .fd_store = true};
-}
-
-// Heads of 1024 tokens (16 blocks of 64 KiB); the odd ones also park a snapshot
-// 40 tokens past their last block, so snapshot records (tail tokens) ride along.
-void publish(const DaemonProcess& daemon, const std::vector<int>& seeds) {
-  for (int seed : seeds) {
-    std::vector<std::string> args = {"publish", "--head-seed", to_string(seed)};
-    if (seed % 2 == 1)
-      args.insert(args.end(), {"--body-tokens", "40", "--snapshot-bytes", "12288"});
-    EngineRun run = run_engine(daemon, args);
-    ASSERT_EQ(run.exit_code, 0) << run.output;
-  }
-}
-
-// A verify of `seed`'s prompt one token past its snapshot (a restore leaves a token).
-std::vector<std::string> verify_args(int seed) {
-  std::vector<std::string> args = {"verify", "--head-seed", to_string(seed)};
-  if (seed % 2 == 1) args.insert(args.end(), {"--body-tokens", "41", "--snapshot-bytes", "12288"});
-  return args;
-}
-
-// Every head restores as deep as it was parked, each byte checked against its
-// checksum and against the content the publisher wrote (exit code 3 otherwise).
-void expect_all_restored(const DaemonProcess& daemon, const std::vector<int>& seeds) {
-  for (int seed : seeds) {
-    const std::vector<std::string> args = verify_args(seed);
-    EngineRun run = run_engine(daemon, args);
-    ASSERT_EQ(run.exit_code, 0) << run.output;
-    const auto r = restores_in(run.output);
-    ASSERT_EQ(r.size(), 1u);
-    EXPECT_EQ(r[0].tokens, seed % 2 == 1 ? 1024u + 40 : full_restore_tokens(1024, 64))
-        << "seed " << seed;
-  }
-}
-
-kvpark_stats stats_of(const DaemonProcess& daemon) {
-  StatsClient stats(daemon.socket_path());
-  EXPECT_TRUE(stats.ok());
-  return stats.get();
-}
-
-const std::vector<int> seeds = {701, 702, 703, 704, 705};
 
 TEST(Adoption, SigtermRestartServesEverySealedEntryByteForByte) {
   DaemonProcess daemon(kept_config());
@@ -200,20 +142,8 @@ TEST(Adoption, ScribbledStateDropsWhatFailsItsCheckAndServesNothingWrong) {
   publish(daemon, seeds);
   const kvpark_stats before = stats_of(daemon);
   daemon.kill_hard();
-  // Garbage over records 20..39 through the manager's own fd.
-  const int fd = daemon.fd_store().fd(state_fd_name);
-  ASSERT_GE(fd, 0);
-  std::unique_ptr<shm::StateSegment> segment;
-  int err = 0;
-  ASSERT_EQ(shm::StateSegment::adopt(dup(fd), segment, err), Status::Ok);
-  const uint64_t seed = std::random_device{}();
-  std::printf("scribble seed %llu\n", static_cast<unsigned long long>(seed));
-  std::mt19937_64 random(seed);
   constexpr uint64_t first = 20, count = 20;
-  uint8_t* at = segment->base() + segment->records_offset() + first * sizeof(shm::StateRecord);
-  for (uint64_t i = 0; i < count * sizeof(shm::StateRecord); ++i)
-    at[i] = static_cast<uint8_t>(random());
-  segment.reset();
+  scribble_records(daemon, first, count);
 
   ASSERT_TRUE(daemon.start());
   const auto adopted = log_lines(daemon, "from the previous instance");
@@ -258,9 +188,12 @@ TEST(Adoption, TheIndexMemoryIsKeptReusedAndTrustedForNothing) {
   ASSERT_EQ(fstat(memory_fd, &st), 0);
   const uint64_t left_bytes = static_cast<uint64_t>(st.st_blocks) * 512;
   EXPECT_GE(left_bytes, 2ull << 20);
-  const std::vector<uint8_t> garbage(left_bytes + (8ull << 20), 0xa5);
-  ASSERT_EQ(pwrite(memory_fd, garbage.data(), garbage.size(), 0),
-            static_cast<ssize_t>(garbage.size()));
+  // Through a mapping: hugetlbfs (huge pages reserved) takes no write().
+  const size_t garbage_bytes = left_bytes + (8ull << 20);
+  void* garbage = mmap(nullptr, garbage_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, memory_fd, 0);
+  ASSERT_NE(garbage, MAP_FAILED);
+  std::memset(garbage, 0xa5, garbage_bytes);
+  munmap(garbage, garbage_bytes);
 
   ASSERT_TRUE(daemon.start());
   const auto reused = log_lines(daemon, "of index memory kept by the previous instance");

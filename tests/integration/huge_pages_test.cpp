@@ -15,6 +15,7 @@
 
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/engine_runner.h"
+#include "tests/testing/huge_pages.h"
 
 namespace kvpark::testing {
 namespace {
@@ -24,17 +25,6 @@ using std::to_string;
 constexpr uint64_t arena_bytes = 64ull << 20;
 constexpr uint64_t huge_page_bytes = 2ull << 20;
 constexpr uint64_t snapshot_bytes = 8ull << 20;  // spans several 2 MiB pages
-
-uint64_t meminfo_field(const std::string& name) {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  uint64_t value = 0;
-  while (in >> key >> value) {
-    if (key == name + ":") return value;
-    in.ignore(1 << 10, '\n');
-  }
-  return 0;
-}
 
 // Whether free reserved huge pages could hold an arena (and some to spare for the
 // header's rounding): the hugetlb path is possible on this machine.

@@ -63,6 +63,22 @@ TEST(AdoptionStatus, StatusMetricsAndKvparkctlSayWhatWasAdopted) {
       contains(ctl.out, "Restart: adopted 16 entries (0.00 GiB) from the previous instance in "))
       << ctl.out;
   EXPECT_TRUE(contains(ctl.out, "; dropped 0")) << ctl.out;
+  EXPECT_TRUE(contains(status, "\"adoption_index_kept\":false")) << status;  // killed: rebuilt
+  EXPECT_TRUE(contains(metrics, "\nkvpark_adoption_index_kept 0\n")) << metrics;
+
+  // A clean stop leaves its index, and the next start says it took it.
+  ASSERT_EQ(daemon.stop(), 0);
+  ASSERT_TRUE(daemon.start());
+  const int next_port = daemon.http_port();
+  status = http_get(next_port, "/v1/status");
+  EXPECT_TRUE(contains(status, "\"adoption_index_kept\":true")) << status;
+  EXPECT_TRUE(contains(http_get(next_port, "/metrics"), "\nkvpark_adoption_index_kept 1\n"));
+  const RunResult kept = run_capture(
+      {built_binary("KVPARKCTL"), "--http", "127.0.0.1:" + std::to_string(next_port), "status"},
+      command_timeout_msec);
+  ASSERT_EQ(kept.code, 0) << kept.err;
+  EXPECT_TRUE(contains(kept.out, "from the previous instance in ")) << kept.out;
+  EXPECT_TRUE(contains(kept.out, ", its index kept; dropped 0")) << kept.out;
 }
 
 TEST(AdoptionStatus, AFreshStartOverKeptFdsSaysWhy) {

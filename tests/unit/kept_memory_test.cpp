@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "daemon/huge_page_allocator.h"
+#include "tests/testing/huge_pages.h"
 
 namespace kvpark::daemon {
 namespace {
@@ -25,9 +26,11 @@ constexpr size_t mib = 1u << 20;
 std::unique_ptr<KeptMemory> open_memory(int kept_fd = -1) {
   std::unique_ptr<KeptMemory> memory;
   int err = 0;
-  EXPECT_EQ(KeptMemory::open(kept_fd, memory, err), Status::Ok) << err;
+  EXPECT_EQ(KeptMemory::open(kept_fd, false, memory, err), Status::Ok) << err;
   return memory;
 }
+
+using testing::free_huge_pages;
 
 // Bytes of pages the memfd holds.
 uint64_t allocated_bytes(int fd) {
@@ -216,13 +219,17 @@ TEST(KeptMemory, PagesPastTheMostRunsListedAreGivenBackAtOpen) {
   ASSERT_GE(fd, 0);
   const uint8_t byte = 1;
   for (uint64_t run = 0; run < kept_memory_backed_ranges_max + 8; ++run) {
-    ASSERT_EQ(pwrite(fd, &byte, 1, static_cast<off_t>(run * 2 * kept_memory_unit_bytes)), 1);
+    ASSERT_EQ(
+        pwrite(fd, &byte, 1,
+               static_cast<off_t>(kept_memory_header_bytes + run * 2 * kept_memory_unit_bytes)),
+        1);
   }
   auto next = open_memory(fd);
   ASSERT_TRUE(next);
   EXPECT_EQ(next->kept_bytes(), kept_memory_backed_ranges_max * kept_memory_unit_bytes);
   // Nothing past the last listed run holds a page any more.
-  const off_t past = static_cast<off_t>(kept_memory_backed_ranges_max * 2 * kept_memory_unit_bytes);
+  const off_t past = static_cast<off_t>(kept_memory_header_bytes +
+                                        kept_memory_backed_ranges_max * 2 * kept_memory_unit_bytes);
   errno = 0;
   EXPECT_EQ(lseek(next->fd(), past - static_cast<off_t>(kept_memory_unit_bytes), SEEK_DATA), -1);
   EXPECT_EQ(errno, ENXIO);
@@ -243,8 +250,9 @@ TEST(KeptMemory, AKeptFdThatIsNoMemfdIsReplacedByANewOne) {
 TEST(KeptMemory, ARequestLargerThanTheMemoryIsRefused) {
   auto memory = open_memory();
   ASSERT_TRUE(memory);
-  EXPECT_EQ(memory->map(kept_memory_bytes_max + 1), nullptr);
-  void* whole = memory->map(kept_memory_bytes_max);  // virtual: nothing is allocated
+  // Everything past the header unit (index_image.h), which is never handed out.
+  EXPECT_EQ(memory->map(kept_memory_bytes_max - kept_memory_header_bytes + 1), nullptr);
+  void* whole = memory->map(kept_memory_bytes_max - kept_memory_header_bytes);  // virtual
   ASSERT_NE(whole, nullptr);
   EXPECT_EQ(memory->map(kept_memory_unit_bytes), nullptr);
   EXPECT_TRUE(memory->unmap(whole));
@@ -266,6 +274,41 @@ TEST(KeptMemory, HugePageVectorsDrawFromTheMemoryInUseAndFallBackWithout) {
   use_kept_memory(nullptr);
   HugePageVector<uint64_t> anonymous(4 * mib / sizeof(uint64_t), 1);
   EXPECT_EQ(allocated_bytes(memory->fd()), 0u);
+}
+
+TEST(KeptMemory, WithHugePagesAllowedItIsOnReservedOnesWhenFreeAndGivesBackWhatIsLeft) {
+  std::unique_ptr<KeptMemory> memory;
+  int err = 0;
+  ASSERT_EQ(KeptMemory::open(-1, true, memory, err), Status::Ok) << err;
+  if (free_huge_pages() == 0 && !memory->huge_pages()) {
+    GTEST_SKIP() << "no huge pages reserved: `sysctl vm.nr_hugepages=8` runs this";
+  }
+  ASSERT_TRUE(memory->huge_pages());
+  void* p = memory->map(4 * mib);
+  ASSERT_NE(p, nullptr);
+  std::memset(p, 0x5a, 4 * mib);
+  memory->keep_pages();  // a stopping daemon
+  EXPECT_TRUE(memory->unmap(p));
+  const int fd = dup(memory->fd());
+  memory.reset();
+  // hugetlbfs reports no holes: the next instance knows the pages only by their count,
+  // and gives every one back when nothing (an index image) took them.
+  ASSERT_EQ(KeptMemory::open(fd, true, memory, err), Status::Ok) << err;
+  EXPECT_TRUE(memory->kept() && memory->huge_pages());
+  EXPECT_EQ(memory->kept_bytes(), 4 * mib);
+  EXPECT_EQ(memory->release_unused(), 4 * mib);
+  EXPECT_EQ(allocated_bytes(memory->fd()), kept_memory_header_bytes);
+}
+
+TEST(KeptMemory, WithHugePagesAllowedButNoneFreeItIsOn4KiBPages) {
+  if (free_huge_pages() > 0) GTEST_SKIP() << "huge pages are reserved here";
+  std::unique_ptr<KeptMemory> memory;
+  int err = 0;
+  ASSERT_EQ(KeptMemory::open(-1, true, memory, err), Status::Ok) << err;
+  EXPECT_FALSE(memory->huge_pages());
+  void* p = memory->map(2 * mib);
+  ASSERT_NE(p, nullptr);
+  EXPECT_TRUE(memory->unmap(p));
 }
 
 }  // namespace

@@ -8,7 +8,12 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <fstream>
 #include <memory>
+#include <string>
+
+#include "shm/arena.h"
+#include "tests/testing/huge_pages.h"
 
 namespace kvpark::shm {
 namespace {
@@ -133,6 +138,51 @@ TEST(StateSegment, ConnectionWordsNameAPidOrNothing) {
   EXPECT_EQ(s->connection_pid(4), 0u);
   s->clear_connection(3);
   EXPECT_EQ(s->connection_pid(3), 0u);
+}
+
+using testing::free_huge_pages;
+
+std::unique_ptr<StateSegment> make_segment(HugePages huge_pages) {
+  std::unique_ptr<StateSegment> segment;
+  int err = 0;
+  EXPECT_EQ(StateSegment::create({.arena_identity = 43,
+                                  .arena_data_bytes = arena_bytes,
+                                  .configured_arena_bytes = arena_bytes,
+                                  .huge_pages = static_cast<uint16_t>(huge_pages)},
+                                 segment, err),
+            Status::Ok);
+  return segment;
+}
+
+TEST(StateSegment, WithHugePagesAllowedAndReservedItIsOnThemAndAdoptedLikeAnyOther) {
+  const uint64_t pages_needed =
+      state_huge_segment_bytes(state_segment_bytes(state_record_capacity_for(arena_bytes))) /
+      state_huge_page_bytes;
+  if (free_huge_pages() < pages_needed)
+    GTEST_SKIP() << "too few huge pages reserved: `sysctl vm.nr_hugepages=" << pages_needed
+                 << "` runs this";
+  auto segment = make_segment(HugePages::Try);
+  ASSERT_TRUE(segment);
+  EXPECT_TRUE(segment->on_huge_pages());
+  segment->write_record(3, body_at(8192), 1, 2);
+  std::unique_ptr<StateSegment> adopted;
+  int err = 0;
+  ASSERT_EQ(StateSegment::adopt(dup(segment->fd()), adopted, err), Status::Ok);
+  EXPECT_TRUE(adopted->on_huge_pages());
+  StateRecord r{};
+  EXPECT_EQ(adopted->check_record(3, r), StateSegment::RecordCheck::Valid);
+  EXPECT_EQ(r.body.extent_offset, 8192u);
+}
+
+TEST(StateSegment, WithHugePagesOffOrNoneFreeItIsSparseOn4KiBPages) {
+  auto off = make_segment(HugePages::Off);
+  ASSERT_TRUE(off);
+  EXPECT_FALSE(off->on_huge_pages());
+  EXPECT_EQ(off->bytes(), state_segment_bytes(state_record_capacity_for(arena_bytes)));
+  if (free_huge_pages() > 0) GTEST_SKIP() << "huge pages are reserved here";
+  auto tried = make_segment(HugePages::Try);
+  ASSERT_TRUE(tried);
+  EXPECT_FALSE(tried->on_huge_pages());
 }
 
 }  // namespace
