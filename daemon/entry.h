@@ -93,6 +93,8 @@ struct Entry {
   bool adoption_hold = false;  // adopted; a lease of the previous daemon may still read it
 };
 static_assert(std::is_trivially_copyable_v<Entry>, "an index image holds entries as bytes");
+static_assert(offsetof(Entry, in_use) < 64 && sizeof(Entry) % 64 == 0,
+              "what adopting an index image checks shares each entry's first cache line");
 
 struct NewEntry {
   NamespaceIndex ns = 0;
