@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <random>
@@ -84,6 +86,33 @@ inline void scribble_records(DaemonProcess& daemon, uint64_t first, uint64_t cou
   uint8_t* at = segment->base() + segment->records_offset() + first * sizeof(shm::StateRecord);
   for (uint64_t i = 0; i < count * sizeof(shm::StateRecord); ++i)
     at[i] = static_cast<uint8_t>(random());
+}
+
+// A directory for a disk tier under /var/tmp (a real file system for io_uring), removed
+// with this object.
+struct DiskDirectory {
+  std::string path;
+  explicit DiskDirectory(const char* name) {
+    std::string templ = std::string("/var/tmp/") + name + "-XXXXXX";
+    path = mkdtemp(templ.data());
+  }
+  ~DiskDirectory() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+};
+
+inline DaemonConfig kept_disk_config(const DiskDirectory& disk) {
+  return {.arena_bytes = 64ull << 20, .extra_args = {"--disk-dir", disk.path}, .fd_store = true};
+}
+
+// Publishes `seed`'s 16 blocks as shared, so they are written through to disk at seal,
+// and waits until they are.
+inline void publish_written_through(const DaemonProcess& daemon, int seed) {
+  EngineRun run = run_engine(daemon, {"publish", "--head-seed", std::to_string(seed), "--shared"});
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  StatsClient stats(daemon.socket_path());
+  ASSERT_TRUE(stats.wait_until([](const kvpark_stats& s) { return s.disk_entries == 16; }, 30'000));
 }
 
 inline kvpark_stats stats_of(const DaemonProcess& daemon) {

@@ -11,7 +11,6 @@
 #include <unistd.h>
 
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <random>
@@ -104,26 +103,17 @@ TEST(Adoption, ChangedArenaSizeStartsFreshRemovesTheStaleFdsAndSaysWhyOnce) {
 }
 
 TEST(Adoption, AnAdoptedEntryKeepsItsDiskCopyAndIsIndexedOnce) {
-  char templ[] = "/var/tmp/kvpark-adoption-XXXXXX";
-  const std::string disk = mkdtemp(templ);
-  DaemonProcess daemon(
-      {.arena_bytes = 64ull << 20, .extra_args = {"--disk-dir", disk}, .fd_store = true});
+  const DiskDirectory disk("kvpark-adoption");
+  DaemonProcess daemon(kept_disk_config(disk));
   ASSERT_TRUE(daemon.start());
   if (!log_lines(daemon, "disk tier off").empty()) GTEST_SKIP() << "no disk tier here";
-  // Shared blocks are written through to disk at seal.
-  EngineRun run = run_engine(daemon, {"publish", "--head-seed", "760", "--shared"});
-  ASSERT_EQ(run.exit_code, 0) << run.output;
-  StatsClient before(daemon.socket_path());
-  ASSERT_TRUE(
-      before.wait_until([](const kvpark_stats& s) { return s.disk_entries == 16; }, 30'000));
+  publish_written_through(daemon, 760);
   daemon.kill_hard();
   ASSERT_TRUE(daemon.start());
   const kvpark_stats after = stats_of(daemon);
   EXPECT_EQ(after.blocks, 16u);        // on the host and on disk: one entry each
   EXPECT_EQ(after.disk_entries, 16u);  // the disk tier's scan found each adopted entry's record
   expect_all_restored(daemon, {760});
-  std::error_code ec;
-  std::filesystem::remove_all(disk, ec);
 }
 
 TEST(Adoption, WithoutAServiceManagerKeepingFdsARestartStartsEmptyAsBefore) {

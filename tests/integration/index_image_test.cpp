@@ -8,7 +8,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <filesystem>
 #include <memory>
 #include <random>
 #include <string>
@@ -72,19 +71,12 @@ TEST(IndexImage, ACleanStopLeavesTheIndexAndTheNextStartAdoptsItEveryByteServed)
 }
 
 TEST(IndexImage, WithADiskTierEachEntryComesBackOnceWithItsDiskCopy) {
-  char templ[] = "/var/tmp/kvpark-index-image-XXXXXX";
-  const std::string disk = mkdtemp(templ);
-  DaemonProcess daemon(
-      {.arena_bytes = 64ull << 20, .extra_args = {"--disk-dir", disk}, .fd_store = true});
+  const DiskDirectory disk("kvpark-index-image");
+  DaemonProcess daemon(kept_disk_config(disk));
   ASSERT_TRUE(daemon.start());
   if (!log_lines(daemon, "disk tier off").empty()) GTEST_SKIP() << "no disk tier here";
-  // Shared blocks are written through to disk at seal; the others may spill at the stop.
-  EngineRun run = run_engine(daemon, {"publish", "--head-seed", "760", "--shared"});
-  ASSERT_EQ(run.exit_code, 0) << run.output;
-  publish(daemon, {761});
-  StatsClient before(daemon.socket_path());
-  ASSERT_TRUE(
-      before.wait_until([](const kvpark_stats& s) { return s.disk_entries == 16; }, 30'000));
+  publish_written_through(daemon, 760);
+  publish(daemon, {761});  // these may spill at the stop
   ASSERT_EQ(daemon.stop(), 0);
   ASSERT_EQ(log_lines(daemon, "left the index of 33 entries").size(), 1u);
   ASSERT_TRUE(daemon.start());
@@ -97,8 +89,6 @@ TEST(IndexImage, WithADiskTierEachEntryComesBackOnceWithItsDiskCopy) {
   EXPECT_EQ(s.snapshots, 1u);
   EXPECT_GE(s.disk_entries, 16u);  // the disk tier's scan found each record again
   expect_all_restored(daemon, {760, 761});
-  std::error_code ec;
-  std::filesystem::remove_all(disk, ec);
 }
 
 TEST(IndexImage, AnIndexIsAdoptedOnceAKillAfterItRebuildsFromTheRecords) {
