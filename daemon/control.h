@@ -48,6 +48,7 @@ struct StatusInfo {
   uint64_t snapshots = 0;
   uint64_t pinned = 0;
   uint64_t namespaces = 0;
+  uint64_t namespaces_reused = 0;  // indexes a new namespace took from an empty one
   uint64_t connections = 0;
   uint64_t leases = 0;
   uint64_t reservations = 0;

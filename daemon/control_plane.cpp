@@ -43,6 +43,7 @@ StatusInfo ControlPlane::status_in_loop() const {
   s.entries = s.blocks + s.snapshots;
   s.pinned = table_.pinned();
   s.namespaces = table_.namespace_count();
+  s.namespaces_reused = table_.namespaces_reused();
   s.connections = park_.connection_count();
   s.leases = park_.leases_open();
   s.reservations = park_.reservations_open();

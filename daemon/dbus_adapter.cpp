@@ -88,6 +88,7 @@ Dict status_dict(const StatusInfo& s) {
       {"snapshots", sdbus::Variant(s.snapshots)},
       {"pinned", sdbus::Variant(s.pinned)},
       {"namespaces", sdbus::Variant(s.namespaces)},
+      {"namespaces_reused", sdbus::Variant(s.namespaces_reused)},
       {"connections", sdbus::Variant(s.connections)},
       {"leases", sdbus::Variant(s.leases)},
       {"reservations", sdbus::Variant(s.reservations)},

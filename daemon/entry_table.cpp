@@ -40,8 +40,8 @@ void EntryTable::set_tail(Entry& e, std::span<const int32_t> tail) {
 }
 
 Status EntryTable::register_namespace(const NamespaceId& id, const Geometry& g,
-                                      uint32_t prefill_tokens_per_second,
-                                      NamespaceIndex& ret_ns) {
+                                      uint32_t prefill_tokens_per_second, NamespaceIndex& ret_ns,
+                                      const std::function<bool(NamespaceIndex)>& in_use) {
   const bool snapshot_only = g.block_tokens == 0;
   const bool valid = g.block_tokens <= limits::block_tokens_max &&
                      (snapshot_only ? g.block_payload_bytes == 0 && g.snapshot_required
@@ -55,7 +55,6 @@ Status EntryTable::register_namespace(const NamespaceId& id, const Geometry& g,
     ret_ns = it->second;
     return Status::Ok;
   }
-  if (namespaces_.size() >= limits::namespaces_max) return Status::LimitExceeded;
   NamespaceInfo info;
   info.id = id;
   info.geometry = g;
@@ -63,8 +62,22 @@ Status EntryTable::register_namespace(const NamespaceId& id, const Geometry& g,
   info.block_extent_bytes =
       snapshot_only ? 0 : shm::extent_bytes_for(g.block_tokens, g.block_payload_bytes);
   info.prefill_tokens_per_second = prefill_tokens_per_second;
-  ret_ns = static_cast<NamespaceIndex>(namespaces_.size());
-  namespaces_.push_back(info);
+  if (namespaces_.size() < limits::namespaces_max) {
+    ret_ns = static_cast<NamespaceIndex>(namespaces_.size());
+    namespaces_.push_back(info);
+    namespace_slots_.push_back(0);
+  } else {
+    // Full: the first index nothing holds. No entry, block index cell, snapshot list or
+    // state record names it (each belongs to a slot), and the caller vouches for the rest.
+    NamespaceIndex free = 0;
+    while (free < namespaces_.size() && (namespace_slots_[free] != 0 || !in_use || in_use(free)))
+      ++free;
+    if (free == namespaces_.size()) return Status::LimitExceeded;
+    namespace_by_id_.erase(namespaces_[free].id);
+    namespaces_[free] = info;
+    ++namespaces_reused_;
+    ret_ns = free;
+  }
   namespace_by_id_.emplace(id, ret_ns);
   if (state_ != nullptr) state_->write_namespace(ret_ns, info);
   return Status::Ok;
@@ -132,6 +145,7 @@ EntrySlot EntryTable::new_slot(const NewEntry& n, uint64_t last_use_usec) {
   e.reserved_by = n.reserved_by;
   e.in_use = true;
   ++slots_in_use_;
+  ++namespace_slots_[n.ns];
   return slot;
 }
 
@@ -402,6 +416,7 @@ void EntryTable::free_slot(EntrySlot slot) {
   if (e.pinned) --pinned_;
   release_disk_predecessor(slot);  // a spill that never finished
   set_tail(e, {});
+  --namespace_slots_[e.ns];
   e = Entry{};
   ++generations_[slot];
   free_slots_.push_back(slot);

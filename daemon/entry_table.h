@@ -31,6 +31,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <thread>
@@ -60,10 +61,15 @@ class EntryTable {
   EntryTable(const EntryTable&) = delete;
   EntryTable& operator=(const EntryTable&) = delete;
 
-  // Namespaces: registered on first HELLO (or disk recovery), kept while the daemon runs;
-  // LimitExceeded for a new one past limits::namespaces_max.
+  // Namespaces: registered on first HELLO (or disk recovery). Past
+  // limits::namespaces_max a new one takes the index of a namespace that holds no entry
+  // (of any kind) and that `in_use` does not name: the caller's own references, its
+  // connections and probes. LimitExceeded when there is none, or without `in_use`.
   Status register_namespace(const NamespaceId& id, const Geometry& geometry,
-                            uint32_t prefill_tokens_per_second, NamespaceIndex& ret_ns);
+                            uint32_t prefill_tokens_per_second, NamespaceIndex& ret_ns,
+                            const std::function<bool(NamespaceIndex)>& in_use = {});
+  // Namespaces whose index a new one took since the daemon started.
+  uint64_t namespaces_reused() const { return namespaces_reused_; }
   const NamespaceInfo& namespace_info(NamespaceIndex ns) const { return namespaces_.at(ns); }
   // Adds to a namespace's restorable and restored token counters.
   void count_tokens(NamespaceIndex ns, uint64_t restorable, uint64_t restored) {
@@ -266,6 +272,10 @@ class EntryTable {
   void take_claimed_batch();
   std::vector<NamespaceInfo> namespaces_;
   std::unordered_map<NamespaceId, NamespaceIndex, Hash128Hasher> namespace_by_id_;
+  // Slots in use (any kind: reserved, sealed, dead, disk-only) by namespace: an index
+  // holding none may be reused (register_namespace).
+  std::vector<uint64_t> namespace_slots_;
+  uint64_t namespaces_reused_ = 0;
   // The slab, its generations and the block index are the table's bulk (about 250
   // bytes an entry): on huge pages, so building them for 1M entries at adoption is not
   // a million page faults (huge_page_allocator.h).

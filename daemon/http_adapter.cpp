@@ -132,6 +132,7 @@ void write_status(JsonWriter& w, const StatusInfo& s) {
       {"snapshots", s.snapshots},
       {"pinned", s.pinned},
       {"namespaces", s.namespaces},
+      {"namespaces_reused", s.namespaces_reused},
       {"connections", s.connections},
       {"leases", s.leases},
       {"reservations", s.reservations},
@@ -370,6 +371,9 @@ std::string render_metrics(const StatusInfo& s, const std::vector<NamespaceSumma
   m.sample(s.snapshots, label("kind", entry_kind_name(EntryKind::Snapshot)));
   m.one("kvpark_pinned_entries", "gauge", "Pinned entries.", s.pinned);
   m.one("kvpark_namespaces", "gauge", "Namespaces known.", s.namespaces);
+  m.one("kvpark_namespaces_reused_total", "counter",
+        "Namespace indexes a new namespace took from one that held nothing (the table was full).",
+        s.namespaces_reused);
   m.one("kvpark_connections", "gauge", "Engine connections open.", s.connections);
   m.one("kvpark_leases", "gauge", "Plan leases open.", s.leases);
   m.one("kvpark_reservations", "gauge", "Reservations open.", s.reservations);

@@ -152,6 +152,7 @@ bool IndexImage::normalize(EntryTable& t, uint64_t records_high_water,
       // Adoption would not find it: no record names it. Its extent is free then.
       if (!e.dead) t.remove_from_index(slot);
       EntryTable::set_tail(e, {});
+      --t.namespace_slots_[e.ns];
       e = Entry{};
       ++t.generations_[slot];
       t.free_slots_.push_back(slot);
@@ -393,8 +394,12 @@ bool IndexImage::adopt(KeptMemory& memory, EntryState& state, const uint8_t* are
   blocks.seed_low_ = body.seed_low;
   blocks.seed_high_ = body.seed_high;
   table.namespaces_.assign(body.namespaces, body.namespaces + body.namespace_count);
-  for (NamespaceIndex i = 0; i < body.namespace_count; ++i)
+  table.namespace_slots_.clear();
+  for (NamespaceIndex i = 0; i < body.namespace_count; ++i) {
     table.namespace_by_id_.emplace(body.namespaces[i].id, i);
+    // An image holds sealed host entries alone, each counted in its namespace.
+    table.namespace_slots_.push_back(body.namespaces[i].blocks + body.namespaces[i].snapshots);
+  }
   for (SnapshotTail& s : snapshots) {
     Entry& e = table.slots_[s.slot];
     EntryTable::set_tail(e, s.tail);

@@ -94,9 +94,19 @@ Status Park::hello(ConnectionId id, const wire::HelloRequest& req, wire::HelloRe
           std::min(options_.reservation_bytes_max, table_.data_bytes())) {
     return Status::LimitExceeded;
   }
+  // When every namespace index is taken, one that holds nothing may be reused: not one
+  // a connection or a remote snapshot probe still names (leases, reservations and block
+  // probes belong to connections; entries are counted by the table).
+  const auto in_use = [this](NamespaceIndex ns) {
+    for (const auto& [other, connection] : connections_)
+      if (connection.greeted && connection.ns == ns) return true;
+    for (const auto& [lease, p] : remote_snapshot_probes_)
+      if (p.ns == ns) return true;
+    return false;
+  };
   NamespaceIndex ns = 0;
   if (Status s = table_.register_namespace(req.namespace_id, req.geometry,
-                                           req.prefill_tokens_per_second, ns);
+                                           req.prefill_tokens_per_second, ns, in_use);
       s != Status::Ok) {
     return s;
   }

@@ -334,32 +334,70 @@ TEST_F(Limits, PeerThatNeverReadsRepliesDoesNotStallOthers) {
   observer_.expect_back_to(baseline_);
 }
 
+// A full namespace table takes a new namespace only in the place of one that holds no
+// entry and that no connection names; every other namespace keeps its entries.
 TEST_F(Limits, NamespacesAtCapAndCapPlusOne) {
   start();
-  // The observer registered one namespace; engines bring the table to the cap.
+  // The observer registered one namespace (and stays connected); engines bring the table
+  // to the cap, each parking one block, except `idle`, which parks nothing.
   ASSERT_EQ(observer_.stats().namespaces, 1u);
   const uint32_t block_tokens = 16;
   const uint64_t block_bytes = 3584;
+  const uint64_t idle = 0xa000 + 500;
+  const std::vector<int32_t> tokens = make_tokens(9, block_tokens + 1);
+  const kvpark_publish_options options{.session_id = 1};
+  auto park_one = [&](kvpark_client* c) {
+    kvpark_reservation* r = nullptr;
+    ASSERT_EQ(kvpark_reserve_blocks(c, &options, tokens.data(), tokens.size(), 0, 1, &r),
+              KVPARK_OK);
+    ASSERT_EQ(kvpark_seal(r), KVPARK_OK);
+  };
+  auto restorable = [&](kvpark_client* c) {
+    kvpark_plan* plan = nullptr;
+    EXPECT_EQ(kvpark_lookup(c, 2, tokens.data(), tokens.size(), &plan), KVPARK_OK);
+    const uint32_t n = plan != nullptr ? kvpark_plan_restorable_tokens(plan) : 0;
+    if (plan != nullptr) kvpark_plan_release(plan);
+    return n;
+  };
+  ClientPtr idle_client;
   for (uint64_t i = 1; i < limits::namespaces_max; ++i) {
-    ASSERT_NE(connect(make_ns(0xa000 + i, block_tokens, block_bytes)), nullptr) << i;
+    ClientPtr c = connect(make_ns(0xa000 + i, block_tokens, block_bytes));
+    ASSERT_NE(c, nullptr) << i;
+    if (0xa000 + i == idle) {
+      idle_client = std::move(c);
+    } else {
+      park_one(c.get());
+    }
   }
   EXPECT_EQ(observer_.stats().namespaces, limits::namespaces_max);
-  EXPECT_EQ(connect(make_ns(0xa000 + limits::namespaces_max, block_tokens, block_bytes),
-                    KVPARK_LIMIT_EXCEEDED),
-            nullptr);
-  EXPECT_EQ(observer_.stats().namespaces, limits::namespaces_max);
+  // Full, every namespace holding entries or named by a connection: refused.
+  const kvpark_namespace fresh =
+      make_ns(0xa000 + limits::namespaces_max, block_tokens, block_bytes);
+  EXPECT_EQ(connect(fresh, KVPARK_LIMIT_EXCEEDED), nullptr);
   // A namespace the daemon knows is not a new one: it still connects, and serves.
   ClientPtr known = connect(make_ns(0xa001, block_tokens, block_bytes));
   ASSERT_NE(known, nullptr);
-  const std::vector<int32_t> tokens = make_tokens(9, block_tokens + 1);
-  kvpark_publish_options options{.session_id = 1};
-  kvpark_reservation* r = nullptr;
-  ASSERT_EQ(kvpark_reserve_blocks(known.get(), &options, tokens.data(), tokens.size(), 0, 1, &r),
-            KVPARK_OK);
-  ASSERT_EQ(kvpark_seal(r), KVPARK_OK);
-  kvpark_stats settled = observer_.stats();  // the parked block stays
-  settled.connections = baseline_.connections;
+  EXPECT_EQ(restorable(known.get()), block_tokens);
   known.reset();
+  // The idle namespace's last connection goes: the fresh one takes its place.
+  idle_client.reset();
+  ClientPtr taken = connect(fresh);
+  ASSERT_NE(taken, nullptr);
+  EXPECT_EQ(observer_.stats().namespaces, limits::namespaces_max);
+  EXPECT_EQ(restorable(taken.get()), 0u) << "a reused index brings no entries with it";
+  park_one(taken.get());
+  EXPECT_EQ(restorable(taken.get()), block_tokens);
+  // The idle namespace is forgotten: it is a new one now, and there is no room for it.
+  EXPECT_EQ(connect(make_ns(idle, block_tokens, block_bytes), KVPARK_LIMIT_EXCEEDED), nullptr);
+  // Every namespace that held a block still finds it.
+  for (uint64_t i : {uint64_t{1}, uint64_t{499}, uint64_t{501}, limits::namespaces_max - 1}) {
+    ClientPtr c = connect(make_ns(0xa000 + i, block_tokens, block_bytes));
+    ASSERT_NE(c, nullptr) << i;
+    EXPECT_EQ(restorable(c.get()), block_tokens) << i;
+  }
+  kvpark_stats settled = observer_.stats();  // the parked blocks stay
+  settled.connections = baseline_.connections;
+  taken.reset();
   observer_.expect_back_to(settled);
 }
 

@@ -115,6 +115,7 @@ TEST_F(HttpTest, MetricsParseStrictlyAndAgreeWithStatus) {
   EXPECT_EQ(metric("kvpark_tier_used_bytes", {{"tier", "disk"}}), field("disk_bytes"));
   EXPECT_EQ(metric("kvpark_arena_free_bytes"), field("arena_free_bytes"));
   EXPECT_EQ(metric("kvpark_namespaces"), field("namespaces"));
+  EXPECT_EQ(metric("kvpark_namespaces_reused_total"), field("namespaces_reused"));
   EXPECT_EQ(metric("kvpark_connections"), field("connections"));
   EXPECT_EQ(metric("kvpark_leases"), field("leases"));
   EXPECT_EQ(metric("kvpark_pinned_entries"), field("pinned"));

@@ -246,5 +246,75 @@ TEST_F(EntryTableTest, SnapshotsAreKeyedByAnchorAndExactTail) {
   EXPECT_TRUE(table_.snapshots_at(ns_, {7, 7}).empty());
 }
 
+// A full namespace table: a new namespace takes the first index that holds no entry of
+// any kind (reserved, sealed, dead under a lease, disk-only) and that the caller does not
+// name; the old namespace is forgotten, every other keeps its entries.
+TEST(EntryTableNamespaces, AFullTableReusesOnlyAnIndexThatHoldsNothing) {
+  const uint64_t n = limits::namespaces_max;
+  EntryTable table(2 * n * granule, granule);
+  const Geometry g{.block_tokens = 16, .block_payload_bytes = 1024};
+  std::vector<EntrySlot> slots;
+  for (uint64_t i = 0; i < n; ++i) {
+    NamespaceIndex ns = 0;
+    ASSERT_EQ(table.register_namespace({i, 7}, g, 0, ns), Status::Ok);
+    ASSERT_EQ(ns, i);
+    EntrySlot slot = no_slot;
+    if (i == 2) {  // disk-only
+      ASSERT_EQ(
+          table.insert_on_disk(
+              {.ns = ns, .kind = EntryKind::Block, .key_hash = {i, 1}, .extent_bytes = granule},
+              granule, slot),
+          Status::Ok);
+    } else {
+      ASSERT_EQ(
+          table.insert_reserved(
+              {.ns = ns, .kind = EntryKind::Block, .key_hash = {i, 1}, .extent_bytes = granule},
+              slot),
+          Status::Ok);
+      if (i != 1) table.seal(slot, 0, coarse_monotonic_usec());  // 1 stays reserved
+    }
+    slots.push_back(slot);
+  }
+  NamespaceIndex ns = 99;
+  EXPECT_EQ(table.register_namespace({n, 7}, g, 0, ns, [](NamespaceIndex) { return false; }),
+            Status::LimitExceeded)
+      << "every namespace holds an entry";
+  // 3's entry dies under a lease: still held. 4's goes, but the caller names 4.
+  table.acquire_lease(slots[3]);
+  table.kill(slots[3]);
+  table.erase(slots[4]);
+  const auto names_4 = [](NamespaceIndex i) { return i == 4; };
+  EXPECT_EQ(table.register_namespace({n, 7}, g, 0, ns, names_4), Status::LimitExceeded);
+  EXPECT_EQ(table.register_namespace({n, 7}, g, 0, ns), Status::LimitExceeded)
+      << "without the caller's word, no index is reused";
+  // The lease ends: 3 holds nothing now and is the first such index.
+  table.release_lease(slots[3]);
+  ASSERT_EQ(table.register_namespace({n, 7}, {.block_tokens = 32, .block_payload_bytes = 512}, 0,
+                                     ns, names_4),
+            Status::Ok);
+  EXPECT_EQ(ns, 3u);
+  EXPECT_EQ(table.namespace_info(3).id, (NamespaceId{n, 7}));
+  EXPECT_EQ(table.namespace_info(3).geometry.block_tokens, 32u) << "the new namespace's geometry";
+  EXPECT_EQ(table.namespace_info(3).blocks, 0u);
+  EXPECT_EQ(table.namespace_count(), n);
+  EXPECT_EQ(table.namespaces_reused(), 1u);
+  EXPECT_EQ(table.find_block(3, {3, 1}), no_slot);
+  // The namespace that had 3 is forgotten: registering it again is a new one, which takes
+  // 4 (the connection that registered the namespace at 3 names it now).
+  const auto names_3 = [](NamespaceIndex i) { return i == 3; };
+  EXPECT_EQ(table.register_namespace({3, 7}, g, 0, ns, names_3), Status::Ok);
+  EXPECT_EQ(ns, 4u);
+  const auto names_3_4 = [](NamespaceIndex i) { return i == 3 || i == 4; };
+  EXPECT_EQ(table.register_namespace({5, 7}, g, 0, ns, names_3_4), Status::Ok)
+      << "a known namespace is found, not registered";
+  EXPECT_EQ(ns, 5u);
+  EXPECT_EQ(table.register_namespace({n + 1, 7}, g, 0, ns, names_3_4), Status::LimitExceeded);
+  // Every other namespace keeps its entry.
+  EXPECT_EQ(table.find_block(1, {1, 1}), slots[1]);
+  EXPECT_EQ(table.find_block(2, {2, 1}), slots[2]);
+  EXPECT_EQ(table.find_block(5, {5, 1}), slots[5]);
+  EXPECT_EQ(table.find_block(n - 1, {n - 1, 1}), slots[n - 1]);
+}
+
 }  // namespace
 }  // namespace kvpark::daemon

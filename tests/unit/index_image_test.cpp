@@ -69,9 +69,10 @@ class IndexImageTest : public ::testing::Test {
     table_->set_state(state_.get());
   }
 
-  EntrySlot park_block(uint64_t i, bool seal = true) {
+  EntrySlot park_block(uint64_t i, bool seal = true) { return park_block_in(ns_, i, seal); }
+  EntrySlot park_block_in(NamespaceIndex ns, uint64_t i, bool seal = true) {
     NewEntry n{
-        .ns = ns_, .kind = EntryKind::Block, .key_hash = key(i), .extent_bytes = block_extent};
+        .ns = ns, .kind = EntryKind::Block, .key_hash = key(i), .extent_bytes = block_extent};
     EntrySlot slot = no_slot;
     EXPECT_EQ(table_->insert_reserved(n, slot), Status::Ok);
     if (seal) table_->seal(slot, i, coarse_monotonic_usec());
@@ -193,6 +194,30 @@ TEST_F(IndexImageTest, ACleanStopsIndexIsAdoptedWithEveryKeyAndTheSameFreeSpace)
   restart_objects();
   ASSERT_TRUE(adopt_image(why_not)) << why_not;
   EXPECT_EQ(report_.entries, kept_entries);  // one parked, one evicted
+}
+
+// The adopted table knows which namespaces hold entries: when the namespace table is
+// full, a new namespace takes the index of the one that holds none, never that of ns_.
+TEST_F(IndexImageTest, AnAdoptedImagesNamespacesAreHeldByTheirEntries) {
+  for (uint64_t i = 0; i < 100; ++i) park_block(i);
+  NamespaceIndex empty = 0;
+  const Geometry g{.block_tokens = block_tokens, .block_payload_bytes = 4096};
+  ASSERT_EQ(table_->register_namespace({0xe, 0xe}, g, 0, empty), Status::Ok);
+  stop();
+  restart_objects();
+  std::string why_not;
+  ASSERT_TRUE(adopt_image(why_not)) << why_not;
+  for (uint64_t i = table_->namespace_count(); i < limits::namespaces_max; ++i) {
+    NamespaceIndex ns = 0;
+    ASSERT_EQ(table_->register_namespace({0xf00 + i, 1}, g, 0, ns), Status::Ok);
+    park_block_in(ns, i);  // each holds an entry
+  }
+  NamespaceIndex fresh = 0;
+  ASSERT_EQ(
+      table_->register_namespace({0xf, 0xf}, g, 0, fresh, [](NamespaceIndex) { return false; }),
+      Status::Ok);
+  EXPECT_EQ(fresh, empty);
+  for (uint64_t i = 0; i < 100; ++i) EXPECT_NE(table_->find_block(ns_, key(i)), no_slot) << i;
 }
 
 TEST_F(IndexImageTest, ACellWrittenOverFailsItsChecksumAndLeavesTheTableToTheRebuild) {
