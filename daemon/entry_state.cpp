@@ -86,29 +86,19 @@ void EntryState::write_namespace(uint32_t index, const NamespaceInfo& ns) {
 }
 
 void EntryState::finish_adoption(uint32_t namespaces) {
-  for (uint32_t record : dropped_) segment_.clear_record(record);  // never read again
-  // Claims come in record order, drops nearly so: sorting is a check, usually.
-  if (!std::is_sorted(claimed_.begin(), claimed_.end()))
-    std::sort(claimed_.begin(), claimed_.end());
-  if (!dropped_.empty()) {  // a record claimed, then refused at the end, is free
-    std::sort(dropped_.begin(), dropped_.end());
-    std::vector<uint32_t> kept;
-    kept.reserve(claimed_.size());
-    std::set_difference(claimed_.begin(), claimed_.end(), dropped_.begin(), dropped_.end(),
-                        std::back_inserter(kept));
-    claimed_ = std::move(kept);
+  claimed_.resize((next_fresh_ + 63) / 64);  // nothing claimed: all zero
+  for (uint32_t record : dropped_) {
+    segment_.clear_record(record);  // never read again
+    // A record claimed, then refused at the end, is free.
+    claimed_[record / 64] &= ~(uint64_t{1} << (record % 64));
   }
   dropped_ = {};
   // Ascending indexes already form a valid min-heap.
   std::vector<uint32_t> free_records;
-  free_records.reserve(next_fresh_ - claimed_.size());
-  size_t next = 0;
-  for (uint32_t i = 0; i < next_fresh_; ++i) {
-    if (next < claimed_.size() && claimed_[next] == i) {
-      ++next;
-    } else {
-      free_records.push_back(i);
-    }
+  for (uint64_t word = 0; word < claimed_.size(); ++word) {
+    if (claimed_[word] == ~uint64_t{0}) continue;
+    for (uint64_t i = word * 64; i < std::min(next_fresh_, (word + 1) * 64); ++i)
+      if ((claimed_[word] >> (i % 64) & 1) == 0) free_records.push_back(static_cast<uint32_t>(i));
   }
   free_ = decltype(free_)(std::greater<>(), std::move(free_records));
   claimed_ = {};

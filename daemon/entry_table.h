@@ -247,14 +247,14 @@ class EntryTable {
     EntrySlot slot = no_slot;
     bool block = false;
   };
-  std::vector<BlockIndex::Key> adoption_blocks_;
-  std::vector<AdoptedExtent> adoption_extents_;
+  HugePageVector<BlockIndex::Key> adoption_blocks_;
+  HugePageVector<AdoptedExtent> adoption_extents_;
   // The batch before: indexed into blocks_ and claimed by indexer_, on a core of its
   // own, while the next one is adopted (a cache miss a key, overlapped with the records'
   // own). It reads these and the claims, never the slab: the slots it refuses are
   // undone on this thread.
-  std::vector<BlockIndex::Key> indexing_blocks_;
-  std::vector<AdoptedExtent> indexing_extents_;
+  HugePageVector<BlockIndex::Key> indexing_blocks_;
+  HugePageVector<AdoptedExtent> indexing_extents_;
   std::vector<EntrySlot> indexing_refused_;
   std::thread indexer_;
   // Between begin_adoption() and the first batch's indexing (on indexer_, or in line

@@ -10,6 +10,7 @@
 #include <memory>
 #include <vector>
 
+#include "daemon/clock.h"
 #include "daemon/entry_header.h"
 #include "daemon/entry_state.h"
 #include "daemon/entry_table.h"
@@ -247,7 +248,17 @@ TEST_F(AdoptionTest, AKeyAnEarlierIndexBatchHoldsIsRefusedItsExtentFreedItsRecor
   EXPECT_EQ(table_->entry(kept).extent_offset, 3 * block_extent);
   EXPECT_EQ(check(twice), shm::StateSegment::RecordCheck::Empty);
   EXPECT_EQ(check(3), shm::StateSegment::RecordCheck::Valid);
-  EXPECT_EQ(adopt().entries, count - 1);  // the refused record stays gone
+  // Its record index is free again, the only one below the high-water mark: the next
+  // entry parked takes it (in the refused extent, the only free one).
+  NewEntry n{.ns = ns_index(),
+             .kind = EntryKind::Block,
+             .key_hash = {count + 100, 7},
+             .extent_bytes = block_extent};
+  EntrySlot slot = no_slot;
+  ASSERT_EQ(table_->insert_reserved(n, slot), Status::Ok);
+  table_->seal(slot, 0, coarse_monotonic_usec());
+  EXPECT_EQ(table_->entry(slot).state_record, twice);
+  EXPECT_EQ(adopt().entries, count);  // the refused record stays gone; the new one is kept
 }
 
 TEST_F(AdoptionTest, BlocksOfSeveralIndexBatchesKeepRecordOrderAcrossBatches) {
