@@ -19,9 +19,17 @@
 #include "daemon/clock.h"
 #include "daemon/log.h"
 #include "daemon/pid_lock.h"
+#include "daemon/remote_tier.h"
 #include "proto/limits.h"
 
 namespace kvpark::daemon {
+
+ConnectionId take_connection_id(ConnectionId& next, const std::function<bool(ConnectionId)>& open) {
+  for (;;) {  // at most connections_max + 2 rounds: that many ids can be taken
+    const ConnectionId id = next++;
+    if (id != 0 && id != remote_connection_id && !open(id)) return id;
+  }
+}
 namespace {
 
 constexpr uint64_t listen_token = 0;
@@ -234,7 +242,8 @@ void Server::accept_all() {
     if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || !peer_allowed(cred)) {
       refusal = Status::PermissionDenied;
     }
-    const ConnectionId id = next_id_++;
+    const ConnectionId id =
+        take_connection_id(next_id_, [this](ConnectionId c) { return connections_.contains(c); });
     if (refusal == Status::Ok &&
         (per_uid_[cred.uid] >= limits::connections_per_uid_max ||
          per_pid_[cred.pid] >= limits::connections_per_process_max)) {

@@ -39,6 +39,11 @@ struct SocketClaim {
 // AlreadyPresent when a live daemon holds either; IoError with errno otherwise.
 Status claim_socket_path(const std::string& socket_path, SocketClaim& ret_claim, int& ret_errno);
 
+// The next connection id from `next` on (which it advances): ids are 32 bits, and a
+// daemon that runs for months under a client that reconnects often wraps them. Skips
+// 0, the remote tier's pseudo-connection and every id `open` says is still in use.
+ConnectionId take_connection_id(ConnectionId& next, const std::function<bool(ConnectionId)>& open);
+
 struct ServerOptions {
   std::string socket_path;
   int lock_fd = -1;  // from claim_socket_path(); the server owns it from here
