@@ -80,6 +80,8 @@ Status Channel::connect_once_locked() {
     return err == EACCES || err == EPERM ? Status::PermissionDenied : Status::Unavailable;
   }
   fd_ = fd;
+  // Every plan open now was made on an earlier connection.
+  hello_.holds_earlier_plans = open_plans_ > 0;
   std::vector<uint8_t> request;
   wire::encode(hello_, 0, request);
   Status answer = Status::Ok;
@@ -180,7 +182,7 @@ Status Channel::round_trip_locked(std::vector<uint8_t>& request, Status& ret_sta
 }
 
 Status Channel::call(std::vector<uint8_t>& request, uint64_t generation, Status& ret_status,
-                     std::vector<uint8_t>& ret_body, Attachment& ret_attachment) {
+                     std::vector<uint8_t>& ret_body, Attachment& ret_attachment, bool opens_plan) {
   std::lock_guard lock(mutex_);
   if (backing_off_locked()) return Status::Unavailable;
   silent_ = false;
@@ -200,6 +202,7 @@ Status Channel::call(std::vector<uint8_t>& request, uint64_t generation, Status&
     }
     if (s == Status::Ok) {
       ret_attachment = attachment_;
+      if (opens_plan && ret_status == Status::Ok) ++open_plans_;
       return Status::Ok;
     }
     drop_locked();
@@ -207,6 +210,12 @@ Status Channel::call(std::vector<uint8_t>& request, uint64_t generation, Status&
     if (s != Status::Unavailable || silent_) return s;
   }
   return Status::Unavailable;
+}
+
+void Channel::plan_closed() {
+  std::lock_guard lock(mutex_);
+  assert(open_plans_ > 0);
+  --open_plans_;
 }
 
 void Channel::drop() {

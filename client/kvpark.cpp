@@ -75,6 +75,7 @@ struct kvpark_plan {
   std::vector<Hash128> hashes;
   std::vector<uint8_t> release_frame;  // its capacity taken up front: release never allocates
   uint32_t restored_tokens = 0;        // reported at release (kvpark_plan_set_restored_tokens)
+  bool counted_open = false;           // by the channel (Channel::call opens_plan)
 };
 
 struct kvpark_reservation {
@@ -132,9 +133,10 @@ class GrantGuard {
 
 // Runs one request; `status` is the daemon's answer when transport succeeded.
 Status call(kvpark_client* client, std::vector<uint8_t>& request, uint64_t generation,
-            std::vector<uint8_t>& ret_body, Attachment& ret_attachment) {
+            std::vector<uint8_t>& ret_body, Attachment& ret_attachment, bool opens_plan = false) {
   Status answer = Status::Ok;
-  Status s = client->channel.call(request, generation, answer, ret_body, ret_attachment);
+  Status s =
+      client->channel.call(request, generation, answer, ret_body, ret_attachment, opens_plan);
   return s != Status::Ok ? s : answer;
 }
 
@@ -309,7 +311,12 @@ Status lookup_into(kvpark_client* client, uint64_t session_id, const int32_t* to
   wire::encode(request, 0, frame);
   std::vector<uint8_t> body;
   Attachment a;
-  if (Status s = call(client, frame, 0, body, a); s != Status::Ok) return s;
+  const bool opens_plan = !plan->counted_open;
+  if (Status s = call(client, frame, 0, body, a, opens_plan); s != Status::Ok) return s;
+  if (opens_plan) {
+    plan->client = client;
+    plan->counted_open = true;
+  }
   GrantGuard granted(client);
   wire::LookupReply reply;
   if (wire::decode(body, reply) != Status::Ok) return Status::ProtocolError;
@@ -669,6 +676,10 @@ void kvpark_plan_release(kvpark_plan* plan) try {
   if (plan == nullptr) return;
   assert(!kvpark::client::handle_has_transfer_in_flight(plan) &&
          "kvpark_plan_release while a device transfer still reads the plan");
+  if (plan->counted_open) {
+    plan->counted_open = false;
+    plan->client->channel.plan_closed();
+  }
   if (plan->lease_id != 0) {
     std::vector<uint8_t>& frame = plan->release_frame;
     frame.clear();

@@ -113,10 +113,24 @@ Status Park::hello(ConnectionId id, const wire::HelloRequest& req, wire::HelloRe
   c.greeted = true;
   c.ns = ns;
   // An engine of the previous instance is back: its old leases are gone with its
-  // reconnection (libkvpark releases nothing across generations).
+  // reconnection (libkvpark releases nothing across generations), unless it says it
+  // still holds plans made before (another thread may be copying out of one). Then
+  // that process is waited for until it exits or the grace passes, whatever its
+  // other connections say: the daemon cannot tell which of them holds the plan.
   if (auto back = previous_pids_.find(c.peer_pid); holding_ && back != previous_pids_.end()) {
-    if (--back->second == 0) previous_pids_.erase(back);
-    if (previous_pids_.empty()) end_adoption_hold("every engine of the previous instance came back");
+    if (req.holds_earlier_plans) {
+      if (back->second != previous_engine_until_exit) {
+        log_info(
+            "kvparkd: engine pid %u came back still holding plans of the previous "
+            "instance; adopted entries stay held until it exits or the grace passes",
+            c.peer_pid);
+      }
+      back->second = previous_engine_until_exit;
+    } else if (back->second != previous_engine_until_exit && --back->second == 0) {
+      previous_pids_.erase(back);
+      if (previous_pids_.empty())
+        end_adoption_hold("every engine of the previous instance came back");
+    }
   }
   const NamespaceInfo& info = table_.namespace_info(ns);
   ret.data_bytes = options_.arena_data_bytes;

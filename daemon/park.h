@@ -254,7 +254,10 @@ class Park {
 
   ParkOptions options_;
   EntryTable& table_;
-  std::unordered_map<uint32_t, uint32_t> previous_pids_;  // pid -> connections not back yet
+  // pid -> connections not back yet, or previous_engine_until_exit.
+  std::unordered_map<uint32_t, uint32_t> previous_pids_;
+  // An engine that came back still holding plans of the previous instance.
+  static constexpr uint32_t previous_engine_until_exit = UINT32_MAX;
   uint64_t hold_deadline_usec_ = 0;
   bool holding_ = false;
   std::unordered_map<ConnectionId, Connection> connections_;

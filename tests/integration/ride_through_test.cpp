@@ -89,6 +89,40 @@ INSTANTIATE_TEST_SUITE_P(AfterEachStop, RideThrough, ::testing::Bool(), [](const
   return param_info.param ? "Sigkill" : "Sigterm";
 });
 
+// An engine whose next call reconnects while it still holds a plan of the previous
+// instance (another thread may be copying out of it): its HELLO says so, and the
+// adopted extents stay held; the old plan's bytes stay the ones it was given.
+TEST(AdoptionHold, AnEngineBackWithAPlanOfThePreviousInstanceKeepsAdoptedExtentsHeld) {
+  DaemonProcess daemon(
+      {.arena_bytes = 16ull << 20, .reservation_bytes_max = 16ull << 20, .fd_store = true});
+  ASSERT_TRUE(daemon.start());
+  ClientPtr c =
+      connect_client(daemon.socket_path(), engine_namespace(ns_low, block_tokens, block_bytes));
+  ASSERT_TRUE(c);
+  const std::vector<int32_t> tokens = engine_prompt(733, 1024, 2, 1);
+  ASSERT_EQ(park_blocks(c.get(), ns_low, block_bytes, tokens, 1), KVPARK_OK);
+  kvpark_plan* raw = nullptr;
+  ASSERT_EQ(kvpark_lookup(c.get(), 1, tokens.data(), tokens.size(), &raw), KVPARK_OK);
+  PlanPtr old_plan(raw);
+  ASSERT_EQ(kvpark_plan_block_count(old_plan.get()), 16u);
+
+  daemon.kill_hard();
+  ASSERT_TRUE(daemon.start());
+  uint32_t restored = 0;
+  ASSERT_NE(restore_and_check(c.get(), tokens, restored), nullptr);  // reconnects
+  EXPECT_EQ(restored, 1024u);
+  ASSERT_TRUE(wait_until([&] { return log_has(daemon, "came back still holding plans"); }));
+  EXPECT_FALSE(log_has(daemon, "every engine of the previous instance came back"));
+
+  // A prompt that fits only if adopted entries are evicted is refused meanwhile.
+  const std::vector<std::string> filler = {"publish", "--head-seed", "742", "--head-tokens",
+                                           to_string(230 * 64)};
+  EngineRun refused = run_engine(daemon, filler);
+  EXPECT_NE(refused.exit_code, 0) << refused.output;
+  EXPECT_FALSE(log_has(daemon, "may be evicted from now on"));
+  EXPECT_TRUE(plan_blocks_match(old_plan.get(), ns_low, block_bytes, tokens, block_tokens));
+}
+
 // 64 KiB blocks in a 16 MiB arena: about 240 extents; 16 of them adopted.
 TEST(AdoptionHold, AdoptedExtentsAreNotReusedUntilThePreviousInstancesEnginesAreGone) {
   DaemonProcess daemon(

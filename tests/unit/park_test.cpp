@@ -389,6 +389,40 @@ TEST_F(ParkTest, AdoptionHoldEndsWhenTheLastPreviousEngineSaysHelloAgain) {
   EXPECT_FALSE(park_->adoption_held());
 }
 
+TEST_F(ParkTest, AnEngineBackWithPlansOfThePreviousInstanceKeepsTheHoldUntilItsGrace) {
+  make_with_state(8);
+  publish(connect(), chain(1, 8));
+  constexpr uint64_t deadline_usec = 5'000'000'000;
+  restart_adopting({static_cast<uint32_t>(getpid())}, deadline_usec);
+  ASSERT_TRUE(park_->adoption_held());
+  // One thread of the engine reconnects while another may still copy out of a plan
+  // of the previous instance: the adopted extents stay held.
+  wire::HelloRequest hello;
+  hello.protocol_version = limits::protocol_version;
+  hello.namespace_id = attention_ns;
+  hello.geometry = {.block_tokens = block_tokens, .block_payload_bytes = block_payload_bytes};
+  hello.holds_earlier_plans = true;
+  wire::HelloReply reply;
+  const ConnectionId back = next_id_++;
+  ASSERT_EQ(park_->open(back, static_cast<uint32_t>(getpid())), Status::Ok);
+  ASSERT_EQ(park_->hello(back, hello, reply), Status::Ok);
+  EXPECT_TRUE(park_->adoption_held());
+  // Another client of the same process, holding nothing, cannot speak for it.
+  hello.holds_earlier_plans = false;
+  const ConnectionId other = next_id_++;
+  ASSERT_EQ(park_->open(other, static_cast<uint32_t>(getpid())), Status::Ok);
+  ASSERT_EQ(park_->hello(other, hello, reply), Status::Ok);
+  EXPECT_TRUE(park_->adoption_held());
+  park_->tick_at(deadline_usec - 1);  // it is alive: held until the grace passes
+  EXPECT_TRUE(park_->adoption_held());
+  const ConnectionId b = connect(hybrid_ns);
+  wire::ReserveBlocksReply r;
+  EXPECT_EQ(reserve(b, chain(2, 1), 0, r), Status::ArenaFull);
+  park_->tick_at(deadline_usec);
+  EXPECT_FALSE(park_->adoption_held());
+  EXPECT_EQ(reserve(b, chain(2, 1), 0, r), Status::Ok);
+}
+
 TEST_F(ParkTest, ReserveThatCanNeverFitKeepsParkedEntries) {
   make(8, /*reservation_bytes_max=*/64 * block_extent);
   const ConnectionId a = connect();

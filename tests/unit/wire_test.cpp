@@ -185,6 +185,20 @@ TEST(FrameCodec, HelloRequestRoundTrips) {
   EXPECT_EQ(out.geometry, in.geometry);
   EXPECT_EQ(out.prefill_tokens_per_second, in.prefill_tokens_per_second);
   EXPECT_EQ(out.client_name, in.client_name);
+  EXPECT_FALSE(out.holds_earlier_plans);
+}
+
+TEST(FrameCodec, HelloRequestCarriesEarlierPlansApartFromTheSnapshotFlag) {
+  for (const bool snapshot_required : {false, true}) {
+    HelloRequest in = sample_hello_request();
+    in.geometry.snapshot_required = snapshot_required;
+    in.holds_earlier_plans = true;
+    std::vector<uint8_t> m;
+    encode(in, 1, m);
+    const auto out = round_trip<HelloRequest>(m, Q(Verb::Hello));
+    EXPECT_TRUE(out.holds_earlier_plans);
+    EXPECT_EQ(out.geometry.snapshot_required, snapshot_required);
+  }
 }
 
 TEST(FrameCodec, HelloReplyRoundTrips) {
@@ -654,11 +668,11 @@ TEST(FrameDecoder, RejectsOutOfRangeEnumsAndPadding) {
   encode(sample_reserve_snapshot_request(), 1, m);
   ReserveSnapshotRequest s;
   EXPECT_EQ(decode(patched(9, evidence_max + 1), s), Status::ProtocolError);
-  // HELLO flags: only bit 0 exists.
+  // HELLO flags: only bits 0 and 1 exist.
   m.clear();
   encode(sample_hello_request(), 1, m);
   HelloRequest h;
-  EXPECT_EQ(decode(patched(2, 2), h), Status::ProtocolError);
+  EXPECT_EQ(decode(patched(2, 4), h), Status::ProtocolError);
   EXPECT_EQ(decode(patched(3, 1), h), Status::ProtocolError);
   // LOOKUP reply reuse kinds.
   m.clear();
