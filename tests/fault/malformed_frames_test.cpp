@@ -160,7 +160,7 @@ TEST_F(MalformedFrames, DropsBodyThatDoesNotDecode) {
   hello.geometry = raw_geometry;
   m.clear();
   wire::encode(hello, 1, m);
-  m[wire::frame_header_bytes + 2] = 2;  // unknown HELLO flag
+  m[wire::frame_header_bytes + 2] = 4;  // unknown HELLO flag (bits 0 and 1 exist)
   expect_dropped(m);
 }
 
