@@ -313,14 +313,11 @@ Status lookup_into(kvpark_client* client, uint64_t session_id, const int32_t* to
   Attachment a;
   const bool opens_plan = !plan->counted_open;
   if (Status s = call(client, frame, 0, body, a, opens_plan); s != Status::Ok) return s;
-  if (opens_plan) {
-    plan->client = client;
-    plan->counted_open = true;
-  }
+  plan->client = client;  // release closes the count on it even if decoding fails
+  plan->counted_open = true;
   GrantGuard granted(client);
   wire::LookupReply reply;
   if (wire::decode(body, reply) != Status::Ok) return Status::ProtocolError;
-  plan->client = client;
   plan->attachment = a;
   plan->lease_id = reply.lease_id;
   granted.dismiss();
