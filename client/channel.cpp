@@ -81,7 +81,7 @@ Status Channel::connect_once_locked() {
   }
   fd_ = fd;
   // Every plan open now was made on an earlier connection.
-  hello_.holds_earlier_plans = open_plans_ > 0;
+  hello_.holds_earlier_grants = open_grants_ > 0;
   std::vector<uint8_t> request;
   wire::encode(hello_, 0, request);
   Status answer = Status::Ok;
@@ -182,7 +182,7 @@ Status Channel::round_trip_locked(std::vector<uint8_t>& request, Status& ret_sta
 }
 
 Status Channel::call(std::vector<uint8_t>& request, uint64_t generation, Status& ret_status,
-                     std::vector<uint8_t>& ret_body, Attachment& ret_attachment, bool opens_plan) {
+                     std::vector<uint8_t>& ret_body, Attachment& ret_attachment, bool opens_grant) {
   std::lock_guard lock(mutex_);
   if (backing_off_locked()) return Status::Unavailable;
   silent_ = false;
@@ -202,7 +202,7 @@ Status Channel::call(std::vector<uint8_t>& request, uint64_t generation, Status&
     }
     if (s == Status::Ok) {
       ret_attachment = attachment_;
-      if (opens_plan && ret_status == Status::Ok) ++open_plans_;
+      if (opens_grant && ret_status == Status::Ok) ++open_grants_;
       return Status::Ok;
     }
     drop_locked();
@@ -212,10 +212,10 @@ Status Channel::call(std::vector<uint8_t>& request, uint64_t generation, Status&
   return Status::Unavailable;
 }
 
-void Channel::plan_closed() {
+void Channel::grant_closed() {
   std::lock_guard lock(mutex_);
-  assert(open_plans_ > 0);
-  --open_plans_;
+  assert(open_grants_ > 0);
+  --open_grants_;
 }
 
 void Channel::drop() {

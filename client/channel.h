@@ -54,14 +54,15 @@ class Channel {
   // Sends `request` (a whole encoded frame) and waits for its reply. When
   // `generation` is nonzero the call is only made on that generation's connection
   // (Unavailable otherwise); when zero, a lost connection is re-established once.
-  // ret_status: the daemon's answer; ret_body: the reply body. `opens_plan`: a
-  // LOOKUP for a new plan, counted open (under the lock, so no reconnection can
-  // come between the grant and the count) when it is answered Ok.
+  // ret_status: the daemon's answer; ret_body: the reply body. `opens_grant`: a
+  // LOOKUP for a new plan or a RESERVE, counted open (under the lock, so no
+  // reconnection can come between the grant and the count) when it is answered Ok.
   Status call(std::vector<uint8_t>& request, uint64_t generation, Status& ret_status,
-              std::vector<uint8_t>& ret_body, Attachment& ret_attachment, bool opens_plan = false);
-  // A plan counted by call(opens_plan) is released. While any is open a reconnection
-  // tells the daemon (HELLO) that this client may still read its previous arena leases.
-  void plan_closed();
+              std::vector<uint8_t>& ret_body, Attachment& ret_attachment, bool opens_grant = false);
+  // A plan or reservation counted by call(opens_grant) is finished. While any is open a
+  // reconnection tells the daemon (HELLO) that this client may still read its previous
+  // arena leases or write into its previous reservations.
+  void grant_closed();
   // Sends a request that has no reply (RELEASE_ONE_WAY) on that generation's connection.
   Status send_one_way(std::vector<uint8_t>& request, uint64_t generation);
   // Closes the connection (the daemon then ends its leases and reservations); the
@@ -91,7 +92,7 @@ class Channel {
   // arena's memory stays mapped here, as it did for a client holding a plan).
   std::shared_ptr<shm::ArenaMapping> last_mapping_;
   uint64_t generations_ = 0;
-  uint64_t open_plans_ = 0;
+  uint64_t open_grants_ = 0;
   uint32_t sequence_ = 0;
   std::vector<uint8_t> receive_buffer_;
 };

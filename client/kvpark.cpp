@@ -75,7 +75,7 @@ struct kvpark_plan {
   std::vector<Hash128> hashes;
   std::vector<uint8_t> release_frame;  // its capacity taken up front: release never allocates
   uint32_t restored_tokens = 0;        // reported at release (kvpark_plan_set_restored_tokens)
-  bool counted_open = false;           // by the channel (Channel::call opens_plan)
+  bool counted_open = false;           // by the channel (Channel::call opens_grant)
 };
 
 struct kvpark_reservation {
@@ -93,6 +93,7 @@ struct kvpark_reservation {
   bool snapshot_out_of_order = false;
   std::vector<uint8_t> finish_frame;  // its capacity taken up front: seal never allocates
   std::vector<uint64_t> finish_checksums;  // capacity taken up front, one per reserved payload
+  bool counted_open = false;  // by the channel (Channel::call opens_grant) until finished
 };
 
 // One RELEASE, SEAL or ABORT frame: a header and an id.
@@ -133,10 +134,10 @@ class GrantGuard {
 
 // Runs one request; `status` is the daemon's answer when transport succeeded.
 Status call(kvpark_client* client, std::vector<uint8_t>& request, uint64_t generation,
-            std::vector<uint8_t>& ret_body, Attachment& ret_attachment, bool opens_plan = false) {
+            std::vector<uint8_t>& ret_body, Attachment& ret_attachment, bool opens_grant = false) {
   Status answer = Status::Ok;
   Status s =
-      client->channel.call(request, generation, answer, ret_body, ret_attachment, opens_plan);
+      client->channel.call(request, generation, answer, ret_body, ret_attachment, opens_grant);
   return s != Status::Ok ? s : answer;
 }
 
@@ -311,8 +312,8 @@ Status lookup_into(kvpark_client* client, uint64_t session_id, const int32_t* to
   wire::encode(request, 0, frame);
   std::vector<uint8_t> body;
   Attachment a;
-  const bool opens_plan = !plan->counted_open;
-  if (Status s = call(client, frame, 0, body, a, opens_plan); s != Status::Ok) return s;
+  const bool opens_grant = !plan->counted_open;
+  if (Status s = call(client, frame, 0, body, a, opens_grant); s != Status::Ok) return s;
   plan->client = client;  // release closes the count on it even if decoding fails
   plan->counted_open = true;
   GrantGuard granted(client);
@@ -675,7 +676,7 @@ void kvpark_plan_release(kvpark_plan* plan) try {
          "kvpark_plan_release while a device transfer still reads the plan");
   if (plan->counted_open) {
     plan->counted_open = false;
-    plan->client->channel.plan_closed();
+    plan->client->channel.grant_closed();
   }
   if (plan->lease_id != 0) {
     std::vector<uint8_t>& frame = plan->release_frame;
@@ -714,16 +715,18 @@ kvpark_status kvpark_reserve_blocks(kvpark_client* client, const kvpark_publish_
   request.chunk_hashes.assign(hashes.begin() + first_block, hashes.end());
   std::vector<uint8_t> frame, body;
   wire::encode(request, 0, frame);
+  // Made before the call: once it is answered, the reservation is counted open.
+  std::unique_ptr<kvpark_reservation, ReservationAbort> r(new kvpark_reservation());
+  r->finish_frame.reserve(id_frame_bytes);
   Attachment a;
-  if (Status s = call(client, frame, 0, body, a); s != Status::Ok) return to_c(s);
+  if (Status s = call(client, frame, 0, body, a, true); s != Status::Ok) return to_c(s);
+  r->client = client;
+  r->counted_open = true;
   GrantGuard granted(client);
   wire::ReserveBlocksReply reply;
   if (wire::decode(body, reply) != Status::Ok || reply.grants.size() != block_count) {
     return KVPARK_PROTOCOL_ERROR;
   }
-  std::unique_ptr<kvpark_reservation, ReservationAbort> r(new kvpark_reservation());
-  r->finish_frame.reserve(id_frame_bytes);
-  r->client = client;
   r->attachment = a;
   r->reservation_id = reply.reservation_id;
   r->block_bytes = client->geometry.block_payload_bytes;
@@ -800,8 +803,13 @@ kvpark_status kvpark_reserve_snapshot(kvpark_client* client, const kvpark_publis
   request.tail_tokens.assign(tokens + anchor_chunks * chain, tokens + n_tokens);
   std::vector<uint8_t> frame, body;
   wire::encode(request, 0, frame);
+  // Made before the call: once it is answered, the reservation is counted open.
+  std::unique_ptr<kvpark_reservation, ReservationAbort> r(new kvpark_reservation());
+  r->finish_frame.reserve(id_frame_bytes);
   Attachment a;
-  if (Status s = call(client, frame, 0, body, a); s != Status::Ok) return to_c(s);
+  if (Status s = call(client, frame, 0, body, a, true); s != Status::Ok) return to_c(s);
+  r->client = client;
+  r->counted_open = true;
   GrantGuard granted(client);
   wire::ReserveSnapshotReply reply;
   if (wire::decode(body, reply) != Status::Ok) return KVPARK_PROTOCOL_ERROR;
@@ -811,9 +819,6 @@ kvpark_status kvpark_reserve_snapshot(kvpark_client* client, const kvpark_publis
   if (reply.disposition == static_cast<uint32_t>(wire::Disposition::InFlight)) {
     return KVPARK_IN_FLIGHT;
   }
-  std::unique_ptr<kvpark_reservation, ReservationAbort> r(new kvpark_reservation());
-  r->finish_frame.reserve(id_frame_bytes);
-  r->client = client;
   r->attachment = a;
   r->reservation_id = reply.reservation_id;
   granted.dismiss();
@@ -867,6 +872,11 @@ static kvpark_status finish_reservation(kvpark_reservation* r, wire::Verb verb) 
   if (r == nullptr) return KVPARK_INVALID_ARGUMENT;
   assert(!kvpark::client::handle_has_transfer_in_flight(r) &&
          "kvpark_seal/kvpark_abort while a device transfer still writes the reservation");
+  // Nothing writes into its extents any more: a reconnection need not hold them.
+  if (r->counted_open) {
+    r->counted_open = false;
+    r->client->channel.grant_closed();
+  }
   Status s = Status::Ok;
   if (r->reservation_id != 0) {
     std::vector<uint8_t>& frame = r->finish_frame;

@@ -29,8 +29,9 @@
  * Reconnection: when the daemon restarts, the next call reconnects (HELLO again,
  * new arena). Plans and reservations from before stay readable/writable but are
  * no longer known to the daemon: seal then fails with KVPARK_UNAVAILABLE. While
- * such a plan is open, a daemon that adopted the arena reuses none of the extents
- * it adopted until this process exits or a grace passes (the HELLO says so).
+ * such a plan or reservation is open, a daemon that adopted the arena reuses none
+ * of the extents it adopted or had reserved until this process exits or a grace
+ * passes (the HELLO says so).
  */
 #ifndef KVPARK_H
 #define KVPARK_H

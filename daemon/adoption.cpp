@@ -37,6 +37,12 @@ std::string mib(uint64_t bytes) {
 
 }  // namespace
 
+bool extent_inside_arena(const shm::StateRecordBody& b, uint64_t arena_bytes) {
+  return b.extent_bytes != 0 && b.extent_offset % limits::extent_align_bytes == 0 &&
+         b.extent_bytes % limits::extent_align_bytes == 0 && b.extent_offset <= arena_bytes &&
+         b.extent_bytes <= arena_bytes - b.extent_offset;
+}
+
 const char* drop_reason_name(DropReason reason) {
   switch (reason) {
     case DropReason::Damaged:
@@ -67,6 +73,10 @@ std::string AdoptionReport::summary() const {
                 static_cast<unsigned long long>(usec / 1000));
   std::string text = head;
   if (index_image) text += ", its index kept";
+  if (reservations > 0) {
+    text += ", holding " + std::to_string(reservations) + " extents (" + mib(reservation_bytes) +
+            ") reserved when it stopped";
+  }
   text += "; dropped " + std::to_string(dropped_total());
   std::string why;
   for (size_t r = 0; r < drop_reason_count; ++r) {
@@ -85,9 +95,7 @@ bool record_adoptable(const shm::StateRecordBody& b, const NamespaceInfo& info,
                             : b.kind == static_cast<uint8_t>(EntryKind::Snapshot) &&
                                   b.tail_tokens < info.chain_tokens) &&
                      b.entry_class <= entry_class_max && b.evidence <= evidence_max;
-  if (!shape || b.extent_bytes == 0 || b.extent_offset % limits::extent_align_bytes != 0 ||
-      b.extent_bytes % limits::extent_align_bytes != 0 || b.extent_offset > arena_bytes ||
-      b.extent_bytes > arena_bytes - b.extent_offset) {
+  if (!shape || !extent_inside_arena(b, arena_bytes)) {
     ret_reason = DropReason::Extent;
     return false;
   }
@@ -225,6 +233,26 @@ AdoptionReport adopt_entries(EntryState& state, const uint8_t* arena_data, uint6
       drop(DropReason::Namespace);
       continue;
     }
+    if (check == shm::StateSegment::RecordCheck::Reservation) {
+      // An engine may still be writing into it: held, never indexed.
+      if (!extent_inside_arena(b, arena_bytes)) {
+        drop(DropReason::Extent);
+        continue;
+      }
+      n.ns = ns_it->second;
+      n.kind = static_cast<EntryKind>(b.kind);
+      n.key_hash = b.key_hash;
+      n.parent_hash = b.parent_hash;
+      n.tail_tokens = {};
+      n.extent_bytes = b.extent_bytes;
+      EntrySlot slot = no_slot;
+      (void)table.insert_adopted_reservation(n, b.extent_offset, static_cast<uint32_t>(i), slot);
+      state.claim(static_cast<uint32_t>(i));
+      segment.note_sequence(b.sequence);
+      ++report.reservations;
+      report.reservation_bytes += b.extent_bytes;
+      continue;
+    }
     DropReason reason = DropReason::Extent;
     if (!record_adoptable(b, table.namespace_info(ns_it->second), arena_data, arena_bytes, tail,
                           reason)) {
@@ -270,6 +298,12 @@ AdoptionReport adopt_entries(EntryState& state, const uint8_t* arena_data, uint6
   report.entries -= refused.records.size();
   report.bytes -= refused.bytes;
   report.dropped[static_cast<size_t>(DropReason::Extent)] += refused.records.size();
+  for (const uint32_t record : refused.reservation_records) {
+    state.drop(record);
+    report.reservation_bytes -= records[record].body.extent_bytes;
+  }
+  report.reservations -= refused.reservation_records.size();
+  report.dropped[static_cast<size_t>(DropReason::Extent)] += refused.reservation_records.size();
   state.finish_adoption(static_cast<uint32_t>(table.namespace_count()));
   report.previous_pids = state.take_previous_connections();
   report.usec = monotonic_usec() - start;

@@ -10,8 +10,9 @@
 // overlapping no other; for a snapshot, the entry header in the arena naming the same
 // entry and its tail tokens matching their digest) and drops the rest, counted by
 // reason. No payload is read, and no arena page of a block: readers confirm headers,
-// token ids and payload checksums anyway. Free space
-// is what no kept record covers: reservations in flight at the crash are free again.
+// token ids and payload checksums anyway. A reservation record (an extent an engine
+// may still be writing into) is held like an adopted entry and freed when the
+// adoption hold ends; it is never indexed. Free space is what no kept record covers.
 #pragma once
 
 #include <cstdint>
@@ -59,13 +60,18 @@ struct AdoptionReport {
   uint64_t entries = 0;
   uint64_t bytes = 0;  // extents
   uint64_t usec = 0;   // reading the records and rebuilding the index
+  uint64_t reservations = 0;  // extents reserved when the previous instance stopped, held
+  uint64_t reservation_bytes = 0;
   uint64_t dropped[drop_reason_count] = {};
   std::vector<uint32_t> previous_pids;  // engines the previous instance had connected
   uint64_t dropped_total() const;
-  // "adopted N entries (X GiB) from the previous instance in T ms[, its index kept];
-  // dropped ..."
+  // "adopted N entries (X GiB) from the previous instance in T ms[, its index kept]
+  // [, holding R extents (M MiB) reserved when it stopped]; dropped ..."
   std::string summary() const;
 };
+
+// A whole, aligned, nonempty extent inside the arena's data region.
+bool extent_inside_arena(const shm::StateRecordBody& b, uint64_t arena_bytes);
 
 struct NamespaceInfo;
 // The checks a kept record passes before its entry is adopted: its shape for its

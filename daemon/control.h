@@ -81,6 +81,8 @@ struct StatusInfo {
   uint64_t adopted_entries = 0;
   uint64_t adopted_bytes = 0;
   uint64_t adoption_usec = 0;
+  uint64_t adopted_reservations = 0;  // extents reserved when it stopped, held like adopted entries
+  uint64_t adopted_reservation_bytes = 0;
   bool adoption_index_kept = false;  // the index a clean stop left was adopted, not rebuilt
   uint64_t adoption_dropped = 0;   // records dropped at adoption, all reasons
   uint64_t adoption_dropped_damaged = 0;    // failed their record checksum

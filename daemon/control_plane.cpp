@@ -76,6 +76,8 @@ StatusInfo ControlPlane::status_in_loop() const {
   s.adopted_entries = a.entries;
   s.adopted_bytes = a.bytes;
   s.adoption_usec = a.usec;
+  s.adopted_reservations = a.reservations;
+  s.adopted_reservation_bytes = a.reservation_bytes;
   s.adoption_index_kept = a.index_image;
   s.adoption_dropped = a.dropped_total();
   s.adoption_dropped_damaged = a.dropped[static_cast<size_t>(DropReason::Damaged)];

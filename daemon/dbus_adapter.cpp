@@ -142,6 +142,8 @@ Dict status_dict(const StatusInfo& s) {
       {"fresh_start_reason", sdbus::Variant(s.fresh_start_reason)},
       {"adopted_entries", sdbus::Variant(s.adopted_entries)},
       {"adopted_bytes", sdbus::Variant(s.adopted_bytes)},
+      {"adopted_reservations", sdbus::Variant(s.adopted_reservations)},
+      {"adopted_reservation_bytes", sdbus::Variant(s.adopted_reservation_bytes)},
       {"adoption_usec", sdbus::Variant(s.adoption_usec)},
       {"adoption_index_kept", sdbus::Variant(s.adoption_index_kept)},
       {"adoption_dropped", sdbus::Variant(s.adoption_dropped)},

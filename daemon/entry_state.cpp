@@ -30,8 +30,9 @@ uint32_t EntryState::allocate() {
   return static_cast<uint32_t>(next_fresh_++);
 }
 
-uint32_t EntryState::write(const Entry& e, const NamespaceInfo& ns) {
-  assert(e.sealed && e.on_host && e.state_record == no_record);
+namespace {
+
+shm::StateRecordBody record_body(const Entry& e, const NamespaceInfo& ns) {
   shm::StateRecordBody body{};
   body.namespace_id = ns.id;
   body.key_hash = e.key_hash;
@@ -47,15 +48,33 @@ uint32_t EntryState::write(const Entry& e, const NamespaceInfo& ns) {
   body.kind = static_cast<uint8_t>(e.kind);
   body.entry_class = static_cast<uint8_t>(e.entry_class);
   body.evidence = static_cast<uint8_t>(e.evidence);
-  const uint32_t index = allocate();
-  segment_.write_record(index, body, e.hits, e.last_use_usec);
+  return body;
+}
+
+}  // namespace
+
+uint32_t EntryState::write(const Entry& e, const NamespaceInfo& ns) {
+  assert(e.sealed && e.on_host);
+  const uint32_t index = e.state_record != no_record ? e.state_record : allocate();
+  segment_.write_record(index, record_body(e, ns), e.hits, e.last_use_usec);
   if (e.pinned) upgrade(index, e);
+  return index;
+}
+
+uint32_t EntryState::write_reservation(const Entry& e, const NamespaceInfo& ns) {
+  assert(!e.sealed && e.on_host && e.state_record == no_record);
+  const uint32_t index = allocate();
+  segment_.write_reservation(index, record_body(e, ns));
   return index;
 }
 
 void EntryState::clear(uint32_t record) {
   segment_.clear_record(record);
   free_.push(record);
+}
+
+void EntryState::end_reservation(uint32_t record) {
+  if (!frozen_) clear(record);
 }
 
 void EntryState::upgrade(uint32_t record, const Entry& e) {
@@ -146,7 +165,7 @@ uint32_t EntryState::add_connection(uint32_t pid) {
 void EntryState::remove_connection(uint32_t slot) {
   if (slot == no_record || slot >= connection_used_.size()) return;
   connection_used_[slot] = false;
-  if (!connections_frozen_) segment_.clear_connection(slot);
+  if (!frozen_) segment_.clear_connection(slot);
 }
 
 }  // namespace kvpark::daemon

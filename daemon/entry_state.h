@@ -1,10 +1,12 @@
 // What the entry table keeps in the state segment (shm/state_format.h) so that a
-// restarted daemon can adopt the arena: one record per sealed host entry, one per
-// namespace, one word per connected engine.
+// restarted daemon can adopt the arena: one record per sealed host entry and per
+// reserved extent, one per namespace, one word per connected engine.
 //
-// The entry table calls it as entries change placement: a record is written when an
-// entry becomes readable on the host (seal, a finished promotion) and cleared before
-// its extent is freed (eviction, erase, a dead entry), so a record never names an
+// The entry table calls it as entries change placement: a reservation record is
+// written when an extent is reserved for an engine to write into, and rewritten in
+// place as the entry's record when it is sealed; a record is written when an entry
+// becomes readable on the host (a finished promotion); each is cleared before its
+// extent is freed (abort, eviction, erase, a dead entry), so a record never names an
 // extent something else may be written into. Record indexes are reused lowest first,
 // keeping the touched part of the segment small. Loop thread only.
 #pragma once
@@ -28,9 +30,15 @@ class EntryState {
  public:
   explicit EntryState(shm::StateSegment& segment);
 
-  // A record for a sealed host entry; returns its index.
+  // A record for a sealed host entry: its reservation record rewritten in place, or a
+  // new one. Returns its index.
   uint32_t write(const Entry& e, const NamespaceInfo& ns);
+  // A record for a reserved extent; returns its index.
+  uint32_t write_reservation(const Entry& e, const NamespaceInfo& ns);
   void clear(uint32_t record);
+  // A reservation ended unsealed. After freeze() its record stays: the engine may be
+  // writing into the extent still, so the next instance holds it too.
+  void end_reservation(uint32_t record);
   void upgrade(uint32_t record, const Entry& e);  // class, evidence, pin changed
   void use(uint32_t record, const Entry& e);      // hits and last use changed
   void write_namespace(uint32_t index, const NamespaceInfo& ns);
@@ -57,8 +65,9 @@ class EntryState {
   // second crash still knows them) until release_previous_connections().
   std::vector<uint32_t> take_previous_connections();
   void release_previous_connections();
-  // A planned stop keeps the words: engines may still be copying out of their leases.
-  void freeze_connections() { connections_frozen_ = true; }
+  // A planned stop keeps the connection words and reservation records: engines may
+  // still be copying out of their leases or into their reservations.
+  void freeze() { frozen_ = true; }
 
   shm::StateSegment& segment() { return segment_; }
   const shm::StateSegment& segment() const { return segment_; }
@@ -75,7 +84,7 @@ class EntryState {
   std::vector<uint32_t> dropped_;
   std::vector<bool> connection_used_;
   std::vector<uint32_t> previous_slots_;
-  bool connections_frozen_ = false;
+  bool frozen_ = false;
 };
 
 // XXH3-64 of a snapshot's tail token ids (what a record and the arena must agree on).

@@ -175,7 +175,10 @@ Status EntryTable::insert_reserved(const NewEntry& n, EntrySlot& ret_slot) {
   uint64_t offset = 0;
   if (Status s = allocate_extent(n.extent_bytes, offset); s != Status::Ok) return s;
   const EntrySlot slot = new_slot(n, coarse_monotonic_usec());
-  slots_[slot].extent_offset = offset;
+  Entry& e = slots_[slot];
+  e.extent_offset = offset;
+  // Before anyone may write into the extent: a crash from here on leaves it held.
+  if (state_ != nullptr) e.state_record = state_->write_reservation(e, namespaces_[e.ns]);
   index(slot);
   ret_slot = slot;
   return Status::Ok;
@@ -238,7 +241,12 @@ void EntryTable::forget_record(EntrySlot slot) {
   Entry& e = slots_[slot];
   if (e.state_record == no_record) return;
   assert(state_ != nullptr);
-  state_->clear(e.state_record);  // before the extent is free for anyone else
+  // Before the extent is free for anyone else.
+  if (e.sealed) {
+    state_->clear(e.state_record);
+  } else {
+    state_->end_reservation(e.state_record);
+  }
   e.state_record = no_record;
 }
 
@@ -290,6 +298,24 @@ Status EntryTable::insert_adopted(const NewEntry& n, uint64_t extent_offset, uin
   // Last: claiming the batch may refuse this very entry (finish_adoption() says so).
   adoption_extents_.push_back(
       {.offset = e.extent_offset, .bytes = e.extent_bytes, .slot = slot, .block = block});
+  if (adoption_extents_.size() == adoption_batch) hand_over_adopted_batch(false);
+  return Status::Ok;
+}
+
+Status EntryTable::insert_adopted_reservation(const NewEntry& n, uint64_t extent_offset,
+                                              uint32_t record, EntrySlot& ret_slot) {
+  assert(adoption_claims_);
+  const EntrySlot slot = new_slot(n, 0);
+  Entry& e = slots_[slot];
+  e.extent_offset = extent_offset;
+  e.state_record = record;
+  e.dead = true;  // out of the index: nobody reads it, its extent goes with the hold
+  e.adoption_hold = true;
+  held_bytes_ += e.extent_bytes;
+  ++held_reservations_;
+  ret_slot = slot;
+  adoption_extents_.push_back(
+      {.offset = e.extent_offset, .bytes = e.extent_bytes, .slot = slot, .block = false});
   if (adoption_extents_.size() == adoption_batch) hand_over_adopted_batch(false);
   return Status::Ok;
 }
@@ -371,10 +397,17 @@ void EntryTable::take_claimed_batch() {
   for (const EntrySlot slot : indexing_refused_) {
     // Undoes insert_adopted(); the entry was never visible to anyone, and holds no claim.
     Entry& e = slots_[slot];
+    held_bytes_ -= e.extent_bytes;
+    if (e.dead) {  // a reservation (insert_adopted_reservation())
+      adoption_refused_.reservation_records.push_back(e.state_record);
+      --held_reservations_;
+      e.state_record = no_record;
+      free_slot(slot);
+      continue;
+    }
     if (e.kind == EntryKind::Snapshot) remove_from_index(slot);
     adoption_refused_.records.push_back(e.state_record);
     adoption_refused_.bytes += e.extent_bytes;
-    held_bytes_ -= e.extent_bytes;
     namespaces_[e.ns].bytes -= e.extent_bytes;  // the rest of count_sealed()
     uncount_sealed(e);
     e.state_record = no_record;
@@ -406,6 +439,7 @@ void EntryTable::release_adoption_hold() {
     if (e.in_use && !free_if_dead_and_unused(slot)) sync_lists(slot, false);
   }
   held_bytes_ = 0;
+  held_reservations_ = 0;
 }
 
 void EntryTable::remove_from_index(EntrySlot slot) {

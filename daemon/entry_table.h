@@ -106,14 +106,21 @@ class EntryTable {
   struct Refused {
     std::vector<uint32_t> records;  // of entries refused as their batch was claimed
     uint64_t bytes = 0;             // their extents
+    std::vector<uint32_t> reservation_records;  // of reservations refused likewise
   };
   void begin_adoption(size_t entries);
   Status insert_adopted(const NewEntry& entry, uint64_t extent_offset, uint32_t record,
                         uint64_t hits, uint64_t last_use_usec, bool pinned, EntrySlot& ret_slot);
+  // An extent the earlier daemon had reserved, whose record is `record`: an engine may
+  // still be writing into it, so it claims its extent like an adopted entry (refused
+  // likewise) but is never indexed, and goes when the adoption hold ends.
+  Status insert_adopted_reservation(const NewEntry& entry, uint64_t extent_offset, uint32_t record,
+                                    EntrySlot& ret_slot);
   Refused finish_adoption();
-  // Adopted entries become evictable like any other.
+  // Adopted entries become evictable like any other; adopted reservations are freed.
   void release_adoption_hold();
-  uint64_t held_bytes() const { return held_bytes_; }
+  uint64_t held_bytes() const { return held_bytes_; }  // entries' and reservations'
+  uint64_t held_reservations() const { return held_reservations_; }
   // Indexes a sealed entry that exists only on disk (recovery after a restart).
   Status insert_on_disk(const NewEntry& entry, uint64_t disk_bytes, EntrySlot& ret_slot);
   // Seals a reserved entry, last used at now_usec: one stamp for a whole SEAL, so the
@@ -236,6 +243,7 @@ class EntryTable {
   HostVictimPolicy victim_policy_ = nullptr;
   EntryState* state_ = nullptr;
   uint64_t held_bytes_ = 0;
+  uint64_t held_reservations_ = 0;
   shm::ExtentAllocator allocator_;
   // Between begin and finish_adoption. The claims, and blocks_, belong to the batch's
   // indexer until take_claimed_batch() has joined it.

@@ -158,6 +158,8 @@ void write_status(JsonWriter& w, const StatusInfo& s) {
       {"adopted_entries", s.adopted_entries},
       {"adopted_bytes", s.adopted_bytes},
       {"adoption_usec", s.adoption_usec},
+      {"adopted_reservations", s.adopted_reservations},
+      {"adopted_reservation_bytes", s.adopted_reservation_bytes},
       {"adoption_dropped", s.adoption_dropped},
       {"adoption_dropped_damaged", s.adoption_dropped_damaged},
       {"adoption_dropped_namespace", s.adoption_dropped_namespace},
@@ -502,6 +504,10 @@ std::string render_metrics(const StatusInfo& s, const std::vector<NamespaceSumma
         s.adopted_entries);
   m.one("kvpark_adopted_bytes", "gauge", "Arena bytes adopted from the previous instance at start.",
         s.adopted_bytes);
+  m.one("kvpark_adopted_reservations", "gauge",
+        "Extents the previous instance had reserved when it stopped, held until its engines are "
+        "gone.",
+        s.adopted_reservations);
   m.family("kvpark_adoption_seconds", "gauge", "Time adoption took at start (records read, index rebuilt).");
   m.sample_double(static_cast<double>(s.adoption_usec) / 1e6);
   m.one("kvpark_adoption_index_kept", "gauge",

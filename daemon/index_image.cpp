@@ -331,6 +331,11 @@ bool IndexImage::adopt(KeptMemory& memory, EntryState& state, const uint8_t* are
     std::vector<int32_t> tail;
   };
   std::vector<SnapshotTail> snapshots;
+  struct HeldReservation {
+    uint32_t record;
+    NamespaceIndex ns;
+  };
+  std::vector<HeldReservation> reservations;
   std::vector<int32_t> tail;
   uint64_t entries = 0, bytes = 0, sequence = 0;
   NamespaceId last_id{};
@@ -352,6 +357,19 @@ bool IndexImage::adopt(KeptMemory& memory, EntryState& state, const uint8_t* are
     if (last_ns == by_id.end() || !(b.namespace_id == last_id)) {
       last_ns = by_id.find(b.namespace_id);
       last_id = b.namespace_id;
+    }
+    if (check == shm::StateSegment::RecordCheck::Reservation) {
+      // An engine may still be writing into it: held like the rebuild holds it (adoption.h).
+      if (last_ns == by_id.end() || !extent_inside_arena(b, arena_bytes) ||
+          record_slots[i] != no_slot) {
+        why = "a reservation record would not be held";
+      } else if (!claims.claim(b.extent_offset, b.extent_bytes)) {
+        why = "two entries' extents overlap";
+      } else {
+        reservations.push_back({static_cast<uint32_t>(i), last_ns->second});
+        sequence = std::max(sequence, b.sequence);
+      }
+      continue;
     }
     DropReason reason{};
     const EntrySlot slot = record_slots[i];
@@ -411,6 +429,24 @@ bool IndexImage::adopt(KeptMemory& memory, EntryState& state, const uint8_t* are
   table.pinned_ = body.pinned;
   table.held_bytes_ = body.held_bytes;
   table.slots_in_use_ = body.entries;
+  uint64_t reservation_bytes = 0;
+  for (const HeldReservation& r : reservations) {
+    const shm::StateRecordBody& b = records[r.record].body;
+    NewEntry n;
+    n.ns = r.ns;
+    n.kind = static_cast<EntryKind>(b.kind);
+    n.key_hash = b.key_hash;
+    n.extent_bytes = b.extent_bytes;
+    const EntrySlot slot = table.new_slot(n, 0);
+    Entry& e = table.slots_[slot];
+    e.extent_offset = b.extent_offset;
+    e.state_record = r.record;
+    e.dead = true;  // as EntryTable::insert_adopted_reservation() makes it
+    e.adoption_hold = true;
+    table.held_bytes_ += e.extent_bytes;
+    ++table.held_reservations_;
+    reservation_bytes += e.extent_bytes;
+  }
   table.allocator_.adopt(claims);
   state.adopt_free_records(std::move(free_records));
   segment.note_sequence(sequence);
@@ -419,6 +455,8 @@ bool IndexImage::adopt(KeptMemory& memory, EntryState& state, const uint8_t* are
   report.index_image = true;
   report.entries = entries;
   report.bytes = bytes;
+  report.reservations = reservations.size();
+  report.reservation_bytes = reservation_bytes;
   report.previous_pids = state.take_previous_connections();
   report.usec = monotonic_usec() - start;
   return true;

@@ -114,15 +114,16 @@ Status Park::hello(ConnectionId id, const wire::HelloRequest& req, wire::HelloRe
   c.ns = ns;
   // An engine of the previous instance is back: its old leases are gone with its
   // reconnection (libkvpark releases nothing across generations), unless it says it
-  // still holds plans made before (another thread may be copying out of one). Then
-  // that process is waited for until it exits or the grace passes, whatever its
-  // other connections say: the daemon cannot tell which of them holds the plan.
+  // still holds plans or reservations made before (another thread may be copying out
+  // of a lease or into a reserved extent). Then that process is waited for until it
+  // exits or the grace passes, whatever its other connections say: the daemon cannot
+  // tell which of them holds the grant.
   if (auto back = previous_pids_.find(c.peer_pid); holding_ && back != previous_pids_.end()) {
-    if (req.holds_earlier_plans) {
+    if (req.holds_earlier_grants) {
       if (back->second != previous_engine_until_exit) {
         log_info(
-            "kvparkd: engine pid %u came back still holding plans of the previous "
-            "instance; adopted entries stay held until it exits or the grace passes",
+            "kvparkd: engine pid %u came back still holding plans or reservations of the "
+            "previous instance; adopted extents stay held until it exits or the grace passes",
             c.peer_pid);
       }
       back->second = previous_engine_until_exit;

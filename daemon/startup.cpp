@@ -398,8 +398,9 @@ bool open_host_tier(const DaemonOptions& options, std::unique_ptr<shm::ArenaOwne
 
 void stop_core(const DaemonOptions& options, Server& server, Park& park, EntryState* entry_state,
                Notifier& notifier) {
-  // Engines may still copy out of their leases: the next instance waits for them.
-  if (entry_state != nullptr) entry_state->freeze_connections();
+  // Engines may still copy out of their leases or into their reservations: the next
+  // instance waits for them.
+  if (entry_state != nullptr) entry_state->freeze();
   server.close_connections();
   DiskTier* disk = park.disk();
   if (disk != nullptr && options.spill_on_shutdown) spill_before_stopping(park, *disk, notifier);

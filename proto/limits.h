@@ -16,8 +16,8 @@ namespace kvpark::limits {
 // first block (the disk tier keeps chains whole).
 // 3: RELEASE carries the tokens the client restored from the lease (a v2 RELEASE,
 // without them, still decodes: nothing reported restored).
-// 4: HELLO says whether the client still holds plans made on an earlier connection
-// (a daemon that adopted the arena keeps that engine's adopted extents held).
+// 4: HELLO says whether the client still holds plans or reservations made on an earlier
+// connection (a daemon that adopted the arena keeps that engine's adopted extents held).
 inline constexpr uint16_t protocol_version = 4;
 // The oldest client protocol the daemon still greets.
 inline constexpr uint16_t protocol_version_min = 2;

@@ -15,7 +15,7 @@ static_assert(std::endian::native == std::endian::little,
 
 // HELLO flags.
 constexpr uint16_t hello_snapshot_required = 1;
-constexpr uint16_t hello_holds_earlier_plans = 2;  // protocol 4
+constexpr uint16_t hello_holds_earlier_grants = 2;  // protocol 4
 
 class Writer {
  public:
@@ -118,7 +118,7 @@ void encode(const HelloRequest& m, uint32_t seq, std::vector<uint8_t>& out) {
   frame(request(Verb::Hello), 0, seq, out, [&](Writer& w) {
     w.put(m.protocol_version);
     w.put(static_cast<uint16_t>((m.geometry.snapshot_required ? hello_snapshot_required : 0) |
-                                (m.holds_earlier_plans ? hello_holds_earlier_plans : 0)));
+                                (m.holds_earlier_grants ? hello_holds_earlier_grants : 0)));
     w.put(m.geometry.block_tokens);
     w.put(m.geometry.block_payload_bytes);
     w.put(m.namespace_id);
@@ -135,12 +135,12 @@ Status decode(std::span<const uint8_t> body, HelloRequest& m) {
   uint32_t name_bytes = 0;
   std::vector<char> name;
   bool ok = r.get(m.protocol_version) && r.get(flags) &&
-            (flags & ~(hello_snapshot_required | hello_holds_earlier_plans)) == 0 &&
+            (flags & ~(hello_snapshot_required | hello_holds_earlier_grants)) == 0 &&
             r.get(m.geometry.block_tokens) && r.get(m.geometry.block_payload_bytes) &&
             r.get(m.namespace_id) && r.get(m.prefill_tokens_per_second) && r.get(name_bytes) &&
             r.get_array(name_bytes, limits::client_name_bytes_max, name);
   m.geometry.snapshot_required = (flags & hello_snapshot_required) != 0;
-  m.holds_earlier_plans = (flags & hello_holds_earlier_plans) != 0;
+  m.holds_earlier_grants = (flags & hello_holds_earlier_grants) != 0;
   m.client_name.assign(name.begin(), name.end());
   return finish(r, ok);
 }

@@ -47,9 +47,10 @@ struct HelloRequest {
   NamespaceId namespace_id;
   Geometry geometry;
   uint32_t prefill_tokens_per_second = 0;  // engine's own estimate; 0 = unknown
-  // Plans made on an earlier connection are still open (a reconnection after a daemon
-  // restart): leases of the previous instance may still be read (protocol 4).
-  bool holds_earlier_plans = false;
+  // Plans or reservations made on an earlier connection are still open (a reconnection
+  // after a daemon restart): leases of the previous instance may still be read, and
+  // its reserved extents written (protocol 4).
+  bool holds_earlier_grants = false;
   std::string client_name;
 };
 struct HelloReply {

@@ -6,15 +6,21 @@
 //   [4 KiB, 8 KiB)        StateHints: the record high-water mark (a hint, clamped)
 //   namespaces            namespaces_max NamespaceRecord, by namespace index
 //   connections           connections_max words: the pid of each connected engine
-//   records               record_capacity StateRecord, one per sealed host entry
+//   records               record_capacity StateRecord: one per sealed host entry, and
+//                         one per reserved extent (a reservation record)
 // The crash rule: a kill -9 at any instruction leaves every record whole and valid or
 // recognisably invalid. A record is written body first, then its checksum, then its
 // `valid` word (one aligned 8-byte store, ordered after the rest); it is cleared by
 // storing 0 in `valid` first. A record that fails its checksum is dropped at
 // adoption, never trusted. Fields after the checksummed body are hints that any
 // value leaves safe (class/evidence upgrades carry their own check; hits and last
-// use only steer eviction). Reservations have no record: a crash frees them.
-// Bump state_format_version whenever a layout changes.
+// use only steer eviction). A reservation record has the same layout and rule with
+// its own valid word: an extent an engine may still be writing into when the daemon
+// dies, which the next instance holds as long as it holds adopted entries. Sealing
+// rewrites it in place as the entry's record (its valid word is 0 in between: the
+// engine has finished writing by then, so nothing is lost if a crash falls there).
+// Bump state_format_version whenever a layout changes. Version 1 (no reservation
+// records) is still adopted: it is version 2 with none written.
 #pragma once
 
 #include <cstdint>
@@ -26,8 +32,10 @@
 namespace kvpark::shm {
 
 inline constexpr uint32_t state_magic = 0x5350564b;  // "KVPS"
-inline constexpr uint16_t state_format_version = 1;
+inline constexpr uint16_t state_format_version = 2;
+inline constexpr uint16_t state_format_oldest_adopted = 1;
 inline constexpr uint64_t state_record_valid = 0x444c4156454e5456;  // a valid record's word
+inline constexpr uint64_t state_reservation_valid = 0x5652455356524553;  // a reservation's
 inline constexpr uint64_t state_namespace_valid = 0x444c41564e53504b;
 inline constexpr uint32_t state_connection_tag = 0x4e4e4f43;  // low half of a connection word
 inline constexpr uint64_t state_header_bytes = 4096;
@@ -94,7 +102,7 @@ static_assert(std::is_trivially_copyable_v<StateRecordBody>);
 static_assert(sizeof(StateRecordBody) == 112);
 
 struct StateRecord {
-  uint64_t valid;     // state_record_valid once body and checksum are whole
+  uint64_t valid;     // state_record_valid (or _reservation_valid) once body and checksum are whole
   uint64_t checksum;  // XXH3-64 of body
   StateRecordBody body;
   // Hints, outside the checksum.

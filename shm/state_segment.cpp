@@ -159,8 +159,9 @@ Status StateSegment::adopt(int fd, std::unique_ptr<StateSegment>& ret_segment, i
     close(fd);
     return Status::Corrupt;
   }
-  const bool ok = h.magic == state_magic && h.format_version == state_format_version &&
-                  h.checksum == header_checksum(h) && h.record_bytes == sizeof(StateRecord) &&
+  const bool ok = h.magic == state_magic && h.format_version >= state_format_oldest_adopted &&
+                  h.format_version <= state_format_version && h.checksum == header_checksum(h) &&
+                  h.record_bytes == sizeof(StateRecord) &&
                   h.namespace_capacity == limits::namespaces_max &&
                   h.connection_capacity == limits::connections_max &&
                   h.record_capacity == state_record_capacity_for(h.arena_data_bytes) &&
@@ -195,6 +196,15 @@ uint64_t StateSegment::records_high_water() const {
 
 void StateSegment::write_record(uint64_t index, const StateRecordBody& body, uint64_t hits,
                                 uint64_t last_use_usec) {
+  write(index, body, hits, last_use_usec, state_record_valid);
+}
+
+void StateSegment::write_reservation(uint64_t index, const StateRecordBody& body) {
+  write(index, body, 0, 0, state_reservation_valid);
+}
+
+void StateSegment::write(uint64_t index, const StateRecordBody& body, uint64_t hits,
+                         uint64_t last_use_usec, uint64_t valid_word) {
   assert(index < record_capacity());
   if (index >= records_high_water()) store_word(hints()->records_high_water, index + 1);
   StateRecord& r = records()[index];
@@ -206,7 +216,7 @@ void StateSegment::write_record(uint64_t index, const StateRecordBody& body, uin
   r.upgrade = low | uint64_t{upgrade_check(r.body.sequence, low)} << 32;
   r.hits = hits;
   r.last_use_usec = last_use_usec;
-  store_word(r.valid, state_record_valid);
+  store_word(r.valid, valid_word);
 }
 
 void StateSegment::clear_record(uint64_t index) {
@@ -229,11 +239,11 @@ void StateSegment::write_use(uint64_t index, uint64_t hits, uint64_t last_use_us
 
 StateSegment::RecordCheck StateSegment::check(const StateRecord& record) {
   if (record.valid == 0) return RecordCheck::Empty;
-  if (record.valid != state_record_valid ||
+  if ((record.valid != state_record_valid && record.valid != state_reservation_valid) ||
       record.checksum != XXH3_64bits(&record.body, sizeof record.body)) {
     return RecordCheck::Damaged;
   }
-  return RecordCheck::Valid;
+  return record.valid == state_record_valid ? RecordCheck::Valid : RecordCheck::Reservation;
 }
 
 StateSegment::RecordCheck StateSegment::check_record(uint64_t index,
@@ -244,7 +254,7 @@ StateSegment::RecordCheck StateSegment::check_record(uint64_t index,
   std::memcpy(&copy, &records()[index], sizeof copy);
   copy.valid = valid;
   const RecordCheck result = check(copy);
-  if (result == RecordCheck::Valid) ret_record = copy;
+  if (result == RecordCheck::Valid || result == RecordCheck::Reservation) ret_record = copy;
   return result;
 }
 

@@ -44,13 +44,16 @@ class StateSegment {
   // the checksum and last the valid word; clear_record stores 0 in the valid word.
   void write_record(uint64_t index, const StateRecordBody& body, uint64_t hits,
                     uint64_t last_use_usec);
+  // The same discipline for a reserved extent (its payload checksum not known yet).
+  void write_reservation(uint64_t index, const StateRecordBody& body);
   void clear_record(uint64_t index);
   // The hints of a valid record (no check needed to stay safe).
   void write_upgrade(uint64_t index, uint8_t entry_class, uint8_t evidence, bool pinned);
   void write_use(uint64_t index, uint64_t hits, uint64_t last_use_usec);
-  enum class RecordCheck { Empty, Valid, Damaged };
-  // Empty: never written or cleared; Damaged: its valid word is set (or garbage) but
-  // its checksum fails. ret_record is filled when Valid.
+  enum class RecordCheck { Empty, Valid, Reservation, Damaged };
+  // Empty: never written or cleared; Reservation: a whole reservation record;
+  // Damaged: its valid word is set (or garbage) but its checksum fails. ret_record is
+  // filled when Valid or Reservation.
   RecordCheck check_record(uint64_t index, StateRecord& ret_record) const;
   // The same check of a record copied out of records_to_adopt().
   static RecordCheck check(const StateRecord& record);
@@ -88,6 +91,8 @@ class StateSegment {
  private:
   StateSegment() = default;
   Status map(int fd, uint64_t bytes, int& ret_errno);
+  void write(uint64_t index, const StateRecordBody& body, uint64_t hits, uint64_t last_use_usec,
+             uint64_t valid_word);
   void place();  // region offsets from header_
   StateRecord* records() const { return reinterpret_cast<StateRecord*>(base_ + records_offset_); }
   NamespaceRecord* namespaces() const {

@@ -19,6 +19,7 @@
 
 #include "shm/state_segment.h"
 #include "tests/integration/adoption_support.h"
+#include "tests/testing/wait.h"
 
 namespace kvpark::testing {
 namespace {
@@ -55,7 +56,8 @@ TEST(Adoption, SigkillRestartServesEveryEntrySealedBeforeTheKill) {
   DaemonProcess daemon(kept_config());
   ASSERT_TRUE(daemon.start());
   publish(daemon, seeds);
-  // A writer killed with the daemon, mid-write: its reservation is freed at adoption.
+  // A writer killed with the daemon, mid-write: its reservation is held at adoption and
+  // freed once the new instance sees the writer gone.
   ChildProcess writer = spawn_engine(daemon, {"hang-while-writing", "--head-seed", "798"});
   ASSERT_TRUE(writer.wait_for_line("ready", 10'000));
   const kvpark_stats before = stats_of(daemon);
@@ -63,6 +65,11 @@ TEST(Adoption, SigkillRestartServesEveryEntrySealedBeforeTheKill) {
   daemon.kill_hard();
   writer.kill_hard();
   ASSERT_TRUE(daemon.start());
+  EXPECT_EQ(log_lines(daemon, "holding 16 extents").size(), 1u);
+  // This process may count among the previous instance's engines too (its stats
+  // connection's close can come after the kill): its next HELLO ends its share.
+  (void)stats_of(daemon);
+  ASSERT_TRUE(wait_until([&] { return !log_lines(daemon, "may be evicted from now on").empty(); }));
   const kvpark_stats after = stats_of(daemon);
   EXPECT_EQ(after.blocks, before.blocks);
   EXPECT_EQ(after.snapshots, before.snapshots);

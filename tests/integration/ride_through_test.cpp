@@ -1,7 +1,8 @@
 // Engines ride through a daemon restart that adopted the arena: a client connected
 // across it keeps its mapping (the arena's identity outlives the daemon's
 // incarnation), and no adopted extent is reused while an engine of the previous
-// instance may still be reading a lease it held when that instance died.
+// instance may still be reading a lease it held when that instance died, or writing
+// into an extent it had reserved.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -85,9 +86,11 @@ TEST_P(RideThrough, ConnectedEngineRestoresThroughItsOwnMappingWithoutRemapping)
       [&] { return log_has(daemon, "every engine of the previous instance came back"); }));
 }
 
-INSTANTIATE_TEST_SUITE_P(AfterEachStop, RideThrough, ::testing::Bool(), [](const auto& param_info) {
+std::string stop_name(const ::testing::TestParamInfo<bool>& param_info) {
   return param_info.param ? "Sigkill" : "Sigterm";
-});
+}
+
+INSTANTIATE_TEST_SUITE_P(AfterEachStop, RideThrough, ::testing::Bool(), stop_name);
 
 // An engine whose next call reconnects while it still holds a plan of the previous
 // instance (another thread may be copying out of it): its HELLO says so, and the
@@ -154,6 +157,79 @@ TEST(AdoptionHold, AdoptedExtentsAreNotReusedUntilThePreviousInstancesEnginesAre
   ASSERT_EQ(filled.exit_code, 0) << filled.output;
   StatsClient stats(daemon.socket_path());
   EXPECT_GE(stats.get().evictions, 1u);
+}
+
+// An engine writing into its reservation when the daemon stopped or died may go on
+// writing: the next instance holds the extent (its reservation record) until that
+// engine is gone, so no new entry is placed where the old writer still writes.
+class ReservationHoldAcrossStop : public ::testing::TestWithParam<bool> {
+};  // SIGKILL (true) or SIGTERM
+
+TEST_P(ReservationHoldAcrossStop,
+       AnExtentReservedWhenTheDaemonStoppedIsNotReusedWhileItsWriterLives) {
+  DaemonProcess daemon(
+      {.arena_bytes = 16ull << 20, .reservation_bytes_max = 16ull << 20, .fd_store = true});
+  ASSERT_TRUE(daemon.start());
+  // 200 of the arena's ~240 extents, reserved, one written, the rest never sealed.
+  ChildProcess writer = spawn_engine(
+      daemon, {"hang-while-writing", "--head-seed", "743", "--head-tokens", to_string(200 * 64)});
+  ASSERT_TRUE(writer.wait_for_line("ready", 10'000));
+  if (GetParam()) {
+    daemon.kill_hard();
+  } else {
+    ASSERT_EQ(daemon.stop(), 0);
+  }
+  ASSERT_TRUE(daemon.start());
+  EXPECT_TRUE(log_has(daemon, "holding 200 extents (13 MiB) reserved when it stopped"));
+
+  // A prompt of 100 blocks fits only in the reserved extents: refused while the writer lives.
+  const std::vector<std::string> filler = {"publish", "--head-seed", "744", "--head-tokens",
+                                           to_string(100 * 64)};
+  EngineRun refused = run_engine(daemon, filler);
+  EXPECT_NE(refused.exit_code, 0) << refused.output;
+  EXPECT_FALSE(log_has(daemon, "may be evicted from now on"));
+
+  writer.kill_hard();
+  ASSERT_TRUE(wait_until([&] { return log_has(daemon, "may be evicted from now on"); }));
+  EngineRun filled = run_engine(daemon, filler);
+  ASSERT_EQ(filled.exit_code, 0) << filled.output;
+  EngineRun verified =
+      run_engine(daemon, {"verify", "--head-seed", "744", "--head-tokens", to_string(100 * 64)});
+  EXPECT_EQ(verified.exit_code, 0) << verified.output;
+}
+
+INSTANTIATE_TEST_SUITE_P(AfterEachStop, ReservationHoldAcrossStop, ::testing::Bool(), stop_name);
+
+// An engine that reconnects while a thread of it still holds a reservation of the
+// previous instance says so in its HELLO: the extent stays held.
+TEST(ReservationHold, AnEngineBackWithAReservationOfThePreviousInstanceKeepsItsExtentsHeld) {
+  DaemonProcess daemon(
+      {.arena_bytes = 16ull << 20, .reservation_bytes_max = 16ull << 20, .fd_store = true});
+  ASSERT_TRUE(daemon.start());
+  ClientPtr c =
+      connect_client(daemon.socket_path(), engine_namespace(ns_low, block_tokens, block_bytes));
+  ASSERT_TRUE(c);
+  const std::vector<int32_t> tokens = engine_prompt(745, 200 * 64, 2, 1);
+  kvpark_publish_options options{1, KVPARK_CLASS_PRIVATE, KVPARK_EVIDENCE_DEFAULT_AUTOMATIC};
+  kvpark_reservation* reservation = nullptr;
+  ASSERT_EQ(
+      kvpark_reserve_blocks(c.get(), &options, tokens.data(), tokens.size(), 0, 200, &reservation),
+      KVPARK_OK);
+
+  daemon.kill_hard();
+  ASSERT_TRUE(daemon.start());
+  // Another call of this engine reconnects while the reservation is open.
+  kvpark_stats stats{};
+  ASSERT_EQ(kvpark_get_stats(c.get(), &stats), KVPARK_OK);
+  ASSERT_TRUE(
+      wait_until([&] { return log_has(daemon, "came back still holding plans or reservations"); }));
+  const std::vector<std::string> filler = {"publish", "--head-seed", "746", "--head-tokens",
+                                           to_string(100 * 64)};
+  EngineRun refused = run_engine(daemon, filler);
+  EXPECT_NE(refused.exit_code, 0) << refused.output;
+  EXPECT_FALSE(log_has(daemon, "may be evicted from now on"));
+  // The old reservation cannot be sealed into the new instance.
+  EXPECT_EQ(kvpark_seal(reservation), KVPARK_UNAVAILABLE);
 }
 
 }  // namespace

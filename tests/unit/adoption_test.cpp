@@ -56,15 +56,26 @@ class AdoptionTest : public ::testing::Test {
     segment_->write_namespace(0, ns);
   }
 
-  void write_block(uint64_t index, uint64_t key, uint64_t extent_offset,
-                   const NamespaceId& ns = kept_ns, uint64_t extent_bytes = block_extent) {
+  static shm::StateRecordBody block_body(uint64_t key, uint64_t extent_offset,
+                                         const NamespaceId& ns, uint64_t extent_bytes) {
     shm::StateRecordBody body{};
     body.namespace_id = ns;
     body.key_hash = {key, key};
     body.extent_offset = extent_offset;
     body.extent_bytes = extent_bytes;
     body.kind = static_cast<uint8_t>(EntryKind::Block);
-    segment_->write_record(index, body, 1, 0);
+    return body;
+  }
+
+  void write_block(uint64_t index, uint64_t key, uint64_t extent_offset,
+                   const NamespaceId& ns = kept_ns, uint64_t extent_bytes = block_extent) {
+    segment_->write_record(index, block_body(key, extent_offset, ns, extent_bytes), 1, 0);
+  }
+
+  // What a daemon records when it reserves a block's extent for an engine.
+  void write_reservation(uint64_t index, uint64_t key, uint64_t extent_offset,
+                         const NamespaceId& ns = kept_ns) {
+    segment_->write_reservation(index, block_body(key, extent_offset, ns, block_extent));
   }
 
   // A snapshot of `tail` two blocks in, anchored at `key`: its record, and
@@ -394,6 +405,98 @@ TEST_F(AdoptionTest, ASnapshotWhoseTailWouldRunPastItsExtentIsDroppedBeforeAnyRe
   EXPECT_EQ(report.entries, 1u);
   EXPECT_EQ(report.dropped[static_cast<size_t>(DropReason::Header)], 1u);
   EXPECT_EQ(report.dropped_total(), 1u);
+}
+
+// An engine may still be writing into an extent reserved when the daemon died: it is
+// neither free nor an entry until the adoption hold ends, and then it is both freed
+// and forgotten by the state segment.
+TEST_F(AdoptionTest, AReservedExtentIsHeldUnindexedUntilTheHoldEndsThenFreedAndItsRecordCleared) {
+  write_block(0, 1, 0);
+  write_reservation(1, 2, 4 * granule);
+  const AdoptionReport report = adopt();
+  EXPECT_EQ(report.entries, 1u);
+  EXPECT_EQ(report.bytes, block_extent);
+  EXPECT_EQ(report.reservations, 1u);
+  EXPECT_EQ(report.reservation_bytes, block_extent);
+  EXPECT_EQ(report.dropped_total(), 0u);
+  EXPECT_NE(report.summary().find("holding 1 extents"), std::string::npos) << report.summary();
+  EXPECT_EQ(table_->find_block(ns_index(), {2, 2}), no_slot);  // never served
+  EXPECT_EQ(table_->blocks(), 1u);
+  EXPECT_EQ(table_->bytes_free(), arena_bytes - 2 * block_extent);
+  EXPECT_EQ(table_->held_reservations(), 1u);
+  EXPECT_EQ(check(1), shm::StateSegment::RecordCheck::Reservation);  // a second crash holds it too
+
+  table_->release_adoption_hold();
+  EXPECT_EQ(table_->bytes_free(), arena_bytes - block_extent);
+  EXPECT_EQ(table_->held_reservations(), 0u);
+  EXPECT_EQ(check(1), shm::StateSegment::RecordCheck::Empty);
+  EXPECT_EQ(check(0), shm::StateSegment::RecordCheck::Valid);
+  // Its record index is free for the next entry.
+  NewEntry n{
+      .ns = ns_index(), .kind = EntryKind::Block, .key_hash = {9, 9}, .extent_bytes = block_extent};
+  EntrySlot slot = no_slot;
+  ASSERT_EQ(table_->insert_reserved(n, slot), Status::Ok);
+  EXPECT_EQ(table_->entry(slot).state_record, 1u);
+}
+
+TEST_F(AdoptionTest, AReservationOverlappingAKeptEntryOrOutsideTheArenaIsDroppedNotHeld) {
+  write_block(0, 1, 0);
+  write_reservation(1, 2, granule);      // overlaps record 0's extent
+  write_reservation(2, 3, arena_bytes);  // outside the arena
+  write_reservation(3, 4, 8 * granule, unknown_ns);
+  write_reservation(4, 5, 12 * granule);  // held
+  const AdoptionReport report = adopt();
+  EXPECT_EQ(report.entries, 1u);
+  EXPECT_EQ(report.reservations, 1u);
+  EXPECT_EQ(report.reservation_bytes, block_extent);
+  EXPECT_EQ(report.dropped[static_cast<size_t>(DropReason::Extent)], 2u);
+  EXPECT_EQ(report.dropped[static_cast<size_t>(DropReason::Namespace)], 1u);
+  EXPECT_EQ(table_->bytes_free(), arena_bytes - 2 * block_extent);
+  for (uint64_t i : {1, 2, 3}) EXPECT_EQ(check(i), shm::StateSegment::RecordCheck::Empty) << i;
+  EXPECT_EQ(check(4), shm::StateSegment::RecordCheck::Reservation);
+}
+
+// The records a running daemon keeps for reservations: written before the engine may
+// write, rewritten in place at seal, cleared when aborted, and left for the next
+// instance when a planned stop ends the reservation.
+TEST_F(AdoptionTest, AReservationIsRecordedBeforeAnyWriteSealedInPlaceAndKeptAcrossAPlannedStop) {
+  adopt();  // an empty table over the segment, its namespace registered
+  auto reserve = [&](uint64_t key) {
+    NewEntry n{.ns = ns_index(),
+               .kind = EntryKind::Block,
+               .key_hash = {key, key},
+               .extent_bytes = block_extent};
+    EntrySlot slot = no_slot;
+    EXPECT_EQ(table_->insert_reserved(n, slot), Status::Ok);
+    return slot;
+  };
+  const EntrySlot sealed = reserve(1);
+  const uint32_t sealed_record = table_->entry(sealed).state_record;
+  ASSERT_NE(sealed_record, no_record);
+  EXPECT_EQ(check(sealed_record), shm::StateSegment::RecordCheck::Reservation);
+  table_->seal(sealed, 0x77, coarse_monotonic_usec());
+  EXPECT_EQ(table_->entry(sealed).state_record, sealed_record);
+  shm::StateRecord r{};
+  ASSERT_EQ(segment_->check_record(sealed_record, r), shm::StateSegment::RecordCheck::Valid);
+  EXPECT_EQ(r.body.payload_checksum, 0x77u);
+
+  const EntrySlot aborted = reserve(2);
+  const uint32_t aborted_record = table_->entry(aborted).state_record;
+  table_->erase(aborted);
+  EXPECT_EQ(check(aborted_record), shm::StateSegment::RecordCheck::Empty);
+
+  const EntrySlot open = reserve(3);
+  const uint32_t open_record = table_->entry(open).state_record;
+  state_->freeze();  // a planned stop closes the connection: the engine may still write
+  table_->erase(open);
+  EXPECT_EQ(check(open_record), shm::StateSegment::RecordCheck::Reservation);
+
+  const AdoptionReport report = adopt();
+  EXPECT_EQ(report.entries, 1u);
+  EXPECT_EQ(report.reservations, 1u);
+  EXPECT_EQ(table_->bytes_free(), arena_bytes - 2 * block_extent);
+  table_->release_adoption_hold();
+  EXPECT_EQ(table_->bytes_free(), arena_bytes - block_extent);
 }
 
 }  // namespace

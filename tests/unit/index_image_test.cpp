@@ -151,9 +151,9 @@ TEST_F(IndexImageTest, ACleanStopsIndexIsAdoptedWithEveryKeyAndTheSameFreeSpace)
   for (uint64_t i = 0; i < blocks; i += 100) table_->erase(table_->find_block(ns_, key(i)));
   const EntrySlot snapshot = park_snapshot(blocks + 1, {5, 6, 7});
   const uint64_t snapshot_offset = table_->entry(snapshot).extent_offset;
-  park_block(blocks + 2, false);  // a reservation in flight at the stop: freed by it
+  park_block(blocks + 2, false);  // a reservation in flight at the stop: held after it
   const uint64_t kept_entries = blocks - blocks / 100 + 1;
-  const uint64_t free_before = table_->bytes_free() + block_extent;
+  const uint64_t free_before = table_->bytes_free();
   stop();
   restart_objects();
 
@@ -162,7 +162,10 @@ TEST_F(IndexImageTest, ACleanStopsIndexIsAdoptedWithEveryKeyAndTheSameFreeSpace)
   EXPECT_TRUE(report_.index_image);
   EXPECT_EQ(report_.entries, kept_entries);
   EXPECT_EQ(report_.dropped_total(), 0u);
-  EXPECT_EQ(table_->slots_in_use(), kept_entries);
+  EXPECT_EQ(report_.reservations, 1u);
+  EXPECT_EQ(report_.reservation_bytes, block_extent);
+  EXPECT_EQ(table_->held_reservations(), 1u);
+  EXPECT_EQ(table_->slots_in_use(), kept_entries + 1);  // the reservation's, unindexed
   EXPECT_EQ(table_->blocks(), kept_entries - 1);
   EXPECT_EQ(table_->snapshots(), 1u);
   EXPECT_EQ(table_->bytes_free(), free_before);
@@ -187,7 +190,10 @@ TEST_F(IndexImageTest, ACleanStopsIndexIsAdoptedWithEveryKeyAndTheSameFreeSpace)
   // The adopted table works on: new entries, a freed hold, eviction, another stop.
   park_block(blocks + 3);
   EXPECT_NE(table_->find_block(ns_, key(blocks + 3)), no_slot);
+  const uint64_t free_held = table_->bytes_free();
   table_->release_adoption_hold();
+  EXPECT_EQ(table_->bytes_free(), free_held + block_extent);  // the reservation's extent
+  EXPECT_EQ(table_->held_reservations(), 0u);
   EXPECT_EQ(table_->evictable_bytes(), table_->data_bytes() - table_->bytes_free());
   EXPECT_TRUE(table_->evict_lru());
   stop();

@@ -401,14 +401,14 @@ TEST_F(ParkTest, AnEngineBackWithPlansOfThePreviousInstanceKeepsTheHoldUntilItsG
   hello.protocol_version = limits::protocol_version;
   hello.namespace_id = attention_ns;
   hello.geometry = {.block_tokens = block_tokens, .block_payload_bytes = block_payload_bytes};
-  hello.holds_earlier_plans = true;
+  hello.holds_earlier_grants = true;
   wire::HelloReply reply;
   const ConnectionId back = next_id_++;
   ASSERT_EQ(park_->open(back, static_cast<uint32_t>(getpid())), Status::Ok);
   ASSERT_EQ(park_->hello(back, hello, reply), Status::Ok);
   EXPECT_TRUE(park_->adoption_held());
   // Another client of the same process, holding nothing, cannot speak for it.
-  hello.holds_earlier_plans = false;
+  hello.holds_earlier_grants = false;
   const ConnectionId other = next_id_++;
   ASSERT_EQ(park_->open(other, static_cast<uint32_t>(getpid())), Status::Ok);
   ASSERT_EQ(park_->hello(other, hello, reply), Status::Ok);

@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 
+#include "proto/xxh3.h"
 #include "shm/arena.h"
 #include "tests/testing/huge_pages.h"
 
@@ -128,6 +129,50 @@ TEST(StateSegment, AdoptionRefusesAHeaderWrittenOver) {
   EXPECT_EQ(adopted->header().arena_identity, 42u);
   adopted.reset();
   s->base()[20] ^= 1;  // inside the header
+  EXPECT_EQ(StateSegment::adopt(dup(s->fd()), adopted, err), Status::Corrupt);
+}
+
+// A reserved extent's record is a kind of its own, with the same crash rule; sealing
+// rewrites it in place as an entry's record.
+TEST(StateSegment, AReservationRecordIsItsOwnKindWhateverByteWasWrittenOverAndSealsInPlace) {
+  auto s = make_segment();
+  StateRecord r{};
+  s->write_reservation(0, body_at(4096));
+  ASSERT_EQ(s->check_record(0, r), StateSegment::RecordCheck::Reservation);
+  EXPECT_EQ(r.body.extent_offset, 4096u);
+  const size_t checked = offsetof(StateRecord, body) + sizeof(StateRecordBody);
+  for (size_t i = 0; i < checked; ++i) {
+    auto* bytes = reinterpret_cast<uint8_t*>(record_in(*s, 0));
+    bytes[i] ^= 0x5a;
+    const auto check = s->check_record(0, r);
+    EXPECT_TRUE(check == StateSegment::RecordCheck::Damaged ||
+                check == StateSegment::RecordCheck::Empty)
+        << "byte " << i;
+    bytes[i] ^= 0x5a;
+  }
+  s->write_record(0, body_at(4096), 0, 0);
+  EXPECT_EQ(s->check_record(0, r), StateSegment::RecordCheck::Valid);
+}
+
+// A segment of format 1 (no reservation records) is adopted by this release.
+TEST(StateSegment, AdoptionTakesTheFormatBeforeReservationRecords) {
+  auto s = make_segment();
+  s->write_record(0, body_at(4096), 0, 0);
+  StateHeader h{};
+  std::memcpy(&h, s->base(), sizeof h);
+  EXPECT_EQ(h.format_version, state_format_version);
+  h.format_version = 1;
+  h.checksum = XXH3_64bits(&h, offsetof(StateHeader, checksum));
+  std::memcpy(s->base(), &h, sizeof h);
+  std::unique_ptr<StateSegment> adopted;
+  int err = 0;
+  ASSERT_EQ(StateSegment::adopt(dup(s->fd()), adopted, err), Status::Ok);
+  StateRecord r{};
+  EXPECT_EQ(adopted->check_record(0, r), StateSegment::RecordCheck::Valid);
+  adopted.reset();
+  h.format_version = state_format_version + 1;
+  h.checksum = XXH3_64bits(&h, offsetof(StateHeader, checksum));
+  std::memcpy(s->base(), &h, sizeof h);
   EXPECT_EQ(StateSegment::adopt(dup(s->fd()), adopted, err), Status::Corrupt);
 }
 

@@ -185,18 +185,18 @@ TEST(FrameCodec, HelloRequestRoundTrips) {
   EXPECT_EQ(out.geometry, in.geometry);
   EXPECT_EQ(out.prefill_tokens_per_second, in.prefill_tokens_per_second);
   EXPECT_EQ(out.client_name, in.client_name);
-  EXPECT_FALSE(out.holds_earlier_plans);
+  EXPECT_FALSE(out.holds_earlier_grants);
 }
 
 TEST(FrameCodec, HelloRequestCarriesEarlierPlansApartFromTheSnapshotFlag) {
   for (const bool snapshot_required : {false, true}) {
     HelloRequest in = sample_hello_request();
     in.geometry.snapshot_required = snapshot_required;
-    in.holds_earlier_plans = true;
+    in.holds_earlier_grants = true;
     std::vector<uint8_t> m;
     encode(in, 1, m);
     const auto out = round_trip<HelloRequest>(m, Q(Verb::Hello));
-    EXPECT_TRUE(out.holds_earlier_plans);
+    EXPECT_TRUE(out.holds_earlier_grants);
     EXPECT_EQ(out.geometry.snapshot_required, snapshot_required);
   }
 }
