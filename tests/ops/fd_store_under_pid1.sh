@@ -1,0 +1,183 @@
+#!/usr/bin/env bash
+# kvparkd under systemd running as PID 1: the host tier outlives `systemctl restart`, a
+# SIGKILL under Restart= and a watchdog kill, and `systemctl stop` drops it
+# (docs/operations.md, "Restarts"). The machine's own PID 1 is no systemd, so this boots
+# Debian's systemd in a container (systemd-nspawn --volatile=yes: a tmpfs root over the
+# host's /usr) and runs kvparkd there as a system service with the shipped unit's restart
+# keys, user and sandbox. Everything the test asserts is that manager's own behaviour: its fd store, its
+# Restart=, its watchdog, its notify socket.
+#
+#   fd_store_under_pid1.sh KVPARKD KVPARK_TEST_ENGINE KVPARKD_SERVICE KVPARK_SYSUSERS
+#
+# Exit 77 (skipped) without root or systemd-nspawn, or where no container boots.
+set -euo pipefail
+
+kvparkd=$(realpath "$1")
+engine=$(realpath "$2")
+unit_file=$(realpath "$3")  # the built kvparkd.service
+sysusers=$(realpath "$4")   # systemd/kvpark.sysusers
+boot_deadline_sec=180  # the container's boot, on a loaded machine
+deadline_sec=60        # any other wait below; the whole test takes a few seconds
+
+skip() { echo "SKIP: $*"; exit 77; }
+[ "$(id -u)" = 0 ] || skip "needs root to start a container"
+command -v systemd-nspawn >/dev/null || skip "no systemd-nspawn (Debian's systemd-container)"
+command -v nsenter >/dev/null || skip "no nsenter"
+
+work=$(mktemp -d /tmp/kvpark-pid1.XXXXXX)
+machine=kvpark-pid1-$$
+nspawn_pid=""
+cleanup() {
+  if [ -n "$nspawn_pid" ]; then
+    kill "$nspawn_pid" 2>/dev/null || true
+    wait "$nspawn_pid" 2>/dev/null || true
+  fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+inner=/srv/kvpark-pid1-test
+socket=/run/kvpark/kvparkd.sock  # the unit's RuntimeDirectory
+log=$work/kvparkd.log
+arena=/kvpark-pid1-test-$$
+
+# Polls "$@" until it succeeds or `deadline` seconds pass.
+wait_for() {
+  local what=$1 deadline=$2
+  shift 2
+  local until=$((SECONDS + deadline))
+  until "$@" >/dev/null 2>&1; do
+    if ((SECONDS >= until)); then
+      echo "timed out waiting for $what" >&2
+      return 1
+    fi
+    sleep 0.1
+  done
+}
+
+# The binaries and the work directory under $inner inside, never under /tmp (the unit's
+# PrivateTmp= would hide them); the rest of the root is the container's own tmpfs.
+systemd-nspawn -D / --volatile=yes --register=no --keep-unit --machine="$machine" \
+  --bind-ro="$(dirname "$kvparkd")":$inner/daemon --bind-ro="$(dirname "$engine")":$inner/engine \
+  --bind-ro="$(dirname "$unit_file")":$inner/unit --bind-ro="$(dirname "$sysusers")":$inner/sysusers \
+  --bind="$work":$inner/work \
+  -b --console=pipe >"$work/container.log" 2>&1 </dev/null &
+nspawn_pid=$!
+
+# The container's PID 1, as the host sees it: the systemd whose parent is nspawn.
+leader=""
+find_leader() {
+  local pid
+  for pid in $(pgrep -P "$nspawn_pid" 2>/dev/null); do
+    if [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = systemd ]; then
+      leader=$pid
+      return 0
+    fi
+  done
+  return 1
+}
+inside() { nsenter -t "$leader" -m -u -i -n -p -C -- "$@"; }
+booted() {
+  local state
+  state=$(inside systemctl is-system-running 2>/dev/null) || true
+  [ "$state" = running ] || [ "$state" = degraded ]
+}
+if ! wait_for "the container's systemd" "$boot_deadline_sec" find_leader ||
+  ! wait_for "the container's boot" "$boot_deadline_sec" booted; then
+  kill -0 "$nspawn_pid" 2>/dev/null || skip "no container boots here: $(tail -3 "$work/container.log")"
+  echo "FAIL: the container did not finish booting" >&2
+  cat "$work/container.log" >&2
+  exit 1
+fi
+[ "$(inside cat /proc/1/comm)" = systemd ] || { echo "FAIL: PID 1 inside is not systemd" >&2; exit 1; }
+
+# The shipped unit as built (systemd/kvparkd.service.in): its user, sandbox and restart
+# keys as they are. A drop-in points it at this build, makes the watchdog quick, and keeps
+# the disk tier and the HTTP and D-Bus surfaces off; the users come from the shipped
+# sysusers file.
+inside systemd-sysusers "$inner/sysusers/$(basename "$sysusers")"
+inside cp "$inner/unit/$(basename "$unit_file")" /etc/systemd/system/kvparkd.service
+inside mkdir -p /etc/systemd/system/kvparkd.service.d
+inside tee /etc/systemd/system/kvparkd.service.d/test.conf >/dev/null <<EOF
+[Service]
+ExecStart=
+ExecStart=$inner/daemon/$(basename "$kvparkd") --socket $socket --arena-name $arena --arena-size 67108864 --http-listen off --dbus off --disk-dir off --state-dir off
+WatchdogSec=2s
+TimeoutAbortSec=2s
+LimitCORE=0
+StandardOutput=append:$inner/work/kvparkd.log
+StandardError=append:$inner/work/kvparkd.log
+EOF
+inside systemctl daemon-reload
+
+unit() { inside systemctl "$@" kvparkd.service; }
+show() { inside systemctl show -p "$1" --value kvparkd.service; }
+fail() {
+  echo "FAIL: $*" >&2
+  echo "--- kvparkd log" >&2
+  cat "$log" >&2 || true
+  echo "--- the unit's journal" >&2
+  inside journalctl -u kvparkd.service --no-pager >&2 || true
+  exit 1
+}
+
+seeds=(911 912 913)
+publish() { for s in "${seeds[@]}"; do inside "$inner/engine/$(basename "$engine")" --socket "$socket" publish --head-seed "$s" >/dev/null; done; }
+# Every head restores (each byte checked by the engine): prints the "restored" lines.
+restores() {
+  for s in "${seeds[@]}"; do inside "$inner/engine/$(basename "$engine")" --socket "$socket" verify --head-seed "$s" | grep '^restored'; done
+}
+adoption_lines() { grep -c "from the previous instance" "$log" || true; }
+new_main_pid_active() {  # $1: the pid before
+  local pid
+  pid=$(show MainPID)
+  [ "$pid" != 0 ] && [ "$pid" != "$1" ] && [ "$(show ActiveState)" = active ] &&
+    [ "$(show SubState)" = running ]
+}
+expect_adopted_and_restored() {  # $1: what happened, $2: adoption lines expected
+  local got
+  got=$(restores) || fail "after $1: a verify failed"
+  [ "$got" = "$expected" ] || fail "after $1: restores differ: '$got' vs '$expected'"
+  [ "$(adoption_lines)" = "$2" ] || fail "after $1: expected adoption line $2, log has $(adoption_lines)"
+  grep "from the previous instance" "$log" | tail -1 | grep -q "adopted $entries entries" ||
+    fail "after $1: the adoption line does not say $entries entries"
+  echo "ok: $1: every head restored from the adopted arena (systemd as PID 1)"
+}
+
+unit start || fail "start"  # Type=notify: returns once kvparkd sent READY=1
+[ "$(inside stat -c %U "/proc/$(show MainPID)")" = kvpark ] || fail "kvparkd does not run as kvpark"
+publish
+expected=$(restores) || fail "verify before any restart"
+[ "$(echo "$expected" | wc -l)" = "${#seeds[@]}" ] || fail "expected one restore per head: $expected"
+echo "$expected" | grep -q '^restored 0 ' && fail "a head did not restore before the restart: $expected"
+entries=$((${#seeds[@]} * 16))  # 1024-token heads of 64-token blocks
+
+# 1. systemctl restart: SIGTERM, the manager keeps the fds, the new process adopts them.
+pid=$(show MainPID)
+unit restart || fail "restart"
+[ "$(show MainPID)" != "$pid" ] || fail "restart did not start a new process"
+expect_adopted_and_restored "systemctl restart" 1
+
+# 2. SIGKILL: a crash under Restart=on-failure.
+pid=$(show MainPID)
+inside kill -KILL "$pid"
+wait_for "the restart after SIGKILL" "$deadline_sec" new_main_pid_active "$pid" ||
+  fail "no restart after SIGKILL"
+expect_adopted_and_restored "kill -9 and Restart=on-failure" 2
+
+# 3. The watchdog: a stopped daemon misses WATCHDOG=1, the manager aborts it, then
+#    kills it, and restarts it.
+pid=$(show MainPID)
+inside kill -STOP "$pid"
+wait_for "the watchdog restart" "$deadline_sec" new_main_pid_active "$pid" ||
+  fail "no restart after the watchdog fired"
+expect_adopted_and_restored "a watchdog kill" 3
+
+# 4. systemctl stop drops the fd store: the next start is fresh and has nothing.
+unit stop || fail "stop"
+unit start || fail "start after stop"
+[ "$(adoption_lines)" = 3 ] || fail "a start after stop adopted something"
+after_stop=$(restores) || fail "verify after stop"
+while read -r line; do
+  case "$line" in "restored 0 "*) ;; *) fail "after stop and start a head was still served: $line" ;; esac
+done <<<"$after_stop"
+echo "ok: systemctl stop dropped the fd store: a fresh start, nothing served"
