@@ -40,19 +40,7 @@ socket=/run/kvpark/kvparkd.sock  # the unit's RuntimeDirectory
 log=$work/kvparkd.log
 arena=/kvpark-pid1-test-$$
 
-# Polls "$@" until it succeeds or `deadline` seconds pass.
-wait_for() {
-  local what=$1 deadline=$2
-  shift 2
-  local until=$((SECONDS + deadline))
-  until "$@" >/dev/null 2>&1; do
-    if ((SECONDS >= until)); then
-      echo "timed out waiting for $what" >&2
-      return 1
-    fi
-    sleep 0.1
-  done
-}
+source "$(dirname "$0")/fd_store_cases.sh"
 
 # The binaries and the work directory under $inner inside, never under /tmp (the unit's
 # PrivateTmp= would hide them); the rest of the root is the container's own tmpfs.
@@ -121,63 +109,10 @@ fail() {
 }
 
 seeds=(911 912 913)
-publish() { for s in "${seeds[@]}"; do inside "$inner/engine/$(basename "$engine")" --socket "$socket" publish --head-seed "$s" >/dev/null; done; }
-# Every head restores (each byte checked by the engine): prints the "restored" lines.
-restores() {
-  for s in "${seeds[@]}"; do inside "$inner/engine/$(basename "$engine")" --socket "$socket" verify --head-seed "$s" | grep '^restored'; done
-}
-adoption_lines() { grep -c "from the previous instance" "$log" || true; }
-new_main_pid_active() {  # $1: the pid before
-  local pid
-  pid=$(show MainPID)
-  [ "$pid" != 0 ] && [ "$pid" != "$1" ] && [ "$(show ActiveState)" = active ] &&
-    [ "$(show SubState)" = running ]
-}
-expect_adopted_and_restored() {  # $1: what happened, $2: adoption lines expected
-  local got
-  got=$(restores) || fail "after $1: a verify failed"
-  [ "$got" = "$expected" ] || fail "after $1: restores differ: '$got' vs '$expected'"
-  [ "$(adoption_lines)" = "$2" ] || fail "after $1: expected adoption line $2, log has $(adoption_lines)"
-  grep "from the previous instance" "$log" | tail -1 | grep -q "adopted $entries entries" ||
-    fail "after $1: the adoption line does not say $entries entries"
-  echo "ok: $1: every head restored from the adopted arena (systemd as PID 1)"
-}
+manager="systemd as PID 1"
+run_engine() { inside "$inner/engine/$(basename "$engine")" --socket "$socket" "$@"; }
+signal_main() { inside kill "-$1" "$2"; }
 
 unit start || fail "start"  # Type=notify: returns once kvparkd sent READY=1
 [ "$(inside stat -c %U "/proc/$(show MainPID)")" = kvpark ] || fail "kvparkd does not run as kvpark"
-publish
-expected=$(restores) || fail "verify before any restart"
-[ "$(echo "$expected" | wc -l)" = "${#seeds[@]}" ] || fail "expected one restore per head: $expected"
-echo "$expected" | grep -q '^restored 0 ' && fail "a head did not restore before the restart: $expected"
-entries=$((${#seeds[@]} * 16))  # 1024-token heads of 64-token blocks
-
-# 1. systemctl restart: SIGTERM, the manager keeps the fds, the new process adopts them.
-pid=$(show MainPID)
-unit restart || fail "restart"
-[ "$(show MainPID)" != "$pid" ] || fail "restart did not start a new process"
-expect_adopted_and_restored "systemctl restart" 1
-
-# 2. SIGKILL: a crash under Restart=on-failure.
-pid=$(show MainPID)
-inside kill -KILL "$pid"
-wait_for "the restart after SIGKILL" "$deadline_sec" new_main_pid_active "$pid" ||
-  fail "no restart after SIGKILL"
-expect_adopted_and_restored "kill -9 and Restart=on-failure" 2
-
-# 3. The watchdog: a stopped daemon misses WATCHDOG=1, the manager aborts it, then
-#    kills it, and restarts it.
-pid=$(show MainPID)
-inside kill -STOP "$pid"
-wait_for "the watchdog restart" "$deadline_sec" new_main_pid_active "$pid" ||
-  fail "no restart after the watchdog fired"
-expect_adopted_and_restored "a watchdog kill" 3
-
-# 4. systemctl stop drops the fd store: the next start is fresh and has nothing.
-unit stop || fail "stop"
-unit start || fail "start after stop"
-[ "$(adoption_lines)" = 3 ] || fail "a start after stop adopted something"
-after_stop=$(restores) || fail "verify after stop"
-while read -r line; do
-  case "$line" in "restored 0 "*) ;; *) fail "after stop and start a head was still served: $line" ;; esac
-done <<<"$after_stop"
-echo "ok: systemctl stop dropped the fd store: a fresh start, nothing served"
+run_restart_cases
