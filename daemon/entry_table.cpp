@@ -305,6 +305,17 @@ Status EntryTable::insert_adopted(const NewEntry& n, uint64_t extent_offset, uin
 Status EntryTable::insert_adopted_reservation(const NewEntry& n, uint64_t extent_offset,
                                               uint32_t record, EntrySlot& ret_slot) {
   assert(adoption_claims_);
+  const EntrySlot slot = new_held_reservation(n, extent_offset, record);
+  const Entry& e = slots_[slot];
+  ret_slot = slot;
+  adoption_extents_.push_back(
+      {.offset = e.extent_offset, .bytes = e.extent_bytes, .slot = slot, .block = false});
+  if (adoption_extents_.size() == adoption_batch) hand_over_adopted_batch(false);
+  return Status::Ok;
+}
+
+EntrySlot EntryTable::new_held_reservation(const NewEntry& n, uint64_t extent_offset,
+                                           uint32_t record) {
   const EntrySlot slot = new_slot(n, 0);
   Entry& e = slots_[slot];
   e.extent_offset = extent_offset;
@@ -313,11 +324,7 @@ Status EntryTable::insert_adopted_reservation(const NewEntry& n, uint64_t extent
   e.adoption_hold = true;
   held_bytes_ += e.extent_bytes;
   ++held_reservations_;
-  ret_slot = slot;
-  adoption_extents_.push_back(
-      {.offset = e.extent_offset, .bytes = e.extent_bytes, .slot = slot, .block = false});
-  if (adoption_extents_.size() == adoption_batch) hand_over_adopted_batch(false);
-  return Status::Ok;
+  return slot;
 }
 
 void EntryTable::hand_over_adopted_batch(bool last) {

@@ -226,6 +226,9 @@ class EntryTable {
   static void set_tail(Entry& e, std::span<const int32_t> tail);
   // A slot holding the new entry, last used at last_use_usec (CLOCK_MONOTONIC_COARSE).
   EntrySlot new_slot(const NewEntry& n, uint64_t last_use_usec);
+  // An adopted reservation's slot: dead (never indexed) and held, its extent claimed by
+  // the caller (insert_adopted_reservation(), IndexImage).
+  EntrySlot new_held_reservation(const NewEntry& n, uint64_t extent_offset, uint32_t record);
   void index(EntrySlot slot);
   void remove_from_index(EntrySlot slot);
   void free_slot(EntrySlot slot);

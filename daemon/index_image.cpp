@@ -437,15 +437,8 @@ bool IndexImage::adopt(KeptMemory& memory, EntryState& state, const uint8_t* are
     n.kind = static_cast<EntryKind>(b.kind);
     n.key_hash = b.key_hash;
     n.extent_bytes = b.extent_bytes;
-    const EntrySlot slot = table.new_slot(n, 0);
-    Entry& e = table.slots_[slot];
-    e.extent_offset = b.extent_offset;
-    e.state_record = r.record;
-    e.dead = true;  // as EntryTable::insert_adopted_reservation() makes it
-    e.adoption_hold = true;
-    table.held_bytes_ += e.extent_bytes;
-    ++table.held_reservations_;
-    reservation_bytes += e.extent_bytes;
+    (void)table.new_held_reservation(n, b.extent_offset, r.record);
+    reservation_bytes += b.extent_bytes;
   }
   table.allocator_.adopt(claims);
   state.adopt_free_records(std::move(free_records));
