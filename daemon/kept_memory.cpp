@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "daemon/huge_page_allocator.h"
+#include "shm/mapping.h"
 
 #ifndef MADV_POPULATE_READ
 #define MADV_POPULATE_READ 22  // Linux 5.14; older kernels say EINVAL and fault instead
@@ -92,6 +93,8 @@ Status KeptMemory::open(int kept_fd, bool huge_pages, std::unique_ptr<KeptMemory
   memory->header_ = static_cast<uint8_t*>(header);
   struct statfs fs {};
   memory->huge_pages_ = fstatfs(fd, &fs) == 0 && fs.f_type == HUGETLBFS_MAGIC;
+  memory->transparent_ = huge_pages && !memory->huge_pages_;
+  memory->transparent_pages_ = memory->transparent_ && shm::shmem_transparent_allowed();
   memory->list_ranges();
   ret_memory = std::move(memory);
   return Status::Ok;
@@ -214,13 +217,14 @@ void* KeptMemory::map(size_t bytes) {
   } else {
     carve(chosen, size);
   }
-  // Best effort: shmem huge pages need shmem_enabled=advise; populating kept pages
+  // Best effort: shmem huge pages need shmem_enabled=advise (and the advice, given
+  // where huge pages are allowed); populating kept pages
   // writes page-table entries in one call instead of a fault per page (the empty tail
   // is left to fault in as it is used). A read populate: a read fault on a shared file
   // mapping maps the pages around it too (fault-around, 16 at a time), writable since
   // shmem keeps no dirty accounting, so it costs a third of a write populate and the
   // writes after it do not fault.
-  (void)madvise(p, size, MADV_HUGEPAGE);
+  if (transparent_) (void)madvise(p, size, MADV_HUGEPAGE);
   if (backed_bytes > 0) (void)madvise(p, backed_bytes, MADV_POPULATE_READ);
   mappings_[reinterpret_cast<uintptr_t>(p)] = Mapping{.offset = offset, .bytes = size};
   return p;
@@ -257,7 +261,7 @@ void* KeptMemory::map_range(uint64_t offset, uint64_t bytes, uint64_t populate_b
   if (offset > head_begin)
     free_[head_begin] = Range{.bytes = offset - head_begin, .backed = head.backed};
   if (tail_end > end) free_[end] = Range{.bytes = tail_end - end, .backed = tail.backed};
-  (void)madvise(p, bytes, MADV_HUGEPAGE);
+  if (transparent_) (void)madvise(p, bytes, MADV_HUGEPAGE);
   if (populate_bytes > 0) (void)madvise(p, populate_bytes, MADV_POPULATE_READ);
   mappings_[reinterpret_cast<uintptr_t>(p)] = Mapping{.offset = offset, .bytes = bytes};
   return p;

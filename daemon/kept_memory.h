@@ -53,9 +53,10 @@ class KeptMemory {
  public:
   // Over `kept_fd` (a memfd the previous instance stored; taken), or a new memfd when
   // kept_fd < 0: on reserved huge pages (vm.nr_hugepages) when `huge_pages` allows and
-  // any are free, else on 4 KiB pages. Fails only when no memfd can be made or sized
-  // (errno in ret_err); a kept fd that cannot serve is closed and a new memfd made in
-  // its place.
+  // any are free, else on shmem: mapped for transparent huge pages when `huge_pages`
+  // allows (they back it where shmem_enabled gives them), else 4 KiB pages. Fails only when no
+  // memfd can be made or sized (errno in ret_err); a kept fd that cannot serve is closed and a new
+  // memfd made in its place.
   static Status open(int kept_fd, bool huge_pages, std::unique_ptr<KeptMemory>& ret_memory,
                      int& ret_err);
   ~KeptMemory();
@@ -65,6 +66,8 @@ class KeptMemory {
   int fd() const { return fd_; }
   // On reserved huge pages (hugetlbfs), not 4 KiB shmem pages.
   bool huge_pages() const { return huge_pages_; }
+  // Else mapped for transparent huge pages, with a kernel policy that gives them.
+  bool transparent_pages() const { return transparent_pages_; }
   // Over the memfd an earlier instance kept (false: a new one, to be stored).
   bool kept() const { return kept_; }
   // Bytes of the ranges that held pages when this instance opened the memfd, rounded
@@ -126,6 +129,8 @@ class KeptMemory {
   void* next_map_ = nullptr;  // serve_next_map()
   bool kept_ = false;
   bool huge_pages_ = false;
+  bool transparent_ = false;  // shmem mappings are advised MADV_HUGEPAGE
+  bool transparent_pages_ = false;
   bool keep_pages_ = false;
   uint64_t kept_bytes_ = 0;
   std::mutex mutex_;

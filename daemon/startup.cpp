@@ -329,6 +329,8 @@ std::unique_ptr<KeptMemory> open_index_memory(int kept_fd, shm::HugePages huge_p
     return memory;
   }
   if (memory->huge_pages()) log_info("kvparkd: index memory on reserved huge pages");
+  if (memory->transparent_pages())
+    log_info("kvparkd: index memory on transparent huge pages (shmem_enabled allows them)");
   if (kept_fd >= 0) (void)remove_stored_fds(fd_name_index_memory);  // it could not serve
   if (const int r = store_fd(fd_name_index_memory, memory->fd()); r < 0) {
     log_warning("kvparkd: cannot keep the index memory with the service manager (%s)",
@@ -382,6 +384,8 @@ bool open_host_tier(const DaemonOptions& options, std::unique_ptr<shm::ArenaOwne
     return true;
   }
   if (ret_state->on_huge_pages()) log_info("kvparkd: state segment on reserved huge pages");
+  if (ret_state->on_transparent_pages())
+    log_info("kvparkd: state segment on transparent huge pages (shmem_enabled allows them)");
   ret_index_memory = open_index_memory(kept_index_memory, options.huge_pages);
   if (!service_manager_present()) return true;
   const int fds[] = {ret_arena->header_fd(), ret_arena->data_fd(), ret_state->fd()};

@@ -15,6 +15,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "shm/mapping.h"
+
 namespace kvpark::shm {
 namespace {
 
@@ -29,7 +31,6 @@ constexpr int madv_populate_write = 23;  // Linux 5.14
 constexpr int madv_populate_write = MADV_POPULATE_WRITE;
 #endif
 
-constexpr uint64_t transparent_huge_page_bytes = 2ull * 1024 * 1024;
 constexpr uint64_t prefault_region_bytes = 2ull * 1024 * 1024;  // a huge page, 512 small ones
 constexpr uint32_t small_page_bytes = 4096;
 
@@ -43,16 +44,6 @@ int create_memfd(const std::string& name, unsigned flags) {
   int fd = memfd_create(name.c_str(), flags | MFD_CLOEXEC | MFD_ALLOW_SEALING | mfd_noexec_seal);
   if (fd < 0 && errno == EINVAL) fd = memfd_create(name.c_str(), flags | MFD_CLOEXEC | MFD_ALLOW_SEALING);
   return fd;
-}
-
-// The kernel's policy for shmem transparent huge pages (the bracketed word).
-bool shmem_transparent_allowed() {
-  std::ifstream in("/sys/kernel/mm/transparent_hugepage/shmem_enabled");
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const size_t open = text.find('['), close = text.find(']');
-  if (open == std::string::npos || close == std::string::npos || close < open) return false;
-  const std::string mode = text.substr(open + 1, close - open - 1);
-  return mode == "always" || mode == "within_size" || mode == "advise" || mode == "force";
 }
 
 // Bytes of `base`'s mapping that the kernel maps with PMD (2 MiB) shmem pages.
@@ -76,33 +67,6 @@ uint64_t shmem_pmd_mapped_bytes(const void* base) {
     }
   }
   return 0;
-}
-
-// Maps `bytes` of `fd` shared, starting on an `alignment` boundary (so 2 MiB pages
-// can back it). nullptr with errno on failure.
-uint8_t* map_aligned(int fd, uint64_t bytes, uint64_t alignment, int prot, uint8_t*& ret_reservation,
-                     uint64_t& ret_reservation_bytes) {
-  const uint64_t reserve = bytes + alignment;
-  void* r = mmap(nullptr, reserve, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (r == MAP_FAILED) return nullptr;
-  auto* base = static_cast<uint8_t*>(r);
-  auto* aligned = reinterpret_cast<uint8_t*>(align_up(reinterpret_cast<uint64_t>(base), alignment));
-  // MAP_NORESERVE: every page was allocated at the daemon's start; on hugetlb a
-  // mapping would otherwise reserve pool pages for any hole a client punched, and
-  // fail (locking later clients out) once another client has emptied the pool.
-  void* m = mmap(aligned, bytes, prot, MAP_SHARED | MAP_FIXED | MAP_NORESERVE, fd, 0);
-  if (m == MAP_FAILED) {
-    const int err = errno;
-    munmap(base, reserve);
-    errno = err;
-    return nullptr;
-  }
-  // Give back the slack on both sides; the reservation is now exactly the mapping.
-  if (aligned > base) munmap(base, aligned - base);
-  if (base + reserve > aligned + bytes) munmap(aligned + bytes, base + reserve - (aligned + bytes));
-  ret_reservation = aligned;
-  ret_reservation_bytes = bytes;
-  return aligned;
 }
 
 struct Backing {
@@ -160,10 +124,8 @@ bool create_shmem(const ArenaOptions& o, uint64_t data_bytes, bool transparent, 
   if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) return fail();
   uint8_t* base = nullptr;
   if (transparent) {
-    uint8_t* reservation = nullptr;
-    uint64_t reservation_bytes = 0;
-    base = map_aligned(fd, bytes, transparent_huge_page_bytes, PROT_READ | PROT_WRITE, reservation,
-                       reservation_bytes);
+    base =
+        map_aligned(fd, bytes, transparent_huge_page_bytes, PROT_READ | PROT_WRITE, MAP_NORESERVE);
     if (base == nullptr) return fail();
     // Allocating through the mapping lets the advice choose 2 MiB pages; fallocate
     // would allocate 4 KiB ones under "advise".
@@ -321,10 +283,9 @@ Status ArenaOwner::adopt(int header_fd, int data_fd, std::unique_ptr<ArenaOwner>
     return Status::Corrupt;
   }
   // Not populated: the pages are there already, and the daemon touches only headers.
-  uint8_t* reservation = nullptr;
-  uint64_t reservation_bytes = 0;
+  // MAP_NORESERVE for the reason a client maps with it (ArenaMapping::attach).
   uint8_t* data = map_aligned(data_fd, bytes, arena->header_->page_bytes, PROT_READ | PROT_WRITE,
-                              reservation, reservation_bytes);
+                              MAP_NORESERVE);
   if (data == nullptr) {
     ret_errno = errno;
     return Status::IoError;
@@ -373,10 +334,11 @@ Status ArenaMapping::attach(int header_fd, int data_fd, uint64_t data_bytes, uin
     return done(Status::Corrupt);
   }
   // Lazily mapped: attaching costs no page-table growth until pages are touched.
-  uint8_t* reservation = nullptr;
-  uint64_t reservation_bytes = 0;
-  uint8_t* data = map_aligned(data_fd, data_bytes, header->page_bytes, PROT_READ | PROT_WRITE, reservation,
-                              reservation_bytes);
+  // MAP_NORESERVE: every page was allocated at the daemon's start; on hugetlb a
+  // mapping would otherwise reserve pool pages for any hole a client punched, and
+  // fail (locking later clients out) once another client has emptied the pool.
+  uint8_t* data =
+      map_aligned(data_fd, data_bytes, header->page_bytes, PROT_READ | PROT_WRITE, MAP_NORESERVE);
   if (data == nullptr) {
     munmap(h, limits::arena_header_bytes);
     return done(Status::IoError);
@@ -389,8 +351,8 @@ Status ArenaMapping::attach(int header_fd, int data_fd, uint64_t data_bytes, uin
   mapping->data_ = data;
   const uint64_t regions = (data_bytes + prefault_region_bytes - 1) / prefault_region_bytes;
   mapping->populated_ = std::make_unique<std::atomic<uint64_t>[]>((regions + 63) / 64);
-  mapping->reservation_ = reservation;
-  mapping->reservation_bytes_ = reservation_bytes;
+  mapping->reservation_ = data;
+  mapping->reservation_bytes_ = data_bytes;
   mapping->header_dev_ = hst.st_dev;
   mapping->header_ino_ = hst.st_ino;
   mapping->data_dev_ = dst.st_dev;

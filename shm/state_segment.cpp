@@ -18,6 +18,7 @@
 #include "proto/xxh3.h"
 #include "shm/arena.h"
 #include "shm/arena_format.h"
+#include "shm/mapping.h"
 
 #ifndef MADV_POPULATE_READ
 #define MADV_POPULATE_READ 22  // Linux 5.14
@@ -81,29 +82,39 @@ void StateSegment::place() {
       connections_offset_ + page_align(header_.connection_capacity * sizeof(uint64_t));
 }
 
-Status StateSegment::map(int fd, uint64_t bytes, int& ret_errno) {
-  void* m = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (m == MAP_FAILED) {
+Status StateSegment::map(int fd, uint64_t bytes, bool transparent, int& ret_errno) {
+  struct statfs fs {};
+  const bool hugetlb = fstatfs(fd, &fs) == 0 && fs.f_type == HUGETLBFS_MAGIC;
+  // On shmem with huge pages allowed, 2 MiB-aligned and advised, as the arena: where
+  // shmem_enabled gives them, a restarted daemon reads the records through a new
+  // mapping a fault per 2 MiB, not per 4 KiB (hugetlbfs aligns by itself).
+  const bool aligned = transparent && !hugetlb;
+  void* m = aligned ? map_aligned(fd, bytes, transparent_huge_page_bytes, PROT_READ | PROT_WRITE, 0)
+                    : mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (m == MAP_FAILED || m == nullptr) {
     ret_errno = errno;
     return Status::IoError;
   }
   fd_ = fd;
   base_ = static_cast<uint8_t*>(m);
   bytes_ = bytes;
-  struct statfs fs {};
-  on_huge_pages_ = fstatfs(fd, &fs) == 0 && fs.f_type == HUGETLBFS_MAGIC;
+  on_huge_pages_ = hugetlb;
+  if (aligned) {
+    (void)madvise(base_, bytes_, MADV_HUGEPAGE);
+    on_transparent_pages_ = shmem_transparent_allowed();
+  }
   return Status::Ok;
 }
 
 namespace {
 
 // A sealed memfd of `bytes`, mapped into `segment`; false (errno set) otherwise.
-bool make_segment_memfd(StateSegment& segment, unsigned int flags, uint64_t bytes, int& ret_errno,
-                        Status (StateSegment::*map)(int, uint64_t, int&)) {
+bool make_segment_memfd(StateSegment& segment, unsigned int flags, uint64_t bytes, bool transparent,
+                        int& ret_errno, Status (StateSegment::*map)(int, uint64_t, bool, int&)) {
   int fd = memfd_create("kvparkd-state", MFD_CLOEXEC | MFD_ALLOW_SEALING | flags);
   if (fd < 0 || ftruncate(fd, static_cast<off_t>(bytes)) != 0 ||
       fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0 ||
-      (segment.*map)(fd, bytes, ret_errno) != Status::Ok) {
+      (segment.*map)(fd, bytes, transparent, ret_errno) != Status::Ok) {
     ret_errno = errno;
     if (fd >= 0) close(fd);
     return false;
@@ -122,11 +133,14 @@ Status StateSegment::create(const StateLayout& layout, std::unique_ptr<StateSegm
   // room for it: a restarted daemon reads every record, and on 4 KiB pages the first
   // read of each page through a new mapping costs more than the read (a few
   // microseconds each on some VMs: docs/operations.md). The mapping reserves its pages.
-  // Otherwise sparse: pages are allocated as records are written, lowest indexes first.
-  const bool huge = layout.huge_pages != static_cast<uint16_t>(HugePages::Off) &&
-                    make_segment_memfd(*segment, MFD_HUGETLB, state_huge_segment_bytes(bytes),
-                                       ret_errno, &StateSegment::map);
-  if (!huge && !make_segment_memfd(*segment, 0, bytes, ret_errno, &StateSegment::map))
+  // Otherwise shmem, sparse: pages are allocated as records are written, lowest indexes
+  // first; with huge pages allowed, in whole 2 MiB pages where shmem_enabled gives them.
+  const bool allowed = layout.huge_pages != static_cast<uint16_t>(HugePages::Off);
+  const bool huge =
+      allowed && make_segment_memfd(*segment, MFD_HUGETLB, state_huge_segment_bytes(bytes), allowed,
+                                    ret_errno, &StateSegment::map);
+  if (!huge && !make_segment_memfd(*segment, 0, allowed ? state_huge_segment_bytes(bytes) : bytes,
+                                   allowed, ret_errno, &StateSegment::map))
     return Status::IoError;
   StateHeader& h = segment->header_;
   h = StateHeader{};
@@ -174,7 +188,9 @@ Status StateSegment::adopt(int fd, std::unique_ptr<StateSegment>& ret_segment, i
     return Status::Corrupt;
   }
   auto segment = std::unique_ptr<StateSegment>(new StateSegment());
-  if (Status s = segment->map(fd, static_cast<uint64_t>(st.st_size), ret_errno); s != Status::Ok) {
+  const bool transparent = h.huge_pages != static_cast<uint16_t>(HugePages::Off);
+  if (Status s = segment->map(fd, static_cast<uint64_t>(st.st_size), transparent, ret_errno);
+      s != Status::Ok) {
     close(fd);
     return s;
   }

@@ -86,11 +86,15 @@ class StateSegment {
   uint64_t bytes() const { return bytes_; }
   // On reserved huge pages (vm.nr_hugepages), not 4 KiB ones.
   bool on_huge_pages() const { return on_huge_pages_; }
+  // Else on shmem, mapped to take transparent huge pages, with a kernel policy
+  // (shmem_enabled) that gives them: pages are allocated as records are written.
+  bool on_transparent_pages() const { return on_transparent_pages_; }
   uint64_t records_offset() const { return records_offset_; }
 
  private:
   StateSegment() = default;
-  Status map(int fd, uint64_t bytes, int& ret_errno);
+  // `transparent`: a shmem segment is mapped 2 MiB-aligned and advised MADV_HUGEPAGE.
+  Status map(int fd, uint64_t bytes, bool transparent, int& ret_errno);
   void write(uint64_t index, const StateRecordBody& body, uint64_t hits, uint64_t last_use_usec,
              uint64_t valid_word);
   void place();  // region offsets from header_
@@ -110,6 +114,7 @@ class StateSegment {
   uint64_t records_offset_ = 0;
   uint64_t sequence_ = 0;
   bool on_huge_pages_ = false;
+  bool on_transparent_pages_ = false;
 };
 
 // Bytes of a segment for this many records.

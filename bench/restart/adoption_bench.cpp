@@ -29,9 +29,10 @@
 // kept memory included) and leave it again: "image" is their median and fastest, and
 // "stop" the median time a stop spends leaving the image.
 //
-// --huge-pages puts the state segment and the kept index memory on reserved huge pages
-// (vm.nr_hugepages; kvparkd does with huge_pages = try or on when some are free), as
-// the bench says in its first line; without it both are on 4 KiB pages.
+// --huge-pages allows huge pages for the state segment and the kept index memory, as
+// kvparkd does with huge_pages = try or on: reserved ones (vm.nr_hugepages) when some
+// are free, else transparent ones where shmem_enabled gives them; each row says what
+// they got. Without it both are on 4 KiB pages.
 //
 // --kept-only runs the kept restarts alone, more of them, each figure printed: what to
 // run under a profiler (`perf record`), where the other rows would only add samples.
@@ -178,12 +179,26 @@ double touch_msec(uint64_t entries, bool huge) {
   return elapsed;
 }
 
+// What backs the state segment and the index memory, as the bench found it.
+enum class Pages : uint8_t { Small, Transparent, Reserved };
+const char* pages_name(Pages pages) {
+  switch (pages) {
+    case Pages::Small:
+      return "4 KiB pages";
+    case Pages::Transparent:
+      return "transparent huge pages";
+    case Pages::Reserved:
+      return "reserved huge pages";
+  }
+  return "?";
+}
+
 struct Row {
   uint64_t entries = 0, arena_bytes = 0, adopted = 0, dropped = 0;
   double adopt_msec = 0, adopt_cpu_msec = 0, kept_msec = 0, kept_cpu_msec = 0, kept_min_msec = 0,
          again_cpu_msec = 0, floor_msec = 0, touch_4k_msec = 0, touch_huge_msec = 0, image_msec = 0,
          image_cpu_msec = 0, image_min_msec = 0, stop_msec = 0;
-  bool state_huge = false, index_huge = false;  // on reserved huge pages, as measured
+  Pages state_pages = Pages::Small, index_pages = Pages::Small;  // as measured
 };
 
 // Runs `measure` in a forked child and returns what it filled in. Each figure comes
@@ -284,8 +299,12 @@ double adopt_image_over_kept_memory(int fd, int memory_fd, bool rebuild, Row& ro
   const double wall = now_msec() - start;
   ret_cpu_msec = cpu_msec() - cpu_start;
   if (report.entries != row.entries) fail("adoption lost entries");
-  row.state_huge = segment->on_huge_pages();
-  row.index_huge = memory->huge_pages();
+  row.state_pages = segment->on_huge_pages()          ? Pages::Reserved
+                    : segment->on_transparent_pages() ? Pages::Transparent
+                                                      : Pages::Small;
+  row.index_pages = memory->huge_pages()          ? Pages::Reserved
+                    : memory->transparent_pages() ? Pages::Transparent
+                                                  : Pages::Small;
   const double stop_start = now_msec();
   if (!daemon::write_index_image(table, state, *memory, why_not))
     fail(("no index image left: " + why_not).c_str());
@@ -397,10 +416,10 @@ int main(int argc, char** argv) {
         quick ? std::vector<uint64_t>{10'000} : std::vector<uint64_t>{10'000, 100'000, 1'000'000};
   }
   std::printf(
-      "kvpark-adoption-bench: sealed blocks of %llu KiB extents, arena sized to hold them; state "
-      "segment and index memory on %s pages\n",
+      "kvpark-adoption-bench: sealed blocks of %llu KiB extents, arena sized to hold them; %s\n",
       static_cast<unsigned long long>(extent_bytes >> 10),
-      use_huge_pages ? "reserved huge" : "4 KiB");
+      use_huge_pages ? "huge pages allowed for the state segment and index memory"
+                     : "huge pages off (--huge-pages allows them)");
   std::printf("%10s %9s %9s %9s %9s %9s %9s %9s %9s %9s %10s %10s %9s %9s %9s %9s\n", "entries",
               "arena GiB", "adopt ms", "cpu ms", "ns/entry", "kept ms", "kept cpu", "kept min",
               "again ms", "floor ms", "4k-touch", "huge-touch", "image ms", "image cpu",
@@ -416,9 +435,8 @@ int main(int argc, char** argv) {
         r.adopt_cpu_msec * 1e6 / static_cast<double>(r.entries), r.kept_msec, r.kept_cpu_msec,
         r.kept_min_msec, r.again_cpu_msec, r.floor_msec, r.touch_4k_msec, r.touch_huge_msec,
         r.image_msec, r.image_cpu_msec, r.image_min_msec, r.stop_msec);
-    if (use_huge_pages && !(r.state_huge && r.index_huge))
-      std::printf("  (not all on huge pages: state segment %s, index memory %s; vm.nr_hugepages)\n",
-                  r.state_huge ? "yes" : "no", r.index_huge ? "yes" : "no");
+    std::printf("  (state segment on %s, index memory on %s)\n", pages_name(r.state_pages),
+                pages_name(r.index_pages));
   }
   std::printf(
       "each figure from a process of its own, as a restarted daemon is.\n"

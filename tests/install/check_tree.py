@@ -86,6 +86,7 @@ expected = [
     os.path.join(docdir, 'kvparkd.conf.example'),
     os.path.join(docdir, 'kvpark-proxy.conf.example'),
     os.path.join(docdir, '60-kvpark-hugepages.conf.example'),
+    os.path.join(docdir, '60-kvpark-shmem-thp.conf.example'),
 ]
 for path in expected:
     if path not in files:

@@ -14,6 +14,7 @@
 
 #include "proto/xxh3.h"
 #include "shm/arena.h"
+#include "shm/mapping.h"
 #include "tests/testing/huge_pages.h"
 
 namespace kvpark::shm {
@@ -186,6 +187,7 @@ TEST(StateSegment, ConnectionWordsNameAPidOrNothing) {
 }
 
 using testing::free_huge_pages;
+using testing::smaps_line;
 
 std::unique_ptr<StateSegment> make_segment(HugePages huge_pages) {
   std::unique_ptr<StateSegment> segment;
@@ -219,15 +221,58 @@ TEST(StateSegment, WithHugePagesAllowedAndReservedItIsOnThemAndAdoptedLikeAnyOth
   EXPECT_EQ(r.body.extent_offset, 8192u);
 }
 
-TEST(StateSegment, WithHugePagesOffOrNoneFreeItIsSparseOn4KiBPages) {
+TEST(StateSegment, WithHugePagesOffItIsOn4KiBPagesUnadvised) {
   auto off = make_segment(HugePages::Off);
   ASSERT_TRUE(off);
   EXPECT_FALSE(off->on_huge_pages());
+  EXPECT_FALSE(off->on_transparent_pages());
   EXPECT_EQ(off->bytes(), state_segment_bytes(state_record_capacity_for(arena_bytes)));
+  EXPECT_EQ(smaps_line(off->base(), "VmFlags").find(" hg"), std::string::npos);
+}
+
+// Without a pool, a segment that may use huge pages is shmem mapped so that transparent
+// ones can back it: whole 2 MiB pages, a 2 MiB-aligned mapping advised MADV_HUGEPAGE
+// ("hg"), here and again at adoption, where a restarted daemon reads every record.
+TEST(StateSegment, WithHugePagesAllowedAndNoneFreeItIsAdvisedForTransparentHugePages) {
   if (free_huge_pages() > 0) GTEST_SKIP() << "huge pages are reserved here";
   auto tried = make_segment(HugePages::Try);
   ASSERT_TRUE(tried);
   EXPECT_FALSE(tried->on_huge_pages());
+  EXPECT_EQ(tried->on_transparent_pages(), shmem_transparent_allowed());
+  EXPECT_EQ(tried->bytes(),
+            state_huge_segment_bytes(state_segment_bytes(state_record_capacity_for(arena_bytes))));
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(tried->base()) % transparent_huge_page_bytes, 0u);
+  EXPECT_NE(smaps_line(tried->base(), "VmFlags").find(" hg"), std::string::npos);
+  tried->write_record(3, body_at(8192), 1, 2);
+  std::unique_ptr<StateSegment> adopted;
+  int err = 0;
+  ASSERT_EQ(StateSegment::adopt(dup(tried->fd()), adopted, err), Status::Ok);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(adopted->base()) % transparent_huge_page_bytes, 0u);
+  EXPECT_NE(smaps_line(adopted->base(), "VmFlags").find(" hg"), std::string::npos);
+  EXPECT_EQ(adopted->on_transparent_pages(), shmem_transparent_allowed());
+  StateRecord r{};
+  EXPECT_EQ(adopted->check_record(3, r), StateSegment::RecordCheck::Valid);
+}
+
+// Where the kernel's policy gives them, the records a restarted daemon reads are on
+// 2 MiB pages in its new mapping (one fault per 2 MiB: docs/operations.md).
+TEST(StateSegment, WhereShmemAllowsTransparentHugePagesAnAdoptedSegmentReadsThroughThem) {
+  if (free_huge_pages() > 0) GTEST_SKIP() << "huge pages are reserved here";
+  if (!shmem_transparent_allowed())
+    GTEST_SKIP() << "shmem_enabled gives no transparent huge pages here: `echo advise > "
+                    "/sys/kernel/mm/transparent_hugepage/shmem_enabled` runs this";
+  auto segment = make_segment(HugePages::Try);
+  ASSERT_TRUE(segment);
+  for (uint64_t i = 0; i < segment->record_capacity(); ++i)
+    segment->write_record(i, body_at(i * 8192), 1, 2);
+  std::unique_ptr<StateSegment> adopted;
+  int err = 0;
+  ASSERT_EQ(StateSegment::adopt(dup(segment->fd()), adopted, err), Status::Ok);
+  uint64_t valid = 0;
+  for (const StateRecord& record : adopted->records_to_adopt())
+    valid += StateSegment::check(record) == StateSegment::RecordCheck::Valid;
+  EXPECT_EQ(valid, segment->record_capacity());
+  EXPECT_GT(std::stoull(smaps_line(adopted->base(), "ShmemPmdMapped")), 0u);
 }
 
 }  // namespace

@@ -1,0 +1,44 @@
+// Aligned shared mappings and the kernel's shmem huge-page policy (see mapping.h).
+#include "shm/mapping.h"
+
+#include <sys/mman.h>
+
+#include <cerrno>
+#include <fstream>
+#include <iterator>
+#include <string>
+
+namespace kvpark::shm {
+
+bool shmem_transparent_allowed() {
+  std::ifstream in("/sys/kernel/mm/transparent_hugepage/shmem_enabled");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t open = text.find('['), close = text.find(']');  // the bracketed word
+  if (open == std::string::npos || close == std::string::npos || close < open) return false;
+  const std::string mode = text.substr(open + 1, close - open - 1);
+  return mode == "always" || mode == "within_size" || mode == "advise" || mode == "force";
+}
+
+uint8_t* map_aligned(int fd, uint64_t bytes, uint64_t alignment, int prot, int flags) {
+  // A window larger by one alignment unit, then the file over its aligned part: mmap
+  // aligns to 4 KiB only.
+  const uint64_t reserve = bytes + alignment;
+  void* r = mmap(nullptr, reserve, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (r == MAP_FAILED) return nullptr;
+  auto* base = static_cast<uint8_t*>(r);
+  const uint64_t at = reinterpret_cast<uint64_t>(base);
+  auto* aligned = reinterpret_cast<uint8_t*>((at + alignment - 1) / alignment * alignment);
+  void* m = mmap(aligned, bytes, prot, MAP_SHARED | MAP_FIXED | flags, fd, 0);
+  if (m == MAP_FAILED) {
+    const int err = errno;
+    munmap(base, reserve);
+    errno = err;
+    return nullptr;
+  }
+  // Give back the slack on both sides: what is left is exactly the mapping.
+  if (aligned > base) munmap(base, aligned - base);
+  if (base + reserve > aligned + bytes) munmap(aligned + bytes, base + reserve - (aligned + bytes));
+  return aligned;
+}
+
+}  // namespace kvpark::shm
