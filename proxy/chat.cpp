@@ -415,7 +415,8 @@ void take_slot_with_head(Turn& turn) {
   if (turn.restored < turn.head) {
     uint32_t prefilled = 0;
     std::string why;
-    if (route.upstream().prefill(turn.slot, turn.tokens, turn.head, &prefilled, &why)) {
+    if (route.upstream().prefill(turn.slot, turn.tokens, turn.head, &prefilled,
+                                 &turn.head_prefill_msec, &why)) {
       ++turn.proxy->counters.head_prefills;
       turn.head_prefilled = prefilled;
       park_head_in_background(turn, std::move(reserved), flight_key);
@@ -472,6 +473,10 @@ bool take_slot_on_known_prefix(Turn& turn) {
 // After the response: park the turn, give the slot back, log.
 void finish_turn(Turn& turn, int status, bool completed) {
   Route& route = *turn.route;
+  // After the response: a changed rate is declared over a new kvparkd connection.
+  if (turn.head_prefilled > 0) route.note_prefill(turn.head_prefilled, turn.head_prefill_msec);
+  if (status == 200 && completed && turn.timings_seen)
+    route.note_prefill(turn.prefilled, turn.prefill_msec);
   if (turn.known != nullptr && turn.slot != no_slot) {
     // Forwarded on a known prefix: the full tokenization now, which alone is parked
     // and believed; the known prefix must open it.

@@ -42,6 +42,8 @@ bool fix_usage(rapidjson::Document& doc, Turn& turn) {
       turn.prefilled = uint32_t(std::max(0, t["prompt_n"].GetInt()));
       turn.timings_seen = true;
     }
+    if (t.HasMember("prompt_ms") && t["prompt_ms"].IsNumber())
+      turn.prefill_msec = t["prompt_ms"].GetDouble();
   }
   if (!doc.HasMember("usage") || !doc["usage"].IsObject()) return false;
   auto& usage = doc["usage"];

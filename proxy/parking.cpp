@@ -141,6 +141,25 @@ void Parking::set_namespace(kvpark_hash128 id, uint32_t prefill_tokens_per_secon
   (void)client();
 }
 
+void Parking::declare_prefill_rate(uint32_t prefill_tokens_per_second) {
+  kvpark_namespace space;
+  uint64_t generation = 0;
+  {
+    std::lock_guard lock(mutex_);
+    if (!has_namespace_ || namespace_.prefill_tokens_per_second == prefill_tokens_per_second)
+      return;
+    namespace_.prefill_tokens_per_second = prefill_tokens_per_second;
+    space = namespace_;
+    generation = namespace_generation_;
+  }
+  // Failing, the next connection (after any failure of the old one) says it.
+  ClientRef fresh = connect(space);
+  std::lock_guard lock(mutex_);
+  // The old client goes when its last call or plan lets go; a namespace left
+  // meanwhile drops the new one instead.
+  if (fresh != nullptr && generation == namespace_generation_) client_ = std::move(fresh);
+}
+
 bool Parking::has_namespace() const {
   std::lock_guard lock(mutex_);
   return has_namespace_;

@@ -83,6 +83,11 @@ class Parking {
   // A new namespace drops the connection; the next call connects in it.
   void set_namespace(kvpark_hash128 id, uint32_t prefill_tokens_per_second);
   bool has_namespace() const;
+  // Declares the namespace's prefill rate anew (kvparkd's value model weighs what a
+  // parked state saves by it): a new connection says it in its HELLO, and replaces the
+  // old one once it is made, so no request goes uncached meanwhile. Blocks for that
+  // round trip: not for a request's path.
+  void declare_prefill_rate(uint32_t prefill_tokens_per_second);
   // kvparkd answers now (a round trip, at most the reply timeout; never under a lock
   // other requests need).
   bool connected();

@@ -3,8 +3,10 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <limits>
 
 #include "integrations/llama/weights_digest.h"
 #include "proto/names.h"
@@ -22,6 +24,11 @@ constexpr uint32_t namespace_format_version = 1;     // bump when the fields bel
 // means the namespace is wrong for it (a state-shaping flag the proxy was not told);
 // one refusal may be passing (a full KV cache gives the same error).
 constexpr uint32_t refusals_before_new_epoch = 2;
+// A prefill this short is mostly llama-server's fixed cost per request, not its rate.
+constexpr uint32_t prefill_rate_sample_tokens_min = 256;
+// A measured rate within this factor of the declared one is not declared again: each
+// declaration is a new connection, and concurrent requests make single figures swing.
+constexpr double prefill_rate_change_factor = 2.0;
 
 // XXH3-128 over the fields that decide whether a slot file restores: the weights,
 // the llama.cpp build (its state format) and the operator's state-relevant flags.
@@ -242,13 +249,14 @@ bool Route::refresh(bool verify_slots) {
       weights_ = weights;
       build_info_ = props.build_info;
       namespace_id_ = id;
+      prefill_rate_ = 0;  // another model, build or settings: measured again
       prefixes_.clear();
       refusals_in_a_row_ = 0;
       slots_.forget_all();
       verified_ = false;  // another process or model: its slot directory too
     }
   }
-  parking_.set_namespace(id, 0);
+  parking_.set_namespace(id, prefill_tokens_per_second());
   if (!verified_) verify();
   if (verified_) set_state(UpstreamState::ready, "");
   return slots_checked;
@@ -289,6 +297,28 @@ void Route::restore_succeeded() {
   refusals_in_a_row_ = 0;
 }
 
+void Route::note_prefill(uint32_t tokens, double msec) {
+  if (tokens < prefill_rate_sample_tokens_min || !(msec > 0)) return;
+  const double measured = std::min(static_cast<double>(tokens) * 1000.0 / msec,
+                                   static_cast<double>(std::numeric_limits<uint32_t>::max()));
+  const auto rate = std::max<uint32_t>(1, static_cast<uint32_t>(measured));
+  {
+    std::lock_guard lock(mutex_);
+    if (prefill_rate_ != 0 && measured < prefill_rate_ * prefill_rate_change_factor &&
+        measured * prefill_rate_change_factor > prefill_rate_)
+      return;
+    prefill_rate_ = rate;
+  }
+  std::fprintf(stderr, "kvpark-proxy: upstream %s prefills about %u tokens per second\n",
+               name().c_str(), rate);
+  parking_.declare_prefill_rate(rate);
+}
+
+uint32_t Route::prefill_tokens_per_second() const {
+  std::lock_guard lock(mutex_);
+  return prefill_rate_;
+}
+
 void Route::restore_refused() {
   kvpark_hash128 id;
   {
@@ -299,7 +329,7 @@ void Route::restore_refused() {
     id = make_namespace(weights_, build_info_, upstream_.options().settings, epoch_);
     namespace_id_ = id;
   }
-  parking_.set_namespace(id, 0);
+  parking_.set_namespace(id, prefill_tokens_per_second());  // the same model: the same rate
   std::fprintf(stderr,
                "kvpark-proxy: upstream %s: %u parked states in a row refused, though slot files "
                "round-trip through %s (llama-server's cache settings differ from what the proxy "

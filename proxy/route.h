@@ -167,6 +167,12 @@ class Route {
   // that kvparkd keeps serving, costs two prefills, not one per request.
   void restore_succeeded();
   void restore_refused();
+  // A prefill of `tokens` that took `msec` (llama-server's timings): the upstream's
+  // prefill rate, declared to kvparkd when first measured and again when it moves by
+  // more than prefill_rate_change_factor. Blocks for a kvparkd round trip when it
+  // declares: call it after the response.
+  void note_prefill(uint32_t tokens, double msec);
+  uint32_t prefill_tokens_per_second() const;
   std::string namespace_hex() const;
   kvpark_hash128 namespace_id() const;
 
@@ -198,6 +204,7 @@ class Route {
   std::string build_info_;
   uint32_t epoch_ = 0;             // not persisted: a restarted proxy finds out again
   uint32_t refusals_in_a_row_ = 0;
+  uint32_t prefill_rate_ = 0;  // tokens per second declared to kvparkd; 0: not measured
   kvpark_hash128 namespace_id_{};
   std::atomic<bool> ready_{false};
   std::string model_path_;  // as /props names it

@@ -48,7 +48,9 @@ struct Turn {
   double ttft_msec = -1;
   uint32_t prompt_tokens = 0;     // as the upstream reported them
   uint32_t prefilled = 0;         // timings.prompt_n
+  double prefill_msec = -1;       // timings.prompt_ms; -1: not reported
   uint32_t head_prefilled = 0;    // the head this request led, prefilled before it
+  double head_prefill_msec = -1;  // its timings.prompt_ms
   // A restore from kvparkd: the slot file's size, the proxy's part (checking and
   // writing the file) and llama-server's (/slots/N?action=restore).
   uint64_t restore_bytes = 0;

@@ -233,7 +233,8 @@ bool Upstream::tokenize(const std::string& text, std::vector<int32_t>* ret_token
 }
 
 bool Upstream::prefill(uint32_t slot_id, const std::vector<int32_t>& tokens, size_t n_tokens,
-                       uint32_t* ret_prefilled, std::string* ret_error) const {
+                       uint32_t* ret_prefilled, double* ret_prefill_msec,
+                       std::string* ret_error) const {
   rapidjson::StringBuffer body;
   rapidjson::Writer<rapidjson::StringBuffer> w(body);
   w.StartObject();
@@ -255,6 +256,10 @@ bool Upstream::prefill(uint32_t slot_id, const std::vector<int32_t>& tokens, siz
     return false;
   }
   *ret_prefilled = doc.HasMember("timings") ? uint_member(doc["timings"], "prompt_n") : 0;
+  *ret_prefill_msec = -1;
+  if (doc.HasMember("timings") && doc["timings"].IsObject() &&
+      doc["timings"].HasMember("prompt_ms") && doc["timings"]["prompt_ms"].IsNumber())
+    *ret_prefill_msec = doc["timings"]["prompt_ms"].GetDouble();
   return true;
 }
 

@@ -64,9 +64,10 @@ class Upstream {
   // (special tokens added and parsed). On failure, the upstream's reply.
   bool chat_tokens(const std::string& request_body, std::vector<int32_t>* ret_tokens,
                    Reply* ret_failure) const;
-  // Prefills tokens into slot_id (a completion of 0 tokens, prompt cached).
+  // Prefills tokens into slot_id (a completion of 0 tokens, prompt cached). The tokens
+  // llama-server computed and the milliseconds it took (timings; -1: not reported).
   bool prefill(uint32_t slot_id, const std::vector<int32_t>& tokens, size_t n_tokens,
-               uint32_t* ret_prefilled, std::string* ret_error) const;
+               uint32_t* ret_prefilled, double* ret_prefill_msec, std::string* ret_error) const;
   // /slots/N?action=save|restore with a file name in the upstream's slot directory.
   // *ret_status: the HTTP status (0: no answer; 501: slot actions are disabled,
   // llama-server was started without --slot-save-path).

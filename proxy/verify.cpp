@@ -80,7 +80,8 @@ bool Route::round_trip(uint32_t slot, std::string* ret_why) {
   bool ok = true;
   for (int i = 0; ok && i < 2; ++i) {
     uint32_t prefilled = 0;
-    if (!upstream_.prefill(slot, tokens, probe_tokens[i], &prefilled, &error)) {
+    double prefill_msec = 0;  // probes are too short to say the upstream's rate
+    if (!upstream_.prefill(slot, tokens, probe_tokens[i], &prefilled, &prefill_msec, &error)) {
       *ret_why = who + " cannot prefill " + slot_text + ": " + error;
       ok = false;
       break;

@@ -204,6 +204,19 @@ class ProxyE2E : public ::testing::Test {
     ASSERT_TRUE(daemon_.start());
   }
 
+  // The prefill rate kvparkd holds for the proxy's namespace (the one without blocks,
+  // from /v1/namespaces); -1 when there is none.
+  int64_t kvparkd_proxy_prefill_rate() const {
+    const HttpResult r =
+        http_get("http://127.0.0.1:" + std::to_string(daemon_.http_port()), "/v1/namespaces");
+    rapidjson::Document doc;
+    if (r.status != 200 || doc.Parse(r.body.c_str()).HasParseError()) return -1;
+    for (const auto& n : doc["namespaces"].GetArray()) {
+      if (n["block_tokens"].GetUint() == 0) return n["prefill_tokens_per_second"].GetUint();
+    }
+    return -1;
+  }
+
   void TearDown() override {
     // SIGTERM first: a proxy logs a request's line only after parking its turn.
     for (const auto& p : proxies_) p->stop();

@@ -15,6 +15,10 @@ TEST_F(ProxyE2E, SiblingIsServedFromTheSharedHeadWithoutMarkers) {
   const ChatResult a = post_chat(proxy.url(), chat(conversation(system, user_text(1))));
   ASSERT_EQ(a.http.status, 200) << describe(a);
   EXPECT_EQ(a.cached_tokens, expected_cached_tokens(a)) << describe(a);
+  // A's prefill (the head, over 1000 tokens, led by A) showed llama-server's rate:
+  // declared to kvparkd after the response, for its value model.
+  EXPECT_TRUE(wait_until([&] { return kvparkd_proxy_prefill_rate() > 0; }, 10'000))
+      << "kvparkd's namespace for the proxy says prefill rate " << kvparkd_proxy_prefill_rate();
 
   const int64_t before = prompt_tokens_total(server.url());
   const ChatResult b = post_chat(proxy.url(), chat(conversation(system, user_text(2))));
