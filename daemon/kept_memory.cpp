@@ -217,10 +217,10 @@ void* KeptMemory::map(size_t bytes) {
   } else {
     carve(chosen, size);
   }
-  // Best effort: shmem huge pages need shmem_enabled=advise (and the advice, given
-  // where huge pages are allowed); populating kept pages
-  // writes page-table entries in one call instead of a fault per page (the empty tail
-  // is left to fault in as it is used). A read populate: a read fault on a shared file
+  // Best effort: shmem huge pages need shmem_enabled=advise and the advice (given
+  // where huge pages are allowed); populating kept pages writes page-table entries in
+  // one call instead of a fault per page (the empty tail is left to fault in as it is
+  // used). A read populate: a read fault on a shared file
   // mapping maps the pages around it too (fault-around, 16 at a time), writable since
   // shmem keeps no dirty accounting, so it costs a third of a write populate and the
   // writes after it do not fault.

@@ -54,9 +54,9 @@ class KeptMemory {
   // Over `kept_fd` (a memfd the previous instance stored; taken), or a new memfd when
   // kept_fd < 0: on reserved huge pages (vm.nr_hugepages) when `huge_pages` allows and
   // any are free, else on shmem: mapped for transparent huge pages when `huge_pages`
-  // allows (they back it where shmem_enabled gives them), else 4 KiB pages. Fails only when no
-  // memfd can be made or sized (errno in ret_err); a kept fd that cannot serve is closed and a new
-  // memfd made in its place.
+  // allows (they back it where shmem_enabled gives them), else 4 KiB pages. Fails
+  // only when no memfd can be made or sized (errno in ret_err); a kept fd that cannot
+  // serve is closed and a new memfd made in its place.
   static Status open(int kept_fd, bool huge_pages, std::unique_ptr<KeptMemory>& ret_memory,
                      int& ret_err);
   ~KeptMemory();

@@ -474,9 +474,10 @@ bool take_slot_on_known_prefix(Turn& turn) {
 void finish_turn(Turn& turn, int status, bool completed) {
   Route& route = *turn.route;
   // After the response: a changed rate is declared over a new kvparkd connection.
-  if (turn.head_prefilled > 0) route.note_prefill(turn.head_prefilled, turn.head_prefill_msec);
+  if (turn.head_prefilled > 0)
+    route.note_prefill(turn.namespace_id, turn.head_prefilled, turn.head_prefill_msec);
   if (status == 200 && completed && turn.timings_seen)
-    route.note_prefill(turn.prefilled, turn.prefill_msec);
+    route.note_prefill(turn.namespace_id, turn.prefilled, turn.prefill_msec);
   if (turn.known != nullptr && turn.slot != no_slot) {
     // Forwarded on a known prefix: the full tokenization now, which alone is parked
     // and believed; the known prefix must open it.
@@ -581,6 +582,7 @@ void serve_chat(ProxyState& proxy, const httplib::Request& req, httplib::Respons
   }
   Route& route = *turn->route;
   route.check_process();  // a no-op while the upstream is the process last checked
+  turn->namespace_id = route.namespace_id();  // what its prefill timings measure
   if (route.ready() && route.parking().connected()) {
     turn->session_id = session_of(doc);
     if (take_slot_on_known_prefix(*turn)) {

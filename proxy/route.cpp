@@ -297,13 +297,14 @@ void Route::restore_succeeded() {
   refusals_in_a_row_ = 0;
 }
 
-void Route::note_prefill(uint32_t tokens, double msec) {
+void Route::note_prefill(kvpark_hash128 id, uint32_t tokens, double msec) {
   if (tokens < prefill_rate_sample_tokens_min || !(msec > 0)) return;
   const double measured = std::min(static_cast<double>(tokens) * 1000.0 / msec,
                                    static_cast<double>(std::numeric_limits<uint32_t>::max()));
   const auto rate = std::max<uint32_t>(1, static_cast<uint32_t>(measured));
   {
     std::lock_guard lock(mutex_);
+    if (id.low != namespace_id_.low || id.high != namespace_id_.high) return;
     if (prefill_rate_ != 0 && measured < prefill_rate_ * prefill_rate_change_factor &&
         measured * prefill_rate_change_factor > prefill_rate_)
       return;

@@ -167,11 +167,12 @@ class Route {
   // that kvparkd keeps serving, costs two prefills, not one per request.
   void restore_succeeded();
   void restore_refused();
-  // A prefill of `tokens` that took `msec` (llama-server's timings): the upstream's
-  // prefill rate, declared to kvparkd when first measured and again when it moves by
-  // more than prefill_rate_change_factor. Blocks for a kvparkd round trip when it
-  // declares: call it after the response.
-  void note_prefill(uint32_t tokens, double msec);
+  // A prefill of `tokens` that took `msec` (llama-server's timings) under namespace
+  // `id`: the upstream's prefill rate, declared to kvparkd when first measured and
+  // again when it moves by more than prefill_rate_change_factor; ignored when the
+  // namespace has changed since (another model's rate). Blocks for a kvparkd round trip
+  // when it declares: call it after the response.
+  void note_prefill(kvpark_hash128 id, uint32_t tokens, double msec);
   uint32_t prefill_tokens_per_second() const;
   std::string namespace_hex() const;
   kvpark_hash128 namespace_id() const;

@@ -29,6 +29,7 @@ struct Turn {
   }
   ProxyState* proxy = nullptr;
   Route* route = nullptr;  // counted in its load (route_request) until the turn ends
+  kvpark_hash128 namespace_id{};  // the route's namespace when the request came
   rapidjson::Document request;
   std::unique_ptr<kvpark_request, void (*)(kvpark_request*)> parsed{nullptr, kvpark_request_free};
   // The prompt's tokens: the full tokenization, or while `known` is set (forwarded on

@@ -351,8 +351,7 @@ Status ArenaMapping::attach(int header_fd, int data_fd, uint64_t data_bytes, uin
   mapping->data_ = data;
   const uint64_t regions = (data_bytes + prefault_region_bytes - 1) / prefault_region_bytes;
   mapping->populated_ = std::make_unique<std::atomic<uint64_t>[]>((regions + 63) / 64);
-  mapping->reservation_ = data;
-  mapping->reservation_bytes_ = data_bytes;
+  mapping->mapped_bytes_ = data_bytes;
   mapping->header_dev_ = hst.st_dev;
   mapping->header_ino_ = hst.st_ino;
   mapping->data_dev_ = dst.st_dev;
@@ -396,7 +395,7 @@ void ArenaMapping::prefault(const void* p, uint64_t bytes) {
 }
 
 ArenaMapping::~ArenaMapping() {
-  if (reservation_ != nullptr) munmap(reservation_, reservation_bytes_);
+  if (data_ != nullptr) munmap(data_, mapped_bytes_);
   if (header_ != nullptr) munmap(const_cast<ArenaHeader*>(header_), limits::arena_header_bytes);
 }
 

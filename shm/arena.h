@@ -112,8 +112,7 @@ class ArenaMapping {
   uint8_t* data_ = nullptr;
   // One bit per 2 MiB region whose page tables this mapping has filled.
   std::unique_ptr<std::atomic<uint64_t>[]> populated_;
-  uint8_t* reservation_ = nullptr;  // the aligned range data_ was placed in
-  uint64_t reservation_bytes_ = 0;
+  uint64_t mapped_bytes_ = 0;  // of data_
 };
 
 // Validates a header page; used by both sides.
