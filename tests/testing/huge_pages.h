@@ -3,7 +3,6 @@
 #pragma once
 
 #include <cstdint>
-#include <cstdio>
 #include <fstream>
 #include <string>
 
@@ -23,25 +22,6 @@ inline uint64_t meminfo_field(const std::string& name) {
 
 inline uint64_t free_huge_pages() {
   return meminfo_field("HugePages_Free");
-}
-
-// A line of /proc/self/smaps for the mapping that starts at `base`, after its "Key:"
-// ("VmFlags", "ShmemPmdMapped"); empty when there is none.
-inline std::string smaps_line(const void* base, const std::string& key) {
-  std::ifstream in("/proc/self/smaps");
-  char start[32];
-  std::snprintf(start, sizeof start, "%lx-", reinterpret_cast<unsigned long>(base));
-  std::string line;
-  bool inside = false;
-  while (std::getline(in, line)) {
-    const size_t colon = line.find(':'), space = line.find(' ');
-    if (space != std::string::npos && (colon == std::string::npos || colon > space)) {
-      inside = line.rfind(start, 0) == 0;  // a mapping's own line: "begin-end perms ..."
-      continue;
-    }
-    if (inside && line.rfind(key + ":", 0) == 0) return line.substr(key.size() + 1);
-  }
-  return {};
 }
 
 }  // namespace kvpark::testing

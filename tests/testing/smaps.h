@@ -10,9 +10,9 @@
 
 namespace kvpark::testing {
 
-// The number after `field` (e.g. "Rss:", "THPeligible:") in the smaps entry of the
-// mapping holding p; nullopt when no mapping holds it or it has no such field.
-inline std::optional<uint64_t> smaps_field(const void* p, const std::string& field) {
+// What follows `field` (e.g. "Rss:", "VmFlags:") in the smaps entry of the mapping
+// holding p; nullopt when no mapping holds it or it has no such field.
+inline std::optional<std::string> smaps_text(const void* p, const std::string& field) {
   std::ifstream in("/proc/self/smaps");
   const auto at = reinterpret_cast<uintptr_t>(p);
   bool inside = false;
@@ -22,10 +22,22 @@ inline std::optional<uint64_t> smaps_field(const void* p, const std::string& fie
     if (std::sscanf(line.c_str(), "%lx-%lx ", &begin, &end) == 2 && line.find(':') > line.find('-')) {
       inside = at >= begin && at < end;
     } else if (inside && line.rfind(field, 0) == 0) {
-      return std::stoull(line.substr(field.size()));
+      return line.substr(field.size());
     }
   }
   return std::nullopt;
+}
+
+// The number after `field` (e.g. "Rss:", "THPeligible:"), as smaps_text finds it.
+inline std::optional<uint64_t> smaps_field(const void* p, const std::string& field) {
+  const std::optional<std::string> text = smaps_text(p, field);
+  if (!text) return std::nullopt;
+  return std::stoull(*text);
+}
+
+// Whether the mapping holding p is advised MADV_HUGEPAGE ("hg" in its VmFlags).
+inline bool smaps_advised_huge(const void* p) {
+  return smaps_text(p, "VmFlags:").value_or("").find(" hg") != std::string::npos;
 }
 
 }  // namespace kvpark::testing

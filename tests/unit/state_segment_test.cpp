@@ -16,6 +16,7 @@
 #include "shm/arena.h"
 #include "shm/mapping.h"
 #include "tests/testing/huge_pages.h"
+#include "tests/testing/smaps.h"
 
 namespace kvpark::shm {
 namespace {
@@ -187,7 +188,6 @@ TEST(StateSegment, ConnectionWordsNameAPidOrNothing) {
 }
 
 using testing::free_huge_pages;
-using testing::smaps_line;
 
 std::unique_ptr<StateSegment> make_segment(HugePages huge_pages) {
   std::unique_ptr<StateSegment> segment;
@@ -227,7 +227,7 @@ TEST(StateSegment, WithHugePagesOffItIsOn4KiBPagesUnadvised) {
   EXPECT_FALSE(off->on_huge_pages());
   EXPECT_FALSE(off->on_transparent_pages());
   EXPECT_EQ(off->bytes(), state_segment_bytes(state_record_capacity_for(arena_bytes)));
-  EXPECT_EQ(smaps_line(off->base(), "VmFlags").find(" hg"), std::string::npos);
+  EXPECT_FALSE(testing::smaps_advised_huge(off->base()));
 }
 
 // Without a pool, a segment that may use huge pages is shmem mapped so that transparent
@@ -242,13 +242,13 @@ TEST(StateSegment, WithHugePagesAllowedAndNoneFreeItIsAdvisedForTransparentHugeP
   EXPECT_EQ(tried->bytes(),
             state_huge_segment_bytes(state_segment_bytes(state_record_capacity_for(arena_bytes))));
   EXPECT_EQ(reinterpret_cast<uintptr_t>(tried->base()) % transparent_huge_page_bytes, 0u);
-  EXPECT_NE(smaps_line(tried->base(), "VmFlags").find(" hg"), std::string::npos);
+  EXPECT_TRUE(testing::smaps_advised_huge(tried->base()));
   tried->write_record(3, body_at(8192), 1, 2);
   std::unique_ptr<StateSegment> adopted;
   int err = 0;
   ASSERT_EQ(StateSegment::adopt(dup(tried->fd()), adopted, err), Status::Ok);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(adopted->base()) % transparent_huge_page_bytes, 0u);
-  EXPECT_NE(smaps_line(adopted->base(), "VmFlags").find(" hg"), std::string::npos);
+  EXPECT_TRUE(testing::smaps_advised_huge(adopted->base()));
   EXPECT_EQ(adopted->on_transparent_pages(), shmem_transparent_allowed());
   StateRecord r{};
   EXPECT_EQ(adopted->check_record(3, r), StateSegment::RecordCheck::Valid);
@@ -272,7 +272,7 @@ TEST(StateSegment, WhereShmemAllowsTransparentHugePagesAnAdoptedSegmentReadsThro
   for (const StateRecord& record : adopted->records_to_adopt())
     valid += StateSegment::check(record) == StateSegment::RecordCheck::Valid;
   EXPECT_EQ(valid, segment->record_capacity());
-  EXPECT_GT(std::stoull(smaps_line(adopted->base(), "ShmemPmdMapped")), 0u);
+  EXPECT_GT(testing::smaps_field(adopted->base(), "ShmemPmdMapped:").value_or(0), 0u);
 }
 
 }  // namespace
