@@ -126,12 +126,27 @@ class BufferedStream : public httplib::Stream {
   int peer_port_;
 };
 
+thread_local int serving_socket = -1;  // RouteServer::serve's connection, for client_hung_up
+
 }  // namespace
 
 bool RouteServer::serve(httplib::Stream& stream) {
   bool connection_closed = false;
+  serving_socket = stream.socket();
   const bool ok = process_request(stream, false, connection_closed, nullptr);
+  serving_socket = -1;
   return ok && !connection_closed;
+}
+
+bool client_hung_up() {
+  if (serving_socket < 0) return false;
+  pollfd p{serving_socket, POLLIN | POLLRDHUP, 0};
+  if (poll(&p, 1, 0) <= 0) return false;
+  if ((p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0) return true;
+  // Readable: a next request's bytes, or the end of the stream.
+  char byte = 0;
+  const ssize_t n = recv(serving_socket, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
 struct Listener::Impl {

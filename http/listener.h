@@ -41,6 +41,14 @@ class RouteServer : public httplib::Server {
   void set_listening_socket(int fd) { svr_sock_ = fd; }
 };
 
+// Whether the client of the request this thread is serving (in RouteServer::serve)
+// has closed its connection, or the connection failed: a handler that waits long on
+// the client's behalf (an upstream generating a whole answer) asks, and gives up.
+// A client that only shut down its sending side counts as gone, as it does for
+// nginx. Bytes of a next request waiting on the connection do not. false on a thread
+// that serves no request.
+bool client_hung_up();
+
 struct ListenerOptions {
   std::string host;
   uint16_t port = 0;  // 0: any free port

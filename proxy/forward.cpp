@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <string_view>
 
+#include "http/listener.h"
 #include "proxy/json.h"
 #include "proxy/relay.h"
 #include "proxy/turn.h"
@@ -72,6 +73,15 @@ void set_reuse_headers(httplib::Response& res, const Turn& turn) {
   res.set_header("X-Kvpark-Forward-Path", turn.known != nullptr ? "known_prefix" : "full");
 }
 
+// The client hung up before its answer began: the upstream's request is abandoned
+// (llama-server cancels the generation once its connection closes), and the turn
+// ends as nginx logs such a request, 499, with nothing parked or counted answered.
+void abandon_turn(Turn& turn, httplib::Response& res) {
+  ++turn.proxy->counters.abandoned;
+  finish_turn(turn, client_closed_request, false);
+  res.status = client_closed_request;  // written to no one
+}
+
 }  // namespace
 
 void forward(std::shared_ptr<Turn> turn, const std::string& path, httplib::Response& res) {
@@ -91,6 +101,10 @@ void forward(std::shared_ptr<Turn> turn, const std::string& path, httplib::Respo
   turn->forward_delay_msec = std::chrono::duration<double, std::milli>(sent - turn->start).count();
   turn->proxy->counters.observe_forward_delay(turn->forward_delay_msec / 1000);
   auto relay = std::make_shared<Relay>(turn->route->upstream(), path, std::move(text_body));
+  if (!relay->wait_status_unless(http::client_hung_up)) {
+    abandon_turn(*turn, res);
+    return;
+  }
   std::string content_type;
   const int status = relay->wait_status(&content_type);
   if (status == 0) {
@@ -103,6 +117,10 @@ void forward(std::shared_ptr<Turn> turn, const std::string& path, httplib::Respo
   }
   set_reuse_headers(res, *turn);
   if (!stream || status != 200 || content_type.rfind("text/event-stream", 0) != 0) {
+    if (!relay->wait_end_unless(http::client_hung_up)) {
+      abandon_turn(*turn, res);
+      return;
+    }
     std::string text = relay->wait_body();
     if (!relay->body_complete()) {    // part of a reply is no answer: nothing is parked
       turn->route->forget_process();  // it may have died: checked again before the next request
@@ -147,6 +165,7 @@ void forward(std::shared_ptr<Turn> turn, const std::string& path, httplib::Respo
         return last ? splitter->flush() : splitter->feed(chunk);
       },
       [turn](StreamEnd end) {
+        if (end == StreamEnd::client_gone) ++turn->proxy->counters.abandoned;
         if (end != StreamEnd::upstream_failed) {
           finish_turn(*turn, 200, end == StreamEnd::completed);
           return;

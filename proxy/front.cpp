@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <thread>
 
+#include "http/listener.h"
 #include "proxy/json.h"
 #include "proxy/relay.h"
 
@@ -54,6 +55,12 @@ void pass_through(ProxyState& proxy, const httplib::Request& req, httplib::Respo
     return;
   }
   auto relay = std::make_shared<Relay>(route->upstream(), target_of(req), req.body);
+  // A client gone before its answer: the upstream's work for it is abandoned.
+  const auto abandoned = [&proxy, &res] {
+    ++proxy.counters.abandoned;
+    res.status = client_closed_request;  // written to no one
+  };
+  if (!relay->wait_status_unless(http::client_hung_up)) return abandoned();
   std::string content_type;
   const int status = relay->wait_status(&content_type);
   if (status == 0) {
@@ -65,9 +72,12 @@ void pass_through(ProxyState& proxy, const httplib::Request& req, httplib::Respo
   if (status == 200 && content_type.rfind("text/event-stream", 0) == 0) {
     stream_to_client(
         relay, res, content_type, [](const std::string& chunk, bool) { return chunk; },
-        [](StreamEnd) {});
+        [&proxy](StreamEnd end) {
+          if (end == StreamEnd::client_gone) ++proxy.counters.abandoned;
+        });
     return;
   }
+  if (!relay->wait_end_unless(http::client_hung_up)) return abandoned();
   std::string body = relay->wait_body();
   if (!relay->body_complete()) {
     send_error(res, 502, "upstream_error", "upstream " + route->name() + ": " + relay->failure());
@@ -120,7 +130,7 @@ void serve_status(ProxyState& proxy, httplib::Response& res) {
       {"requests", &c.requests},           {"uncached_requests", &c.uncached_requests},
       {"head_prefills", &c.head_prefills}, {"head_waits", &c.head_waits},
       {"restores", &c.restores},           {"restore_failures", &c.restore_failures},
-      {"publishes", &c.publishes}};
+      {"publishes", &c.publishes},         {"abandoned", &c.abandoned}};
   for (const auto& [name, value] : counters) {
     w.Key(name);
     w.Uint64(value->load());

@@ -118,6 +118,10 @@ std::string metrics_text(ProxyState& proxy) {
   w.sample("kvpark_proxy_forward_delay_seconds_count", "", cumulative);
   w.family("kvpark_proxy_publishes_total", "counter", "Slot states parked in kvparkd.");
   w.sample("kvpark_proxy_publishes_total", "", c.publishes);
+  w.family("kvpark_proxy_abandoned_requests_total", "counter",
+           "Requests (chat, or passed through) whose client hung up before the whole "
+           "answer: the upstream's request was abandoned.");
+  w.sample("kvpark_proxy_abandoned_requests_total", "", c.abandoned);
 
   bool connected = false;
   for (const auto& route : proxy.routes) connected = connected || route->parking().connected();

@@ -23,7 +23,8 @@ Relay::Relay(const Upstream& upstream, std::string path, std::string body)
           chunks_.emplace_back(data, n);
           changed_.notify_all();
           return !cancelled_;
-        });
+        },
+        &abort_);
     std::lock_guard lock(mutex_);
     if (status_ < 0) status_ = reply.status;
     error_ = reply.error;
@@ -34,7 +35,7 @@ Relay::Relay(const Upstream& upstream, std::string path, std::string body)
 }
 
 Relay::~Relay() {
-  cancel();
+  abandon();
   thread_.join();
 }
 
@@ -61,9 +62,38 @@ bool Relay::next_chunk(std::string* ret_chunk) {
   return true;
 }
 
+bool Relay::wait_unless(const std::function<bool()>& done,
+                        const std::function<bool()>& client_gone) {
+  std::unique_lock lock(mutex_);
+  while (!changed_.wait_for(lock, client_watch_interval, done)) {
+    lock.unlock();
+    const bool gone = client_gone();
+    lock.lock();
+    if (gone && !done()) {
+      lock.unlock();
+      abandon();
+      return false;
+    }
+  }
+  return true;
+}
+
+bool Relay::wait_status_unless(const std::function<bool()>& client_gone) {
+  return wait_unless([this] { return status_ >= 0 || finished_; }, client_gone);
+}
+
+bool Relay::wait_end_unless(const std::function<bool()>& client_gone) {
+  return wait_unless([this] { return finished_; }, client_gone);
+}
+
 void Relay::cancel() {
   std::lock_guard lock(mutex_);
   cancelled_ = true;
+}
+
+void Relay::abandon() {
+  cancel();
+  abort_.abort();
 }
 
 const std::string& Relay::error() {

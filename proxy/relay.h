@@ -3,6 +3,7 @@
 // httplib content provider. Server-sent events can be rewritten one event at a time.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -19,21 +20,36 @@ struct Response;
 
 namespace kvpark::proxy {
 
+// How often a relay waiting on a client's behalf asks whether the client is still
+// there (Relay::wait_*_unless): the longest an upstream keeps generating for a
+// client that left.
+inline constexpr std::chrono::milliseconds client_watch_interval{100};
+// The status a request whose client hung up first ends with (in logs; no one reads
+// it), as nginx has it.
+inline constexpr int client_closed_request = 499;
+
 class Relay {
  public:
   Relay(const Upstream& upstream, std::string path, std::string body);
-  ~Relay();  // cancels the upstream request if it still runs, and joins
+  ~Relay();  // abandons the upstream request if it still runs, and joins
   Relay(const Relay&) = delete;
   Relay& operator=(const Relay&) = delete;
 
   // Waits for the status line: 0 when the upstream could not be reached.
   int wait_status(std::string* ret_content_type);
+  // Wait for the status line, or for the whole exchange to end, while
+  // `client_gone` (asked every client_watch_interval) says the client still waits;
+  // once it says otherwise the exchange is abandoned and they return false.
+  // llama-server sends nothing of a reply that is not streamed until it is whole.
+  bool wait_status_unless(const std::function<bool()>& client_gone);
+  bool wait_end_unless(const std::function<bool()>& client_gone);
   // Waits for the end and returns the body as it came (for a reply that is not
   // relayed): all of it only if body_complete().
   std::string wait_body();
   // The next chunk; false at the end of the body.
   bool next_chunk(std::string* ret_chunk);
-  void cancel();
+  void cancel();               // the request ends at the upstream's next chunk
+  void abandon();              // the request ends now: its connection is shut down
   const std::string& error();  // why the upstream could not be reached, or broke off
   // Waits for the end: whether the upstream's body arrived whole. false: the
   // exchange failed after the status line (the upstream died or closed mid-body,
@@ -43,6 +59,9 @@ class Relay {
   std::string failure();
 
  private:
+  bool wait_unless(const std::function<bool()>& done, const std::function<bool()>& client_gone);
+
+  ExchangeAbort abort_;
   std::mutex mutex_;
   std::condition_variable changed_;
   int status_ = -1;

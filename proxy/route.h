@@ -46,6 +46,9 @@ struct Counters {
   std::atomic<uint64_t> restores{0};
   std::atomic<uint64_t> restore_failures{0};   // parked state refused: prefilled instead
   std::atomic<uint64_t> publishes{0};
+  // Requests (chat, or passed through) whose client hung up before the whole answer
+  // was sent: the upstream's request was abandoned (a generation cancelled).
+  std::atomic<uint64_t> abandoned{0};
   // Requests answered, by how their prompt was had, and their prompt tokens: all of
   // them, those prefilled on their behalf (a head they led included), those restored
   // from kvparkd, and those reported as cached_tokens (prompt - prefilled).

@@ -4,6 +4,7 @@
 #include <rapidjson/document.h>
 #include <rapidjson/stringbuffer.h>
 #include <rapidjson/writer.h>
+#include <sys/socket.h>
 
 #include "proxy/json.h"
 
@@ -101,11 +102,38 @@ Reply Upstream::post(const std::string& path, const std::string& body,
   return from_result(client.Post(path, body, content_type));
 }
 
+void ExchangeAbort::abort() {
+  aborted_.store(true);
+  std::lock_guard lock(mutex_);
+  // A connection being made sees aborted_ as its socket is set up; one made is in
+  // flight by the time stop() gets the client's lock, and is shut down.
+  if (client_ != nullptr) client_->stop();
+}
+
 Reply Upstream::post_streaming(const std::string& path, const std::string& body,
                                const std::function<bool(int, const std::string&)>& on_status,
-                               const std::function<bool(const char*, size_t)>& on_chunk) const {
+                               const std::function<bool(const char*, size_t)>& on_chunk,
+                               ExchangeAbort* abort) const {
   httplib::Client client(options_.url);
   configure(client);
+  if (abort != nullptr) {
+    std::lock_guard lock(abort->mutex_);
+    if (abort->aborted_.load())
+      return Reply{
+          .status = 0, .body = {}, .content_type = {}, .error = "abandoned before it began"};
+    abort->client_ = &client;
+    client.set_socket_options([abort](int socket) {
+      if (abort->aborted_.load()) shutdown(socket, SHUT_RDWR);
+    });
+  }
+  struct Unregister {
+    ExchangeAbort* abort;
+    ~Unregister() {
+      if (abort == nullptr) return;
+      std::lock_guard lock(abort->mutex_);
+      abort->client_ = nullptr;
+    }
+  } unregister{abort};
   httplib::Request request;
   request.method = "POST";
   request.path = path;

@@ -4,12 +4,18 @@
 // Upstream may be used from any thread.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "proxy/options.h"
+
+namespace httplib {
+class Client;
+}
 
 namespace kvpark::proxy {
 
@@ -38,6 +44,23 @@ struct SlotReport {
   uint32_t prompt_tokens = 0;   // tokens its cache holds (n_prompt_tokens)
 };
 
+// Ends an exchange post_streaming runs on another thread, at any point: its
+// connection is shut down, so the upstream sees its client gone (llama-server then
+// cancels the generation) even while it has sent nothing yet. An exchange not yet
+// begun does not begin.
+class ExchangeAbort {
+ public:
+  void abort();
+
+ private:
+  friend class Upstream;
+  // Read by the exchange's socket setup, which runs under the client's own lock: no
+  // mutex, or abort() (mutex, then that lock) could wait on it the other way round.
+  std::atomic<bool> aborted_{false};
+  std::mutex mutex_;
+  httplib::Client* client_ = nullptr;  // while an exchange runs
+};
+
 class Upstream {
  public:
   explicit Upstream(UpstreamOptions options) : options_(std::move(options)) {}
@@ -49,10 +72,12 @@ class Upstream {
   Reply post(const std::string& path, const std::string& body,
              const std::string& content_type = "application/json") const;
   // Streams the answer: on_status once with the status and content type, then
-  // on_chunk for each piece of body; either returning false cancels the request.
+  // on_chunk for each piece of body; either returning false cancels the request, and
+  // `abort` (when given) ends it from another thread.
   Reply post_streaming(const std::string& path, const std::string& body,
                        const std::function<bool(int, const std::string&)>& on_status,
-                       const std::function<bool(const char*, size_t)>& on_chunk) const;
+                       const std::function<bool(const char*, size_t)>& on_chunk,
+                       ExchangeAbort* abort = nullptr) const;
 
   bool props(UpstreamProps* ret_props, std::string* ret_error) const;
   // Reports for every slot, in slot order; false when /slots is unavailable.

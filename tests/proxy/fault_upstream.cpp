@@ -1,6 +1,7 @@
 #include "tests/proxy/fault_upstream.h"
 
 #include <algorithm>
+#include <chrono>
 #include <memory>
 
 namespace kvpark::testing {
@@ -48,6 +49,7 @@ FaultUpstream::FaultUpstream(std::string llama_server_url) : target_(std::move(l
 }
 
 FaultUpstream::~FaultUpstream() {
+  release();
   server_.stop();
   if (thread_.joinable()) thread_.join();
 }
@@ -66,6 +68,12 @@ std::string FaultUpstream::url() const {
 void FaultUpstream::arm(const std::string& path, UpstreamFault fault) {
   std::lock_guard lock(mutex_);
   armed_[path] = fault;
+}
+
+void FaultUpstream::release() {
+  std::lock_guard lock(mutex_);
+  released_ = true;
+  released_changed_.notify_all();
 }
 
 UpstreamFault FaultUpstream::take_fault(const std::string& path) {
@@ -88,6 +96,12 @@ void FaultUpstream::relay(const httplib::Request& req, httplib::Response& res) {
     else
       res.set_content(deep, "application/json");
     return;
+  }
+  if (fault == UpstreamFault::hold) {
+    ++delivered_;
+    std::unique_lock lock(mutex_);
+    released_changed_.wait_for(lock, std::chrono::seconds(hold_timeout_sec),
+                               [this] { return released_; });
   }
   httplib::Client client(target_);
   client.set_read_timeout(relay_timeout_sec, 0);

@@ -7,6 +7,8 @@
 #include <httplib.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <ctime>
 #include <map>
 #include <mutex>
 #include <string>
@@ -19,7 +21,11 @@ enum class UpstreamFault {
   truncate,    // llama-server's status and headers, half its body, then the connection closes
   deep_ok,     // 200 with a body of deep_fault_levels "[" (a usage event when streamed)
   deep_error,  // 500 with that body
+  hold,        // nothing at all, until release() or hold_timeout_sec: a long generation
+               // of a reply that is not streamed, of which llama-server sends nothing
 };
+
+inline constexpr time_t hold_timeout_sec = 120;
 
 // Nesting of the deep replies: far past any stack a recursive parser has.
 inline constexpr size_t deep_fault_levels = 200'000;
@@ -35,8 +41,10 @@ class FaultUpstream {
   std::string url() const;
   // The next request to `path` (no query) gets `fault`; later ones are relayed.
   void arm(const std::string& path, UpstreamFault fault);
-  // Faults delivered so far.
+  // Faults delivered so far (a hold counts from its start).
   int delivered() const { return delivered_.load(); }
+  // Ends every hold: the held requests go on to llama-server.
+  void release();
 
  private:
   void relay(const httplib::Request& req, httplib::Response& res);
@@ -48,6 +56,8 @@ class FaultUpstream {
   int port_ = -1;
   std::mutex mutex_;
   std::map<std::string, UpstreamFault> armed_;  // path -> fault
+  std::condition_variable released_changed_;
+  bool released_ = false;
   std::atomic<int> delivered_{0};
 };
 

@@ -235,6 +235,67 @@ TEST_F(ProxyE2E, UpstreamDyingMidStreamBreaksTheClientsStream) {
   EXPECT_EQ(answered(proxy.url()), 1);
 }
 
+// A client that hangs up while its answer, not streamed, is still being generated
+// (llama-server sends nothing of such a reply until it is whole) no longer keeps the
+// generation going: the proxy abandons the upstream request (its connection closes,
+// and llama-server cancels the task), gives the slot back, logs the request as 499 and
+// counts it abandoned, not answered. Before, the slot stayed taken, and the upstream
+// busy, until the answer was whole for a client long gone.
+TEST_F(ProxyE2E, AClientHangingUpOnAnAnswerNotStreamedAbandonsItsUpstreamRequest) {
+  LlamaServerProcess& server = start_server();
+  FaultUpstream upstream(server.url());
+  ASSERT_TRUE(upstream.start());
+  ProxyProcess& proxy = start_proxy({{.name = "m", .url = upstream.url()}});
+  const std::string system = head_text(34);
+
+  upstream.arm(chat_path, UpstreamFault::hold);
+  httplib::Client client(proxy.url());
+  client.set_read_timeout(2 * hold_timeout_sec, 0);
+  std::thread caller([&] {
+    (void)client.Post(chat_path, chat_request_json(chat(conversation(system, user_text(340)))),
+                      "application/json");
+  });
+  const bool held = wait_until([&] { return upstream.delivered() == 1; }, log_wait_msec_max);
+  client.stop();  // hangs up
+  caller.join();
+  ASSERT_TRUE(held) << proxy.log_tail();
+  ProxyStatus status;
+  const bool abandoned = wait_until(
+      [&] {
+        status = get_proxy_status(proxy.url());
+        return status.abandoned == 1 && status.upstreams.size() == 1 &&
+               status.upstreams[0].busy_slots == 0;
+      },
+      log_wait_msec_max);
+  EXPECT_TRUE(abandoned) << "the upstream request is still waited on: " << status.body;
+  ASSERT_TRUE(wait_for_request_lines(proxy, 1)) << proxy.log_tail();
+  EXPECT_NE(proxy.log_tail().find("status=499"), std::string::npos) << proxy.log_tail();
+  EXPECT_EQ(answered(proxy.url()), 0);
+  EXPECT_EQ(metric(scrape(proxy.url()), "kvpark_proxy_abandoned_requests_total"), 1);
+
+  const ChatResult next = post_chat(proxy.url(), chat(conversation(system, user_text(341))));
+  EXPECT_EQ(next.http.status, 200) << describe(next);
+  ASSERT_TRUE(wait_for_request_lines(proxy, 2)) << proxy.log_tail();
+  EXPECT_EQ(answered(proxy.url()), 1);
+  EXPECT_EQ(get_proxy_status(proxy.url()).abandoned, 1);
+
+  // The same for an endpoint passed through as is.
+  upstream.arm("/v1/completions", UpstreamFault::hold);
+  httplib::Client other(proxy.url());
+  other.set_read_timeout(2 * hold_timeout_sec, 0);
+  std::thread passed([&] {
+    (void)other.Post("/v1/completions", R"({"prompt": "the park", "max_tokens": 8})",
+                     "application/json");
+  });
+  const bool held_again = wait_until([&] { return upstream.delivered() == 2; }, log_wait_msec_max);
+  other.stop();
+  passed.join();
+  ASSERT_TRUE(held_again) << proxy.log_tail();
+  EXPECT_TRUE(
+      wait_until([&] { return get_proxy_status(proxy.url()).abandoned == 2; }, log_wait_msec_max))
+      << get_proxy_status(proxy.url()).body;
+}
+
 // Regression: sibling A's conversation stays in its slot (kvparkd was away, so no
 // head was parked); sibling B leads the head's flight, lands in that slot because it
 // holds the head, and parked the slot, A's turn after the head included, as the

@@ -6,6 +6,11 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <memory>
 #include <string>
@@ -138,6 +143,131 @@ TEST(StreamToClient, AnUpstreamBreakingOffBreaksTheClientsStream) {
   EXPECT_EQ(ends[int(StreamEnd::completed)].load(), 1);
   EXPECT_EQ(ends[int(StreamEnd::upstream_failed)].load(), 1);
   EXPECT_EQ(ends[int(StreamEnd::client_gone)].load(), 0);
+}
+
+// An upstream that reads a request and then says nothing, as llama-server does while
+// it generates a reply that is not streamed: it only watches for its connection to
+// close (or silent_origin_watch_msec to pass). One connection at a time.
+constexpr int silent_origin_watch_msec = 60'000;
+
+class SilentOrigin {
+ public:
+  SilentOrigin() {
+    listen_fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    if (bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
+        listen(listen_fd_, 16) != 0 ||
+        getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      ADD_FAILURE() << "cannot listen on 127.0.0.1";
+      return;
+    }
+    port_ = ntohs(addr.sin_port);
+    thread_ = std::thread([this] { serve(); });
+  }
+  ~SilentOrigin() {
+    stopping_ = true;
+    shutdown(listen_fd_, SHUT_RDWR);
+    if (thread_.joinable()) thread_.join();
+    close(listen_fd_);
+  }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  int requests() const { return requests_.load(); }  // whole request heads read
+  int closed() const { return closed_.load(); }      // connections its client closed
+
+ private:
+  void serve() {
+    while (!stopping_) {
+      const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd < 0) return;
+      std::string head;
+      char buf[4096];
+      bool closed = false;
+      const testing::Deadline deadline(silent_origin_watch_msec);
+      while (!deadline.passed()) {
+        pollfd p{fd, POLLIN, 0};
+        if (poll(&p, 1, std::min(deadline.left_msec(), 100)) <= 0) continue;
+        const ssize_t n = recv(fd, buf, sizeof buf, 0);
+        if (n <= 0) {
+          closed = true;
+          break;
+        }
+        head.append(buf, size_t(n));
+        if (head.find("\r\n\r\n") != std::string::npos && requests_counted_ < 1) {
+          requests_counted_ = 1;
+          ++requests_;
+        }
+      }
+      requests_counted_ = 0;
+      if (closed) ++closed_;
+      close(fd);
+    }
+  }
+
+  int listen_fd_ = -1;
+  uint16_t port_ = 0;
+  std::atomic<bool> stopping_{false};
+  std::atomic<int> requests_{0};
+  std::atomic<int> closed_{0};
+  int requests_counted_ = 0;  // serve()'s own
+  std::thread thread_;
+};
+
+// A client gone while the upstream is silent: the wait ends, and the upstream sees
+// its connection closed (llama-server cancels a generation so), long before its
+// answer would have come.
+TEST(Relay, AClientGoneWhileTheUpstreamIsSilentAbandonsTheExchange) {
+  SilentOrigin origin;
+  const Upstream upstream = upstream_at(origin.url());
+  for (const bool whole : {false, true}) {
+    const int closed = origin.closed();
+    Relay relay(upstream, "/v1/chat/completions", "{}");
+    std::atomic<int> asked{0};
+    // Gone once the origin has the request: the relay must not have an answer by then.
+    const auto gone = [&] {
+      ++asked;
+      return origin.requests() > closed;
+    };
+    const bool answered = whole ? relay.wait_end_unless(gone) : relay.wait_status_unless(gone);
+    EXPECT_FALSE(answered) << (whole ? "end" : "status");
+    EXPECT_GT(asked.load(), 0);
+    EXPECT_TRUE(testing::wait_until([&] { return origin.closed() == closed + 1; }))
+        << "the upstream's connection is still open";
+    EXPECT_FALSE(relay.body_complete());
+  }
+}
+
+// A client that stays: the waits end with the answer, and say so.
+TEST(Relay, AClientThatStaysGetsTheAnswer) {
+  TestServer origin;
+  serve_origin(origin.server);
+  const Upstream upstream = upstream_at(origin.start());
+  Relay relay(upstream, "/whole", "{}");
+  int asked = 0;
+  const auto gone = [&] {
+    ++asked;
+    return false;
+  };
+  EXPECT_TRUE(relay.wait_status_unless(gone));
+  EXPECT_TRUE(relay.wait_end_unless(gone));
+  EXPECT_EQ(relay.wait_body(), whole_json);
+  EXPECT_TRUE(relay.body_complete());
+}
+
+// A relay given up at any point of its exchange, even before it connects, ends at
+// once (its destructor joins the upstream request): never a wait for an answer.
+TEST(Relay, AbandonedAtAnyPointItEndsWithoutTheAnswer) {
+  SilentOrigin origin;
+  const Upstream upstream = upstream_at(origin.url());
+  constexpr int relays = 50;
+  for (int i = 0; i < relays; ++i) {
+    Relay relay(upstream, "/v1/chat/completions", "{}");
+    if (i % 2 == 1) (void)testing::wait_until([&] { return origin.requests() > i / 2; });
+    relay.abandon();
+    EXPECT_FALSE(relay.body_complete()) << i;
+  }
 }
 
 }  // namespace

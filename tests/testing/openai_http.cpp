@@ -313,12 +313,14 @@ ProxyStatus get_proxy_status(const std::string& proxy_url) {
   ret.restores = int_member(doc, "restores");
   ret.restore_failures = int_member(doc, "restore_failures");
   ret.publishes = int_member(doc, "publishes");
+  ret.abandoned = int_member(doc, "abandoned");
   if (const rapidjson::Value* ups = member(doc, "upstreams"); ups != nullptr && ups->IsArray()) {
     for (const rapidjson::Value& u : ups->GetArray()) {
       ret.upstreams.push_back({.name = string_member(u, "name"),
                                .url = string_member(u, "url"),
                                .space = string_member(u, "namespace"),
-                               .slots = int_member(u, "slots")});
+                               .slots = int_member(u, "slots"),
+                               .busy_slots = int_member(u, "busy_slots")});
     }
   }
   return ret;

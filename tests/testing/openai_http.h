@@ -78,13 +78,14 @@ bool tokenize(const std::string& llama_server_url, const std::string& text, bool
 struct ProxyUpstreamStatus {
   std::string name, url, space;  // space: the namespace, 32 hex digits
   int64_t slots = -1;
+  int64_t busy_slots = -1;  // taken by the proxy now
 };
 
 struct ProxyStatus {
   bool parsed = false;
   bool kvparkd_connected = false;
   int64_t requests = -1, uncached_requests = -1, head_prefills = -1, head_waits = -1, restores = -1,
-          restore_failures = -1, publishes = -1;
+          restore_failures = -1, publishes = -1, abandoned = -1;
   std::vector<ProxyUpstreamStatus> upstreams;
   std::string body;
 };
