@@ -101,8 +101,9 @@ int verb_status(ReadSource& source, const ReadOptions& o) {
   printf("    Clients: %s connections, %s leases, %s reservations\n",
          count(s, "connections").c_str(), count(s, "leases").c_str(),
          count(s, "reservations").c_str());
-  // lookup_hit_tokens: what lookups found restorable (a client that looks up twice
-  // counts twice); restored_tokens: what clients reported restoring at release.
+  // lookup_hit_tokens: what lookups found restorable once their promotions settled
+  // (a client that looks up twice counts twice); restored_tokens: what clients
+  // reported restoring at release.
   printf("    Lookups: %s, %s tokens restorable (root %s, shared prefix %s, "
          "private turn %s); %s tokens restored\n",
          count(s, "lookups").c_str(), count(s, "lookup_hit_tokens").c_str(),

@@ -11,7 +11,7 @@ namespace kvpark::daemon {
 
 struct Counters {
   uint64_t lookups = 0;
-  uint64_t lookup_hit_tokens = 0;  // found restorable by lookups
+  uint64_t lookup_hit_tokens = 0;  // found restorable by lookups, once settled
   uint64_t restored_tokens = 0;    // restored, as clients report at release
   uint64_t dedup_hits = 0;
   uint64_t protocol_errors = 0;

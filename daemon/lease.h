@@ -27,6 +27,9 @@ struct Lease {
   uint32_t inflight_tokens = 0;
   uint32_t capture_hint_tokens = 0;
   bool remote_pending = false;  // the remote tier's existence check is still out
+  // Its outcome is in the lookup counters: counted once settled, so a promotion
+  // that fails is not counted restorable (Park::count_lookup).
+  bool counted = false;
 };
 
 // shared_stable_prefix when the entry is shared or another session's, else

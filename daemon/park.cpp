@@ -145,6 +145,7 @@ Status Park::hello(ConnectionId id, const wire::HelloRequest& req, wire::HelloRe
 }
 
 void Park::drop_lease(Lease& lease) {
+  count_lookup(lease, true);
   for (auto it = lease.snapshots.rbegin(); it != lease.snapshots.rend(); ++it) {
     table_.release_lease(*it);
   }

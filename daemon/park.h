@@ -175,8 +175,10 @@ class Park {
   // Snapshot-required namespaces: blocks only up to the deepest candidate's anchor,
   // disk-only ones promoted now.
   void trim_to_snapshots(Lease& lease);
-  // Counts the lookup's outcome: tokens found restorable and its reuse kind.
-  void count_lookup(Connection& c, const wire::LookupReply& ret);
+  // Counts a lookup's outcome, tokens found restorable and its reuse kind, once: when
+  // its lease is settled (promotions and the remote probe done), or when the lease
+  // ends unsettled (`ended`), then only what was readable in memory.
+  void count_lookup(Lease& lease, bool ended);
 
   // The disk tier's traffic, from the verbs (disk_mover.h).
   bool spill_chain(EntrySlot slot, uint64_t flush_job) { return disk_.spill_chain(slot, flush_job); }

@@ -48,7 +48,7 @@ Status Park::lookup(ConnectionId id, const wire::LookupRequest& req, wire::Looku
   }
   if (remote_probe) remote_start_probe(id, lease_id, *c, req, lease);
   describe_lease(table_, lease_id, lease, ret);
-  count_lookup(*c, ret);
+  count_lookup(lease, lease_id == 0);
   if (lease_id != 0) c->leases.emplace(lease_id, std::move(lease));
   return Status::Ok;
 }
@@ -155,17 +155,31 @@ void Park::trim_to_snapshots(Lease& lease) {
   });
 }
 
-void Park::count_lookup(Connection& c, const wire::LookupReply& ret) {
-  uint32_t deepest = ret.restorable_tokens;
-  ReuseKind deepest_kind = static_cast<ReuseKind>(ret.reuse_kind);
-  for (const wire::SnapshotCandidate& s : ret.snapshots) {
-    if (s.position > deepest) {
+void Park::count_lookup(Lease& lease, bool ended) {
+  if (lease.counted) return;
+  const bool settled = lease_settled(table_, lease);
+  if (!settled && !ended) return;
+  lease.counted = true;
+  wire::LookupReply now;
+  describe_lease(table_, 0, lease, now);
+  uint32_t deepest = now.restorable_tokens;
+  ReuseKind deepest_kind = static_cast<ReuseKind>(now.reuse_kind);
+  if (!settled && deepest > 0) {  // blocks still being promoted were never restorable
+    const uint32_t block_tokens = table_.namespace_info(lease.ns).geometry.block_tokens;
+    deepest = now.host_blocks * block_tokens;
+    deepest_kind =
+        now.host_blocks > 0
+            ? reuse_kind_of(table_.entry(lease.blocks[now.host_blocks - 1]), lease.session_id)
+            : ReuseKind::Root;
+  }
+  for (const wire::SnapshotCandidate& s : now.snapshots) {
+    if (s.position > deepest && (settled || s.ready != 0)) {
       deepest = s.position;
       deepest_kind = static_cast<ReuseKind>(s.reuse_kind);
     }
   }
   counters_.lookup_hit_tokens += deepest;
-  table_.count_tokens(c.ns, deepest, 0);
+  table_.count_tokens(lease.ns, deepest, 0);
   ++counters_.reuse[static_cast<size_t>(deepest_kind)];
 }
 
@@ -186,6 +200,7 @@ bool Park::wait(ConnectionId id, uint32_t sequence, const wire::WaitRequest& req
     ret_status = Status::InvalidArgument;
     return true;
   }
+  count_lookup(it->second, false);
   const bool settled = lease_settled(table_, it->second);
   if (settled || req.timeout_msec == 0) {
     describe_lease(table_, req.lease_id, it->second, ret);
@@ -204,7 +219,12 @@ void Park::answer_waiters(bool expire_only) {
         auto conn = connections_.find(id);
         if (conn == connections_.end()) return false;
         auto lease = conn->second.leases.find(lease_id);
-        ret_lease = lease == conn->second.leases.end() ? nullptr : &lease->second;
+        if (lease == conn->second.leases.end()) {
+          ret_lease = nullptr;
+          return true;
+        }
+        count_lookup(lease->second, false);  // a settled lease is answered now
+        ret_lease = &lease->second;
         return true;
       },
       reply_sink_);

@@ -142,10 +142,13 @@ TEST_F(DiskTierTest, SharedHeadWrittenThroughThenEvictedRestoresFromDiskBitExact
   StatsClient stats(daemon_->socket_path());
   EXPECT_GT(stats.get().evictions, 0u);
 
+  const uint64_t found_before = stats.get().lookup_hit_tokens;
   const EngineRun run = verify(1);
   EXPECT_EQ(run.exit_code, 0) << run.output;
   EXPECT_EQ(restored(run), full);
   EXPECT_GT(stats.get().promotions, 0u);
+  // What came back from disk counts as found restorable, once.
+  EXPECT_EQ(stats.get().lookup_hit_tokens - found_before, full);
 }
 
 TEST_F(DiskTierTest, WithoutWaitingTheEngineGetsWhatIsInMemoryAndPromotionsLand) {
@@ -277,6 +280,9 @@ TEST_F(DiskTierTest, FlippedBitInARecordIsAMissAndACounterNeverServed) {
   const kvpark_stats s = stats.get();
   EXPECT_GE(s.checksum_failures, 1u);
   EXPECT_EQ(s.promotions, 0u);
+  // The lookup leased every block to promote it; none could be restored, and none
+  // counts as found restorable.
+  EXPECT_EQ(s.lookup_hit_tokens, 0u);
 }
 
 TEST_F(DiskTierTest, TruncatedAndZeroedRecordsAreDroppedAtRecovery) {
