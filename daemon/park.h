@@ -177,8 +177,9 @@ class Park {
   void trim_to_snapshots(Lease& lease);
   // Counts a lookup's outcome, tokens found restorable and its reuse kind, once: when
   // its lease is settled (promotions and the remote probe done), or when the lease
-  // ends unsettled (`ended`), then only what was readable in memory.
-  void count_lookup(Lease& lease, bool ended);
+  // ends unsettled (`ended`), then only what was readable in memory. `described`:
+  // the lease's description as it stands, when the caller has just made it.
+  void count_lookup(Lease& lease, bool ended, const wire::LookupReply* described = nullptr);
 
   // The disk tier's traffic, from the verbs (disk_mover.h).
   bool spill_chain(EntrySlot slot, uint64_t flush_job) { return disk_.spill_chain(slot, flush_job); }

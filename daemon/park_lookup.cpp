@@ -48,7 +48,7 @@ Status Park::lookup(ConnectionId id, const wire::LookupRequest& req, wire::Looku
   }
   if (remote_probe) remote_start_probe(id, lease_id, *c, req, lease);
   describe_lease(table_, lease_id, lease, ret);
-  count_lookup(lease, lease_id == 0);
+  count_lookup(lease, lease_id == 0, &ret);
   if (lease_id != 0) c->leases.emplace(lease_id, std::move(lease));
   return Status::Ok;
 }
@@ -155,13 +155,14 @@ void Park::trim_to_snapshots(Lease& lease) {
   });
 }
 
-void Park::count_lookup(Lease& lease, bool ended) {
+void Park::count_lookup(Lease& lease, bool ended, const wire::LookupReply* described) {
   if (lease.counted) return;
   const bool settled = lease_settled(table_, lease);
   if (!settled && !ended) return;
   lease.counted = true;
-  wire::LookupReply now;
-  describe_lease(table_, 0, lease, now);
+  wire::LookupReply own;
+  if (described == nullptr) describe_lease(table_, 0, lease, own);
+  const wire::LookupReply& now = described != nullptr ? *described : own;
   uint32_t deepest = now.restorable_tokens;
   ReuseKind deepest_kind = static_cast<ReuseKind>(now.reuse_kind);
   if (!settled && deepest > 0) {  // blocks still being promoted were never restorable
@@ -200,10 +201,10 @@ bool Park::wait(ConnectionId id, uint32_t sequence, const wire::WaitRequest& req
     ret_status = Status::InvalidArgument;
     return true;
   }
-  count_lookup(it->second, false);
   const bool settled = lease_settled(table_, it->second);
   if (settled || req.timeout_msec == 0) {
     describe_lease(table_, req.lease_id, it->second, ret);
+    count_lookup(it->second, false, &ret);
     ret_status = settled ? Status::Ok : Status::Timeout;
     return true;
   }
