@@ -3,11 +3,9 @@
 // bodies are refused at the door; a request that has arrived is never the one displaced
 // to make room; a head that never ends is closed at its deadline;
 // a second listener on a port in use fails with "address already in use".
-#include <arpa/inet.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -22,6 +20,7 @@
 
 #include "proto/limits.h"
 #include "tests/testing/daemon_process.h"
+#include "tests/testing/loopback_tcp.h"
 #include "tests/testing/wait.h"
 
 namespace kvpark::testing {
@@ -40,19 +39,6 @@ constexpr int probe_deadline_sec = 10;
 std::string read_file(const std::string& path) {
   std::ifstream in(path);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-int connect_tcp(uint16_t port) {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(port);
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    if (fd >= 0) close(fd);
-    return -1;
-  }
-  return fd;
 }
 
 // Reads until EOF or the deadline; what arrived.
@@ -97,7 +83,7 @@ Latency latency_under_slow_clients(uint16_t port, const std::string& path,
     while (!done) {
       for (size_t i = 0; i < clients; ++i) {
         if (fds[i] < 0) {
-          fds[i] = connect_tcp(port);
+          fds[i] = connect_loopback(port);
           sent[i] = 0;
           ++reconnects;
         }
@@ -196,7 +182,7 @@ TEST_F(HttpAdmission, RequestArrivingAmidAWaveOfSlowClientsIsAnsweredNotDisplace
     // The peer's slots full of slow senders, then the request, then as many again.
     int probe = -1;
     for (size_t i = 0; i < 2 * limits::http_connections_per_peer_max + 1; ++i) {
-      const int fd = connect_tcp(port_);
+      const int fd = connect_loopback(port_);
       if (i == limits::http_connections_per_peer_max) {
         ASSERT_GE(fd, 0);
         ASSERT_EQ(send(fd, request.data(), request.size(), MSG_NOSIGNAL), ssize_t(request.size()));
@@ -227,7 +213,7 @@ TEST_F(HttpAdmission, OversizedOrChunkedBodiesAreRefusedAtOnce) {
        "HTTP/1.1 411"},
   };
   for (const Case& c : cases) {
-    const int fd = connect_tcp(port_);
+    const int fd = connect_loopback(port_);
     ASSERT_GE(fd, 0);
     ASSERT_EQ(send(fd, c.request, strlen(c.request), MSG_NOSIGNAL), ssize_t(strlen(c.request)));
     bool eof = false;
@@ -249,7 +235,7 @@ TEST_F(HttpAdmission, OversizedOrChunkedBodiesAreRefusedAtOnce) {
 }
 
 TEST_F(HttpAdmission, HeadThatNeverEndsIsClosedAtItsDeadline) {
-  const int fd = connect_tcp(port_);
+  const int fd = connect_loopback(port_);
   ASSERT_GE(fd, 0);
   const char partial[] = "GET /v1/status HTTP/1.1\r\nHost: x\r\n";
   ASSERT_GT(send(fd, partial, sizeof partial - 1, MSG_NOSIGNAL), 0);

@@ -6,7 +6,6 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
-#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -16,6 +15,7 @@
 #include <string>
 #include <thread>
 
+#include "tests/testing/loopback_tcp.h"
 #include "tests/testing/wait.h"
 
 namespace kvpark::proxy {
@@ -153,18 +153,11 @@ constexpr int silent_origin_watch_msec = 60'000;
 class SilentOrigin {
  public:
   SilentOrigin() {
-    listen_fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof addr;
-    if (bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
-        listen(listen_fd_, 16) != 0 ||
-        getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    listen_fd_ = testing::listen_loopback(port_);
+    if (listen_fd_ < 0) {
       ADD_FAILURE() << "cannot listen on 127.0.0.1";
       return;
     }
-    port_ = ntohs(addr.sin_port);
     thread_ = std::thread([this] { serve(); });
   }
   ~SilentOrigin() {

@@ -4,9 +4,7 @@
 // bytes meanwhile, is not.
 #include "http/listener.h"
 
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -14,6 +12,7 @@
 #include <atomic>
 #include <string>
 
+#include "tests/testing/loopback_tcp.h"
 #include "tests/testing/wait.h"
 
 namespace kvpark::http {
@@ -56,12 +55,8 @@ class ClientHungUp : public ::testing::Test {
   void TearDown() override { listener_->stop(); }
 
   int connect_client() {
-    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(listener_->port());
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    const int fd = testing::connect_loopback(listener_->port());
+    EXPECT_GE(fd, 0);
     return fd;
   }
   static void send_all(int fd, const std::string& text) {

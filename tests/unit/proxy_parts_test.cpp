@@ -1,9 +1,7 @@
 // kvpark-proxy's pieces that need no upstream: options, the slot pool, the head
 // single flight, the event splitter and the process witness (the parked slot-file
 // format: tests/unit/sealed_payload_test.cpp).
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -20,6 +18,7 @@
 #include "proxy/route.h"
 #include "proxy/slot_pool.h"
 #include "tests/testing/eventually.h"
+#include "tests/testing/loopback_tcp.h"
 #include "tests/testing/thread_state.h"
 
 namespace kvpark::proxy {
@@ -128,25 +127,9 @@ TEST(ProxyOptions, ConfigFileIsReadFirstAndFlagsOverrideIt) {
   EXPECT_EQ(error, std::string("--config: cannot read ") + path);
 }
 
-// A listening loopback socket on a port of the kernel's choosing; -1 on failure.
-int listen_loopback(int& ret_port) {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof addr;
-  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-      listen(fd, 4) != 0 || getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &length) != 0) {
-    if (fd >= 0) close(fd);
-    return -1;
-  }
-  ret_port = ntohs(addr.sin_port);
-  return fd;
-}
-
 TEST(ProcessWatch, AWitnessVouchesOnlyOnceTrustedAndUntilTheProcessGoes) {
-  int port = 0;
-  const int listener = listen_loopback(port);
+  uint16_t port = 0;
+  const int listener = testing::listen_loopback(port);
   ASSERT_GE(listener, 0);
   ProcessWatch watch("http://127.0.0.1:" + std::to_string(port));
   EXPECT_FALSE(watch.same_process()) << "nothing armed";
