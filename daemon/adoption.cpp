@@ -210,7 +210,8 @@ AdoptionReport adopt_entries(EntryState& state, const uint8_t* arena_data, uint6
   };
   const uint64_t now = coarse_monotonic_usec();
   std::vector<int32_t> tail;
-  const std::span<const shm::StateRecord> records = segment.records_to_adopt();
+  const shm::RecordsToAdopt adopting = segment.records_to_adopt();
+  const std::span<const shm::StateRecord> records = adopting.records();
   table.begin_adoption(records.size());
   // One NewEntry, its fields set record by record: built afresh for each, it was zeroed
   // first with a `rep stos` whose start-up cost came to about 10 ms over 1M records.

@@ -323,7 +323,8 @@ bool IndexImage::adopt(KeptMemory& memory, EntryState& state, const uint8_t* are
 
   const auto* slots = static_cast<const Entry*>(slots_p);
   const auto* record_slots = static_cast<const EntrySlot*>(records_p);
-  const std::span<const shm::StateRecord> records = segment.records_to_adopt();
+  const shm::RecordsToAdopt adopting = segment.records_to_adopt();
+  const std::span<const shm::StateRecord> records = adopting.records();
   shm::ExtentClaims claims(arena_bytes, limits::extent_align_bytes);
   std::vector<uint32_t> free_records;
   struct SnapshotTail {

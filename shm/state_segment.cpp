@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstring>
+#include <utility>
 
 #include "proto/xxh3.h"
 #include "shm/arena.h"
@@ -274,13 +275,46 @@ StateSegment::RecordCheck StateSegment::check_record(uint64_t index,
   return result;
 }
 
-std::span<const StateRecord> StateSegment::records_to_adopt() const {
+RecordsToAdopt::RecordsToAdopt(RecordsToAdopt&& other) noexcept
+    : view_(std::exchange(other.view_, nullptr)),
+      view_bytes_(std::exchange(other.view_bytes_, 0)),
+      records_(std::exchange(other.records_, {})) {}
+
+RecordsToAdopt& RecordsToAdopt::operator=(RecordsToAdopt&& other) noexcept {
+  if (this != &other) {
+    if (view_ != nullptr) munmap(view_, view_bytes_);
+    view_ = std::exchange(other.view_, nullptr);
+    view_bytes_ = std::exchange(other.view_bytes_, 0);
+    records_ = std::exchange(other.records_, {});
+  }
+  return *this;
+}
+
+RecordsToAdopt::~RecordsToAdopt() {
+  if (view_ != nullptr) munmap(view_, view_bytes_);
+}
+
+RecordsToAdopt StateSegment::records_to_adopt() const {
+  RecordsToAdopt adopting;
   const uint64_t count = records_high_water();
+  if (count == 0) return adopting;
+  // The whole segment, so that the records lie at the offsets they have in base_ and
+  // a huge-page segment is mapped in whole pages (hugetlbfs aligns by itself).
+  uint8_t* view = on_transparent_pages_
+                      ? map_aligned(fd_, bytes_, transparent_huge_page_bytes, PROT_READ, 0)
+                      : static_cast<uint8_t*>(mmap(nullptr, bytes_, PROT_READ, MAP_SHARED, fd_, 0));
+  if (view == MAP_FAILED) view = nullptr;
+  if (view != nullptr && on_transparent_pages_) (void)madvise(view, bytes_, MADV_HUGEPAGE);
+  uint8_t* const base = view != nullptr ? view : base_;
   // Best effort: a kernel without it faults the pages in as they are read.
   const uint64_t begin = records_offset_ / page_bytes * page_bytes;
   const uint64_t end = page_align(records_offset_ + count * sizeof(StateRecord));
-  if (count > 0) (void)madvise(base_ + begin, end - begin, MADV_POPULATE_READ);
-  return {records(), static_cast<size_t>(count)};
+  (void)madvise(base + begin, end - begin, MADV_POPULATE_READ);
+  adopting.view_ = view;
+  adopting.view_bytes_ = view != nullptr ? bytes_ : 0;
+  adopting.records_ = {reinterpret_cast<const StateRecord*>(base + records_offset_),
+                       static_cast<size_t>(count)};
+  return adopting;
 }
 
 bool StateSegment::upgraded(const StateRecord& record, uint8_t& ret_class, uint8_t& ret_evidence,

@@ -22,6 +22,23 @@ struct StateLayout {
   uint16_t huge_pages = 0;
 };
 
+// Records mapped read-only for adoption, unmapped when this goes.
+class RecordsToAdopt {
+ public:
+  RecordsToAdopt() = default;
+  RecordsToAdopt(RecordsToAdopt&& other) noexcept;
+  RecordsToAdopt& operator=(RecordsToAdopt&& other) noexcept;
+  ~RecordsToAdopt();
+
+  std::span<const StateRecord> records() const { return records_; }
+
+ private:
+  friend class StateSegment;
+  uint8_t* view_ = nullptr;  // nullptr: the records are read through the segment's mapping
+  uint64_t view_bytes_ = 0;
+  std::span<const StateRecord> records_;
+};
+
 class StateSegment {
  public:
   // A new, empty segment for this arena; IoError with ret_errno on failure.
@@ -57,11 +74,13 @@ class StateSegment {
   RecordCheck check_record(uint64_t index, StateRecord& ret_record) const;
   // The same check of a record copied out of records_to_adopt().
   static RecordCheck check(const StateRecord& record);
-  // Every record below the high-water mark, through the mapping, for adoption to read
-  // once (nothing writes them until it is done). Their pages are mapped first with one
-  // read populate: faulting a large segment in page by page costs several times more,
-  // and mapped now, the writes that follow adoption do not fault either.
-  std::span<const StateRecord> records_to_adopt() const;
+  // Every record below the high-water mark, for adoption to read once (nothing writes
+  // them until it is done), through a read-only view of the segment whose pages are
+  // mapped first with one read populate: faulting a large segment in page by page costs
+  // several times more, and on some VMs the first read of each 4 KiB page through a
+  // writable mapping costs three to four times what it costs through a read-only one
+  // (docs/operations.md). Without the view, through the segment's own mapping.
+  RecordsToAdopt records_to_adopt() const;
   // The class, evidence and pin of a valid record: the upgrade word when its check
   // holds, else what the body says. Returns whether the upgrade word held.
   static bool upgraded(const StateRecord& record, uint8_t& ret_class, uint8_t& ret_evidence,

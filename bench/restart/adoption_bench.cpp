@@ -148,7 +148,8 @@ double floor_msec(int fd, uint64_t entries) {
   if (copy < 0 || shm::StateSegment::adopt(copy, segment, err) != Status::Ok) fail("adopt (floor)");
   const double start = cpu_msec();
   uint64_t valid = 0;
-  for (const shm::StateRecord& record : segment->records_to_adopt()) {
+  const shm::RecordsToAdopt adopting = segment->records_to_adopt();
+  for (const shm::StateRecord& record : adopting.records()) {
     const shm::StateRecord read = record;
     valid += shm::StateSegment::check(read) == shm::StateSegment::RecordCheck::Valid;
   }
