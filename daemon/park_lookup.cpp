@@ -216,18 +216,14 @@ bool Park::wait(ConnectionId id, uint32_t sequence, const wire::WaitRequest& req
 void Park::answer_waiters(bool expire_only) {
   single_flight_.answer(
       expire_only,
-      [this](ConnectionId id, uint64_t lease_id, const Lease*& ret_lease) {
+      [this](ConnectionId id, uint64_t lease_id, Lease*& ret_lease) {
         auto conn = connections_.find(id);
         if (conn == connections_.end()) return false;
         auto lease = conn->second.leases.find(lease_id);
-        if (lease == conn->second.leases.end()) {
-          ret_lease = nullptr;
-          return true;
-        }
-        count_lookup(lease->second, false);  // a settled lease is answered now
-        ret_lease = &lease->second;
+        ret_lease = lease == conn->second.leases.end() ? nullptr : &lease->second;
         return true;
       },
+      [this](Lease& lease, const wire::LookupReply& reply) { count_lookup(lease, false, &reply); },
       reply_sink_);
 }
 

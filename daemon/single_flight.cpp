@@ -55,12 +55,13 @@ void SingleFlight::forget(ConnectionId id) {
   std::erase_if(waiters_, [id](const Waiter& w) { return w.connection == id; });
 }
 
-void SingleFlight::answer(bool expire_only, const FindLease& find, const ReplySink& sink) {
+void SingleFlight::answer(bool expire_only, const FindLease& find, const Answered& answered,
+                          const ReplySink& sink) {
   const uint64_t now = monotonic_usec();
   std::vector<Waiter> waiting;
   waiting.swap(waiters_);
   for (const Waiter& w : waiting) {
-    const Lease* lease = nullptr;
+    Lease* lease = nullptr;
     if (!find(w.connection, w.lease_id, lease)) continue;  // its connection closed
     Status status = Status::Ok;
     wire::LookupReply reply;
@@ -77,6 +78,7 @@ void SingleFlight::answer(bool expire_only, const FindLease& find, const ReplySi
     }
     std::vector<uint8_t> frame;
     if (status == Status::Ok || status == Status::Timeout) {
+      if (answered) answered(*lease, reply);
       wire::encode(wire::Verb::Wait, reply, w.sequence, frame);
       const auto code = static_cast<uint16_t>(status);
       std::memcpy(frame.data() + 2, &code, sizeof code);

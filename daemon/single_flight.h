@@ -26,8 +26,9 @@ class SingleFlight {
   using ReplySink = std::function<void(ConnectionId, std::vector<uint8_t>&&)>;
   // The lease a waiter waits on in ret_lease (null when it is gone); false when its
   // connection is gone.
-  using FindLease =
-      std::function<bool(ConnectionId, uint64_t lease_id, const Lease*& ret_lease)>;
+  using FindLease = std::function<bool(ConnectionId, uint64_t lease_id, Lease*& ret_lease)>;
+  // Each lease a wait is answered on, with the reply that describes it.
+  using Answered = std::function<void(Lease&, const wire::LookupReply&)>;
 
   explicit SingleFlight(const EntryTable& table) : table_(table) {}
 
@@ -48,8 +49,9 @@ class SingleFlight {
   // A closed connection's waits go unanswered.
   void forget(ConnectionId id);
   // Answers every wait whose lease settled (with expire_only, only those whose
-  // deadline passed, settled or not), through `sink`.
-  void answer(bool expire_only, const FindLease& find, const ReplySink& sink);
+  // deadline passed, settled or not), through `sink`, telling `answered` first.
+  void answer(bool expire_only, const FindLease& find, const Answered& answered,
+              const ReplySink& sink);
   size_t pending() const { return waiters_.size(); }
 
  private:
