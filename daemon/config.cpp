@@ -56,6 +56,7 @@ constexpr KeyInfo config_keys[] = {
     {"disk_write_budget_per_day", true},
     {"spill_on_shutdown", true},
     {"state_dir", false},
+    {"kept_memory_dir", false},
     {"remote", false},
     {"remote_user", false},
     {"remote_password_file", false},
@@ -286,8 +287,10 @@ bool set_config_value(DaemonOptions& o, std::string_view key, std::string_view v
       o.dbus_bus = under_systemd() ? DbusBus::System : DbusBus::Session;
     else
       return bad("'" + text + "' is not one of auto, session, system, off");
-  } else if (key == "disk_dir" || key == "state_dir") {
-    std::string& directory = key == "disk_dir" ? o.disk_directory : o.state_directory;
+  } else if (key == "disk_dir" || key == "state_dir" || key == "kept_memory_dir") {
+    std::string& directory = key == "disk_dir"    ? o.disk_directory
+                             : key == "state_dir" ? o.state_directory
+                                                  : o.kept_memory_directory;
     if (text == "off")
       directory.clear();
     else if (text.front() == '/')
@@ -533,6 +536,7 @@ std::string format_config(const DaemonOptions& o) {
   line("disk_write_budget_per_day", format_size(o.disk_write_budget_bytes_per_day));
   line("spill_on_shutdown", o.spill_on_shutdown ? "true" : "false");
   line("state_dir", o.state_directory.empty() ? "off" : o.state_directory);
+  line("kept_memory_dir", o.kept_memory_directory.empty() ? "off" : o.kept_memory_directory);
   line("remote", o.remote.empty() ? "off" : o.remote);
   line("remote_user", o.remote_user.empty() ? "off" : o.remote_user);
   line("remote_password_file", o.remote_password_file.empty() ? "off" : o.remote_password_file);

@@ -50,31 +50,44 @@ bool usable(int fd) {
   return ftruncate(fd, static_cast<off_t>(kept_memory_bytes_max)) == 0;
 }
 
-// A new memfd of kept_memory_bytes_max with its header unit mapped; -1 (errno set)
-// when it cannot be made or (on reserved huge pages) no page is left for the header.
-int new_memfd(unsigned int flags, void*& ret_header) {
-  const int fd = memfd_create("kvpark-index-memory", MFD_CLOEXEC | flags);
-  if (fd < 0) return -1;
-  if (usable(fd)) {
-    ret_header = mmap(nullptr, kept_memory_header_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (ret_header != MAP_FAILED) return fd;
-  }
+// A new memfd (or, with `directory`, an unnamed tmpfs file) of kept_memory_bytes_max;
+// -1 (errno set) when it cannot be made.
+int new_file(unsigned int memfd_flags, const std::string& directory) {
+  const int fd = directory.empty() ? memfd_create("kvpark-index-memory", MFD_CLOEXEC | memfd_flags)
+                                   : shm::create_tmpfs_file(directory);
+  if (fd < 0 || usable(fd)) return fd;
   const int err = errno;
   close(fd);
   errno = err;
   return -1;
 }
 
+// The header unit of `fd`, mapped as every range is (2 MiB-aligned; when `transparent`,
+// advised for transparent huge pages and read once, so that its first page is
+// allocated as the kernel allocates the rest); nullptr when it cannot be mapped (on
+// reserved huge pages: none left, which a shared hugetlb mapping says at mmap).
+uint8_t* map_header(int fd, bool transparent) {
+  auto* header = shm::map_aligned(fd, kept_memory_header_bytes, kept_memory_unit_bytes,
+                                  PROT_READ | PROT_WRITE, 0);
+  if (header == nullptr || !transparent) return header;
+  (void)madvise(header, kept_memory_header_bytes, MADV_HUGEPAGE);
+  (void)*reinterpret_cast<volatile uint8_t*>(header);
+  return header;
+}
+
 }  // namespace
 
 Status KeptMemory::open(int kept_fd, bool huge_pages, std::unique_ptr<KeptMemory>& ret_memory,
-                        int& ret_err) {
+                        int& ret_err, const std::string& directory) {
+  auto on_hugetlbfs = [](int fd) {
+    struct statfs fs {};
+    return fstatfs(fd, &fs) == 0 && fs.f_type == HUGETLBFS_MAGIC;
+  };
   int fd = kept_fd;
-  void* header = MAP_FAILED;
+  uint8_t* header = nullptr;
   if (fd >= 0) {
-    if (usable(fd))
-      header = mmap(nullptr, kept_memory_header_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (header == MAP_FAILED) {
+    if (usable(fd)) header = map_header(fd, huge_pages && !on_hugetlbfs(fd));
+    if (header == nullptr) {
       close(fd);
       fd = -1;
     }
@@ -82,19 +95,32 @@ Status KeptMemory::open(int kept_fd, bool huge_pages, std::unique_ptr<KeptMemory
   const bool kept = fd >= 0;
   // Reserved huge pages when allowed and there are any: the next instance reads the
   // index through a new mapping, and on 4 KiB pages that first read of each page costs
-  // more than the read on some VMs (docs/operations.md).
-  if (!kept && huge_pages) fd = new_memfd(MFD_HUGETLB, header);
-  if (fd < 0) fd = new_memfd(0, header);
+  // more than the read on some VMs (docs/operations.md). Else a file in `directory`,
+  // whose tmpfs mount may give 2 MiB pages where shmem_enabled gives a memfd none.
+  auto make = [&](unsigned int memfd_flags, const std::string& in) {
+    if (fd >= 0) return;
+    fd = new_file(memfd_flags, in);
+    if (fd < 0) return;
+    header = map_header(fd, huge_pages && !on_hugetlbfs(fd));
+    if (header == nullptr) {
+      const int err = errno;
+      close(fd);
+      errno = err;
+      fd = -1;
+    }
+  };
+  if (huge_pages) make(MFD_HUGETLB, {});
+  if (!directory.empty()) make(0, directory);
+  make(0, {});
   if (fd < 0) {
     ret_err = errno;
     return Status::IoError;
   }
   std::unique_ptr<KeptMemory> memory(new KeptMemory(fd, kept));
-  memory->header_ = static_cast<uint8_t*>(header);
-  struct statfs fs {};
-  memory->huge_pages_ = fstatfs(fd, &fs) == 0 && fs.f_type == HUGETLBFS_MAGIC;
+  memory->header_ = header;
+  memory->huge_pages_ = on_hugetlbfs(fd);
   memory->transparent_ = huge_pages && !memory->huge_pages_;
-  memory->transparent_pages_ = memory->transparent_ && shm::shmem_transparent_allowed();
+  memory->transparent_pages_ = memory->transparent_ && shm::mapped_on_huge_pages(header);
   memory->list_ranges();
   ret_memory = std::move(memory);
   return Status::Ok;

@@ -4,8 +4,9 @@
 // In a new process that is fresh memory, and on the VMs kvpark runs on first-touching
 // that much costs about a second (the host backs guest memory lazily: docs/operations.md
 // has the figures), several times the rebuild's own work. So under a service manager
-// the daemon draws the table's large arrays (huge_page_allocator.h) from one memfd that
-// it keeps in the fd store beside the arena. The next instance gets it back with the
+// the daemon draws the table's large arrays (huge_page_allocator.h) from one memfd (or
+// an unnamed file of kept_memory_dir, a tmpfs) that it keeps in the fd store beside the
+// arena. The next instance gets it back with the
 // pages of the arrays that were live still allocated, hands those ranges out first (a
 // range with the empty range after it, when an array's last pages were never touched),
 // and maps the kept part with MADV_POPULATE_READ: page-table entries (writable, a
@@ -21,7 +22,9 @@
 // and no more.
 //
 // With huge pages allowed and reserved ones free (vm.nr_hugepages), the memfd is on
-// hugetlbfs: reading a kept array through a new mapping then costs a fault per 2 MiB,
+// hugetlbfs; else it is on transparent huge pages where the kernel gives them
+// (shmem_enabled for a memfd, the mount's huge= for a kept_memory_dir tmpfs). Reading a
+// kept array through a new mapping then costs a fault per 2 MiB,
 // where on 4 KiB pages some VMs charge several microseconds per page even after a
 // populate (docs/operations.md). hugetlbfs reports no holes, so there no range is known
 // to hold pages: an image maps its own, and release_unused() punches every free range.
@@ -33,6 +36,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 
 #include "proto/status.h"
 
@@ -53,12 +57,13 @@ class KeptMemory {
  public:
   // Over `kept_fd` (a memfd the previous instance stored; taken), or a new memfd when
   // kept_fd < 0: on reserved huge pages (vm.nr_hugepages) when `huge_pages` allows and
-  // any are free, else on shmem: mapped for transparent huge pages when `huge_pages`
-  // allows (they back it where shmem_enabled gives them), else 4 KiB pages. Fails
-  // only when no memfd can be made or sized (errno in ret_err); a kept fd that cannot
-  // serve is closed and a new memfd made in its place.
+  // any are free, else on shmem: an unnamed file in `directory` when it names a tmpfs
+  // (shm::create_tmpfs_file()), else a memfd; mapped for transparent huge pages when
+  // `huge_pages` allows (they back it where shmem_enabled, or the tmpfs mount's huge=,
+  // gives them), else 4 KiB pages. Fails only when no memfd can be made or sized (errno
+  // in ret_err); a kept fd that cannot serve is closed and a new one made in its place.
   static Status open(int kept_fd, bool huge_pages, std::unique_ptr<KeptMemory>& ret_memory,
-                     int& ret_err);
+                     int& ret_err, const std::string& directory = {});
   ~KeptMemory();
   KeptMemory(const KeptMemory&) = delete;
   KeptMemory& operator=(const KeptMemory&) = delete;
@@ -66,7 +71,8 @@ class KeptMemory {
   int fd() const { return fd_; }
   // On reserved huge pages (hugetlbfs), not 4 KiB shmem pages.
   bool huge_pages() const { return huge_pages_; }
-  // Else mapped for transparent huge pages, with a kernel policy that gives them.
+  // Else mapped for transparent huge pages, and its header is on one
+  // (shm::mapped_on_huge_pages()): the kernel gives them.
   bool transparent_pages() const { return transparent_pages_; }
   // Over the memfd an earlier instance kept (false: a new one, to be stored).
   bool kept() const { return kept_; }

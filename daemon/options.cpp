@@ -58,6 +58,8 @@ void print_usage(FILE* out) {
           "  --disk-write-budget-per-day SIZE bytes the disk tier may write per day (default %s)\n"
           "  --spill-on-shutdown[=BOOL]       spill valuable host entries to disk at stop (default %s)\n"
           "  --state-dir PATH|off             where set-limit changes are kept (default %s)\n"
+          "  --kept-memory-dir PATH|off       a tmpfs for what a restart adopts besides the arena\n"
+          "                                   (state segment, index memory; default off: memfds)\n"
           "  --remote redis://HOST:PORT[,...]|off  remote tier: Redis or Redis Cluster seeds (default off)\n"
           "  --remote-user NAME|off           ACL user for the remote store (default off)\n"
           "  --remote-password-file PATH|off  file whose first line is the store's password (default off)\n"
@@ -76,7 +78,7 @@ void print_usage(FILE* out) {
 constexpr const char* key_flags[] = {
     "socket", "arena-size", "arena-name", "huge-pages", "reservation-max", "arena-low-water", "attach-group",
     "admin-group", "http-listen", "http-allow-remote", "dbus", "disk-dir", "disk-capacity",
-    "disk-write-budget-per-day", "spill-on-shutdown", "state-dir", "remote", "remote-user",
+    "disk-write-budget-per-day", "spill-on-shutdown", "state-dir", "kept-memory-dir", "remote", "remote-user",
     "remote-password-file", "remote-write",
 };
 constexpr size_t key_flag_count = sizeof key_flags / sizeof key_flags[0];

@@ -32,6 +32,7 @@ struct DaemonOptions {
   DbusBus dbus_bus = DbusBus::Session; // default: System under systemd, else Session
   std::string disk_directory;          // disk tier records; empty: no disk tier
   std::string state_directory;         // runtime overrides; default $STATE_DIRECTORY; empty: off
+  std::string kept_memory_directory;   // state segment, index memory: a tmpfs; empty: memfds
   uint64_t disk_capacity_bytes = 0;    // 0: the daemon sizes the tier from free space
   uint64_t disk_write_budget_bytes_per_day = 0;  // 0: no budget
   bool spill_on_shutdown = true;       // write valuable host-only entries to disk at stop

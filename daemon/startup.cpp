@@ -22,6 +22,7 @@
 #include "daemon/fd_store.h"
 #include "daemon/log.h"
 #include "proto/size.h"
+#include "shm/mapping.h"
 
 namespace kvpark::daemon {
 
@@ -311,13 +312,31 @@ void spill_before_stopping(Park& park, DiskTier& disk, Notifier& notifier) {
 
 namespace {
 
+// kept_memory_dir when a new file can be made there (a tmpfs: see
+// shm::create_tmpfs_file()); else empty, and one line says why memfds serve instead.
+std::string usable_kept_memory_directory(const std::string& directory) {
+  if (directory.empty()) return directory;
+  const int fd = shm::create_tmpfs_file(directory);
+  if (fd < 0) {
+    log_warning(
+        "kvparkd: kept_memory_dir %s cannot hold the state segment and index memory (%s): "
+        "memfds instead",
+        directory.c_str(), errno == ENOTSUP ? "not a tmpfs" : strerror(errno));
+    return {};
+  }
+  close(fd);
+  return directory;
+}
+
 // Under a service manager (or over memory one kept), the memory the entry table's
 // bulk comes from; null when there is neither, or none can be made (logged).
-std::unique_ptr<KeptMemory> open_index_memory(int kept_fd, shm::HugePages huge_pages) {
+std::unique_ptr<KeptMemory> open_index_memory(int kept_fd, shm::HugePages huge_pages,
+                                              const std::string& directory) {
   if (kept_fd < 0 && !service_manager_present()) return nullptr;
   std::unique_ptr<KeptMemory> memory;
   int err = 0;
-  if (KeptMemory::open(kept_fd, huge_pages != shm::HugePages::Off, memory, err) != Status::Ok) {
+  if (KeptMemory::open(kept_fd, huge_pages != shm::HugePages::Off, memory, err, directory) !=
+      Status::Ok) {
     log_warning(
         "kvparkd: no index memory to keep (%s): a restart rebuilds the index in fresh memory",
         strerror(err));
@@ -329,8 +348,7 @@ std::unique_ptr<KeptMemory> open_index_memory(int kept_fd, shm::HugePages huge_p
     return memory;
   }
   if (memory->huge_pages()) log_info("kvparkd: index memory on reserved huge pages");
-  if (memory->transparent_pages())
-    log_info("kvparkd: index memory on transparent huge pages (shmem_enabled allows them)");
+  if (memory->transparent_pages()) log_info("kvparkd: index memory on transparent huge pages");
   if (kept_fd >= 0) (void)remove_stored_fds(fd_name_index_memory);  // it could not serve
   if (const int r = store_fd(fd_name_index_memory, memory->fd()); r < 0) {
     log_warning("kvparkd: cannot keep the index memory with the service manager (%s)",
@@ -350,6 +368,13 @@ bool open_host_tier(const DaemonOptions& options, std::unique_ptr<shm::ArenaOwne
   // Opened after the arena and the state segment: with huge pages allowed it may take
   // reserved huge pages, which the arena, sized by the operator, comes first for.
   const int kept_index_memory = std::exchange(stored.index_memory, -1);
+  // Where new state and index memory go, checked once: a kept fd stays where it is. It
+  // is there for its huge pages: with huge_pages = off, memfds on 4 KiB pages as asked.
+  const bool keeping = service_manager_present() || kept_index_memory >= 0;
+  const std::string kept_directory =
+      keeping && options.huge_pages != shm::HugePages::Off
+          ? usable_kept_memory_directory(options.kept_memory_directory)
+          : std::string();
   KeptArena kept;
   std::string& fresh_reason = ret_fresh_reason;
   if (take_over(stored, {.configured_arena_bytes = options.arena_bytes, .huge_pages = options.huge_pages},
@@ -357,7 +382,7 @@ bool open_host_tier(const DaemonOptions& options, std::unique_ptr<shm::ArenaOwne
     ret_arena = std::move(kept.arena);
     ret_state = std::move(kept.state);
     ret_adopted = true;
-    ret_index_memory = open_index_memory(kept_index_memory, options.huge_pages);
+    ret_index_memory = open_index_memory(kept_index_memory, options.huge_pages, kept_directory);
     return true;
   }
   if (!fresh_reason.empty()) {
@@ -378,15 +403,15 @@ bool open_host_tier(const DaemonOptions& options, std::unique_ptr<shm::ArenaOwne
                                  .arena_data_bytes = ret_arena->data_bytes(),
                                  .configured_arena_bytes = options.arena_bytes,
                                  .huge_pages = static_cast<uint16_t>(options.huge_pages)},
-                                ret_state, err) != Status::Ok) {
+                                ret_state, err, kept_directory) != Status::Ok) {
     log_warning("kvparkd: no state segment (%s): a restart will start with an empty arena", strerror(err));
-    ret_index_memory = open_index_memory(kept_index_memory, options.huge_pages);
+    ret_index_memory = open_index_memory(kept_index_memory, options.huge_pages, kept_directory);
     return true;
   }
   if (ret_state->on_huge_pages()) log_info("kvparkd: state segment on reserved huge pages");
   if (ret_state->on_transparent_pages())
-    log_info("kvparkd: state segment on transparent huge pages (shmem_enabled allows them)");
-  ret_index_memory = open_index_memory(kept_index_memory, options.huge_pages);
+    log_info("kvparkd: state segment on transparent huge pages");
+  ret_index_memory = open_index_memory(kept_index_memory, options.huge_pages, kept_directory);
   if (!service_manager_present()) return true;
   const int fds[] = {ret_arena->header_fd(), ret_arena->data_fd(), ret_state->fd()};
   for (size_t i = 0; i < std::size(fds); ++i) {

@@ -1,9 +1,15 @@
 // Aligned shared mappings and the kernel's shmem huge-page policy (see mapping.h).
 #include "shm/mapping.h"
 
+#include <fcntl.h>
+#include <linux/magic.h>
 #include <sys/mman.h>
+#include <sys/statfs.h>
+#include <unistd.h>
 
 #include <cerrno>
+#include <cinttypes>
+#include <cstdio>
 #include <fstream>
 #include <iterator>
 #include <string>
@@ -17,6 +23,41 @@ bool shmem_transparent_allowed() {
   if (open == std::string::npos || close == std::string::npos || close < open) return false;
   const std::string mode = text.substr(open + 1, close - open - 1);
   return mode == "always" || mode == "within_size" || mode == "advise" || mode == "force";
+}
+
+int create_tmpfs_file(const std::string& directory) {
+  struct statfs fs {};
+  if (statfs(directory.c_str(), &fs) != 0) return -1;
+  if (fs.f_type != TMPFS_MAGIC) {
+    errno = ENOTSUP;
+    return -1;
+  }
+  return open(directory.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+}
+
+bool mapped_on_huge_pages(const void* p) {
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  std::ifstream in("/proc/self/smaps");
+  std::string line;
+  bool inside = false;
+  while (std::getline(in, line)) {
+    uintptr_t begin = 0, end = 0;
+    // A mapping's first line: "BEGIN-END perms offset dev inode [path]".
+    if (std::sscanf(line.c_str(), "%" SCNxPTR "-%" SCNxPTR " ", &begin, &end) == 2 &&
+        line.find(' ') > line.find('-')) {
+      if (inside) return false;  // the mapping holding p had no huge pages
+      inside = begin <= at && at < end;
+      continue;
+    }
+    if (!inside) continue;
+    unsigned long long kib = 0;
+    if ((std::sscanf(line.c_str(), "ShmemPmdMapped: %llu kB", &kib) == 1 ||
+         std::sscanf(line.c_str(), "FilePmdMapped: %llu kB", &kib) == 1) &&
+        kib > 0) {
+      return true;
+    }
+  }
+  return false;
 }
 
 uint8_t* map_aligned(int fd, uint64_t bytes, uint64_t alignment, int prot, int flags) {

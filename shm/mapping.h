@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace kvpark::shm {
 
@@ -11,6 +12,16 @@ inline constexpr uint64_t transparent_huge_page_bytes = 2ull * 1024 * 1024;
 // (/sys/kernel/mm/transparent_hugepage/shmem_enabled is always, within_size, advise or
 // force); a mapping still has to be aligned and advised MADV_HUGEPAGE under "advise".
 bool shmem_transparent_allowed();
+
+// A new unnamed file (O_TMPFILE, mode 0600, close-on-exec) in `directory`, which must be
+// on tmpfs: there a mount option (huge=within_size) gives its pages 2 MiB whatever
+// shmem_enabled says, where a memfd's follow shmem_enabled. -1 with errno set when it
+// cannot be made (ENOTSUP when `directory` is on another file system).
+int create_tmpfs_file(const std::string& directory);
+
+// Whether the mapping holding `p` has pages mapped 2 MiB at a time (its ShmemPmdMapped
+// or FilePmdMapped in /proc/self/smaps): what the kernel gave, not what it was asked.
+bool mapped_on_huge_pages(const void* p);
 
 // Maps `bytes` of `fd` MAP_SHARED | `flags`, starting on an `alignment` boundary (so
 // 2 MiB pages can back it); munmap(result, bytes) undoes it. nullptr with errno set on

@@ -102,7 +102,8 @@ Status StateSegment::map(int fd, uint64_t bytes, bool transparent, int& ret_errn
   on_huge_pages_ = hugetlb;
   if (aligned) {
     (void)madvise(base_, bytes_, MADV_HUGEPAGE);
-    on_transparent_pages_ = shmem_transparent_allowed();
+    (void)*static_cast<volatile uint8_t*>(base_);  // the header's page, as the kernel gives it
+    on_transparent_pages_ = mapped_on_huge_pages(base_);
   }
   return Status::Ok;
 }
@@ -123,10 +124,24 @@ bool make_segment_memfd(StateSegment& segment, unsigned int flags, uint64_t byte
   return true;
 }
 
+// The same over an unnamed file in a tmpfs `directory` (not sealed: tmpfs files cannot be).
+bool make_segment_file(StateSegment& segment, const std::string& directory, uint64_t bytes,
+                       bool transparent, int& ret_errno,
+                       Status (StateSegment::*map)(int, uint64_t, bool, int&)) {
+  int fd = create_tmpfs_file(directory);
+  if (fd < 0 || ftruncate(fd, static_cast<off_t>(bytes)) != 0 ||
+      (segment.*map)(fd, bytes, transparent, ret_errno) != Status::Ok) {
+    ret_errno = errno;
+    if (fd >= 0) close(fd);
+    return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 Status StateSegment::create(const StateLayout& layout, std::unique_ptr<StateSegment>& ret_segment,
-                            int& ret_errno) {
+                            int& ret_errno, const std::string& directory) {
   const uint64_t capacity = state_record_capacity_for(layout.arena_data_bytes);
   const uint64_t bytes = state_segment_bytes(capacity);
   auto segment = std::unique_ptr<StateSegment>(new StateSegment());
@@ -137,12 +152,14 @@ Status StateSegment::create(const StateLayout& layout, std::unique_ptr<StateSegm
   // Otherwise shmem, sparse: pages are allocated as records are written, lowest indexes
   // first; with huge pages allowed, in whole 2 MiB pages where shmem_enabled gives them.
   const bool allowed = layout.huge_pages != static_cast<uint16_t>(HugePages::Off);
-  const bool huge =
-      allowed && make_segment_memfd(*segment, MFD_HUGETLB, state_huge_segment_bytes(bytes), allowed,
-                                    ret_errno, &StateSegment::map);
-  if (!huge && !make_segment_memfd(*segment, 0, allowed ? state_huge_segment_bytes(bytes) : bytes,
-                                   allowed, ret_errno, &StateSegment::map))
-    return Status::IoError;
+  const uint64_t shmem_bytes = allowed ? state_huge_segment_bytes(bytes) : bytes;
+  const bool made =
+      (allowed && make_segment_memfd(*segment, MFD_HUGETLB, state_huge_segment_bytes(bytes),
+                                     allowed, ret_errno, &StateSegment::map)) ||
+      (!directory.empty() && make_segment_file(*segment, directory, shmem_bytes, allowed, ret_errno,
+                                               &StateSegment::map)) ||
+      make_segment_memfd(*segment, 0, shmem_bytes, allowed, ret_errno, &StateSegment::map);
+  if (!made) return Status::IoError;
   StateHeader& h = segment->header_;
   h = StateHeader{};
   h.magic = state_magic;

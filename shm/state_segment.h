@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 
 #include "proto/status.h"
 #include "shm/state_format.h"
@@ -41,9 +42,12 @@ class RecordsToAdopt {
 
 class StateSegment {
  public:
-  // A new, empty segment for this arena; IoError with ret_errno on failure.
+  // A new, empty segment for this arena; IoError with ret_errno on failure. With huge
+  // pages allowed, on reserved huge pages when there is room; else, when `directory`
+  // names a tmpfs, an unnamed file there (create_tmpfs_file(): a mount with huge= gives
+  // it 2 MiB pages, and it cannot be sealed as a memfd is); else a sealed memfd.
   static Status create(const StateLayout& layout, std::unique_ptr<StateSegment>& ret_segment,
-                       int& ret_errno);
+                       int& ret_errno, const std::string& directory = {});
   // Maps a kept segment (takes the fd, closed on failure). Corrupt when its header
   // fails its checksum, names another format, or the object has the wrong size.
   static Status adopt(int fd, std::unique_ptr<StateSegment>& ret_segment, int& ret_errno);
@@ -105,8 +109,9 @@ class StateSegment {
   uint64_t bytes() const { return bytes_; }
   // On reserved huge pages (vm.nr_hugepages), not 4 KiB ones.
   bool on_huge_pages() const { return on_huge_pages_; }
-  // Else on shmem, mapped to take transparent huge pages, with a kernel policy
-  // (shmem_enabled) that gives them: pages are allocated as records are written.
+  // Else on shmem, mapped to take transparent huge pages, and its first page is a
+  // huge one (mapped_on_huge_pages()): the kernel gives them, through shmem_enabled
+  // or the tmpfs mount's huge= option. Pages are allocated as records are written.
   bool on_transparent_pages() const { return on_transparent_pages_; }
   uint64_t records_offset() const { return records_offset_; }
 

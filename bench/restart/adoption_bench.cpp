@@ -37,7 +37,12 @@
 // --kept-only runs the kept restarts alone, more of them, each figure printed: what to
 // run under a profiler (`perf record`), where the other rows would only add samples.
 //
-//   kvpark-adoption-bench [--quick] [--kept-only] [--huge-pages] [--entries N ...]
+// --kept-memory-dir DIR makes both in DIR, a tmpfs (kvparkd's kept_memory_dir): mounted
+// with huge=within_size it gives them 2 MiB pages whatever shmem_enabled says (with
+// --huge-pages; reserved ones still come first).
+//
+//   kvpark-adoption-bench [--quick] [--kept-only] [--huge-pages] [--kept-memory-dir DIR]
+//                         [--entries N ...]
 #include <fcntl.h>
 #include <getopt.h>
 #include <sys/mman.h>
@@ -75,6 +80,7 @@ constexpr uint64_t extent_bytes = 2 * limits::extent_align_bytes;  // the smalle
 constexpr NamespaceId bench_ns{0x7e57a7, 0x7e57a7};
 constexpr uint32_t block_tokens = 16;
 bool use_huge_pages = false;  // --huge-pages
+std::string kept_directory;   // --kept-memory-dir
 
 // Restarts over kept index memory per row: this figure is the one a restarted daemon
 // meets, and on a shared machine one run alone swings by half.
@@ -108,7 +114,7 @@ int write_kept_segment(uint64_t entries, uint64_t arena_bytes) {
                                  .configured_arena_bytes = arena_bytes,
                                  .huge_pages = static_cast<uint16_t>(
                                      use_huge_pages ? shm::HugePages::Try : shm::HugePages::Off)},
-                                segment, err) != Status::Ok) {
+                                segment, err, kept_directory) != Status::Ok) {
     fail("cannot create a state segment");
   }
   shm::NamespaceRecord ns{};
@@ -328,7 +334,7 @@ Row measure(uint64_t entries, bool kept_only) {
   {
     std::unique_ptr<daemon::KeptMemory> memory;
     int err = 0;
-    if (daemon::KeptMemory::open(-1, use_huge_pages, memory, err) != Status::Ok)
+    if (daemon::KeptMemory::open(-1, use_huge_pages, memory, err, kept_directory) != Status::Ok)
       fail("kept memory");
     memory_fd = dup(memory->fd());
   }
@@ -395,6 +401,7 @@ int main(int argc, char** argv) {
                                  {"kept-only", no_argument, nullptr, 'k'},
                                  {"huge-pages", no_argument, nullptr, 'h'},
                                  {"entries", required_argument, nullptr, 'n'},
+                                 {"kept-memory-dir", required_argument, nullptr, 'd'},
                                  {nullptr, 0, nullptr, 0}};
   for (int c; (c = getopt_long(argc, argv, "", long_options, nullptr)) != -1;) {
     if (c == 'q') {
@@ -403,12 +410,14 @@ int main(int argc, char** argv) {
       kept_only = true;
     } else if (c == 'h') {
       use_huge_pages = true;
+    } else if (c == 'd') {
+      kept_directory = optarg;
     } else if (c == 'n') {
       counts.push_back(std::strtoull(optarg, nullptr, 0));
     } else {
       std::fprintf(stderr,
-                   "Usage: kvpark-adoption-bench [--quick] [--kept-only] [--huge-pages] [--entries "
-                   "N ...]\n");
+                   "Usage: kvpark-adoption-bench [--quick] [--kept-only] [--huge-pages] "
+                   "[--kept-memory-dir DIR] [--entries N ...]\n");
       return 2;
     }
   }

@@ -192,6 +192,10 @@ config_paths = {}  # /etc path -> who reads it
 binaries = []
 for name, path in units.items():
     settings = unit_settings(read(path))
+    # Mount points the unit makes for itself (TemporaryFileSystem=/path:options).
+    unit_mounts = {word.split(':')[0] for key, value in settings
+                   if key == 'TemporaryFileSystem' for word in value.split()}
+    managed_dirs.update(unit_mounts)
     for key, value in settings:
         if key.startswith('Exec'):
             words = shlex.split(value)
@@ -206,7 +210,7 @@ for name, path in units.items():
             for word in words[1:]:
                 if word.startswith('/etc/'):
                     config_paths[word] = (name, os.path.basename(program))
-                elif word.startswith('/') and word not in files:
+                elif word.startswith('/') and word not in files and word not in unit_mounts:
                     problem(f'{name}: {key}= names {word}, which is not installed')
         elif key == 'Documentation':
             for doc in value.split():

@@ -35,6 +35,15 @@ inline std::vector<std::string> log_lines(const DaemonProcess& daemon, const std
   return lines;
 }
 
+// The log has one adoption line, and it says all `entries` were adopted and none dropped.
+inline void expect_one_whole_adoption(const DaemonProcess& daemon, uint64_t entries) {
+  const auto adopted = log_lines(daemon, "from the previous instance");
+  ASSERT_EQ(adopted.size(), 1u);
+  EXPECT_NE(adopted[0].find("adopted " + std::to_string(entries) + " entries"), std::string::npos)
+      << adopted[0];
+  EXPECT_NE(adopted[0].find("dropped 0"), std::string::npos) << adopted[0];
+}
+
 inline DaemonConfig kept_config(uint64_t arena_bytes = 64ull << 20) {
   return {.arena_bytes = arena_bytes, .fd_store = true};
 }

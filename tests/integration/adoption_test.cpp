@@ -3,12 +3,16 @@
 // served again, byte for byte, after SIGTERM and after SIGKILL; a changed arena size
 // starts fresh, has the stale fds removed and says why in one line; a state segment
 // written over drops what fails its checks and serves nothing wrong; the index memory
-// is kept too, reused at the next start, and trusted for nothing.
+// is kept too, reused at the next start, and trusted for nothing; with kept_memory_dir
+// on a tmpfs, the state segment and index memory are files of it and adopted the same.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <unistd.h>
+
+#include <linux/magic.h>
 
 #include <cstring>
 #include <fstream>
@@ -19,6 +23,7 @@
 
 #include "shm/state_segment.h"
 #include "tests/integration/adoption_support.h"
+#include "tests/testing/huge_tmpfs.h"
 #include "tests/testing/wait.h"
 
 namespace kvpark::testing {
@@ -42,12 +47,7 @@ TEST(Adoption, SigtermRestartServesEverySealedEntryByteForByte) {
   EXPECT_EQ(after.snapshots, before.snapshots);
   EXPECT_EQ(after.arena_free_bytes, before.arena_free_bytes);  // recomputed from the records
   expect_all_restored(daemon, seeds);
-  const auto adopted = log_lines(daemon, "from the previous instance");
-  ASSERT_EQ(adopted.size(), 1u);
-  EXPECT_NE(adopted[0].find("adopted " + to_string(before.blocks + before.snapshots) + " entries"),
-            std::string::npos)
-      << adopted[0];
-  EXPECT_NE(adopted[0].find("dropped 0"), std::string::npos) << adopted[0];
+  expect_one_whole_adoption(daemon, before.blocks + before.snapshots);
   // Adopted, not re-stored: the manager still holds one of each.
   for (const std::string& name : stored_names) EXPECT_EQ(daemon.fd_store().count(name), 1u) << name;
 }
@@ -213,6 +213,58 @@ TEST(Adoption, TheIndexMemoryIsKeptReusedAndTrustedForNothing) {
   ASSERT_EQ(restores.size(), 48u);
   for (const auto& r : restores) EXPECT_EQ(r.tokens, full_restore_tokens(16 + 4080, 16));
   EXPECT_EQ(stats_of(daemon).blocks, blocks);
+}
+
+// What the shipped unit does: kept_memory_dir on a tmpfs of the service's own, mounted
+// with huge=within_size. The state segment and the index memory the manager keeps are
+// files of that tmpfs (2 MiB pages whatever shmem_enabled says, and the log says so
+// when the kernel gave them), and a SIGKILL restart adopts them as it adopts memfds.
+TEST(Adoption, AKeptMemoryDirectoryHoldsTheStateAndIndexMemoryThroughAKill) {
+  HugeTmpfs tmpfs;
+  if (!tmpfs.mounted()) GTEST_SKIP() << tmpfs.why_not();
+  DaemonConfig config = kept_config();
+  config.extra_args = {"--kept-memory-dir", tmpfs.path()};
+  DaemonProcess daemon(config);
+  ASSERT_TRUE(daemon.start());
+  publish(daemon, seeds);
+  const kvpark_stats before = stats_of(daemon);
+  for (const char* name : {state_fd_name, "kvpark-index-memory"})
+    EXPECT_TRUE(tmpfs.holds_unnamed(daemon.fd_store().fd(name))) << name;
+  // The segment's header page was written at start: its size is the page the kernel gave.
+  struct stat state {};
+  ASSERT_EQ(fstat(daemon.fd_store().fd(state_fd_name), &state), 0);
+  const bool huge_page = static_cast<uint64_t>(state.st_blocks) * 512 >= (2ull << 20);
+  EXPECT_EQ(log_lines(daemon, "state segment on transparent huge pages").size(),
+            huge_page ? 1u : 0u);
+
+  daemon.kill_hard();
+  ASSERT_TRUE(daemon.start());
+  expect_one_whole_adoption(daemon, before.blocks + before.snapshots);
+  EXPECT_EQ(log_lines(daemon, "of index memory kept by the previous instance").size(), 1u);
+  expect_all_restored(daemon, seeds);
+}
+
+// A kept_memory_dir that is no tmpfs (a disk's directory would put the state on disk)
+// is refused in one line, and memfds serve as without one.
+TEST(Adoption, AKeptMemoryDirectoryOnAnotherFileSystemIsRefusedInOneLine) {
+  struct statfs fs {};
+  ASSERT_EQ(statfs("/var/tmp", &fs), 0);
+  if (fs.f_type == TMPFS_MAGIC) GTEST_SKIP() << "/var/tmp is a tmpfs here";
+  DaemonConfig config = kept_config();
+  config.extra_args = {"--kept-memory-dir", "/var/tmp"};
+  DaemonProcess daemon(config);
+  ASSERT_TRUE(daemon.start());
+  const auto refused = log_lines(daemon, "kept_memory_dir /var/tmp cannot hold");
+  ASSERT_EQ(refused.size(), 1u);
+  EXPECT_NE(refused[0].find("(not a tmpfs): memfds instead"), std::string::npos) << refused[0];
+  char target[256] = {};
+  const std::string link = "/proc/self/fd/" + to_string(daemon.fd_store().fd(state_fd_name));
+  ASSERT_GT(readlink(link.c_str(), target, sizeof target - 1), 0);
+  EXPECT_EQ(std::string(target).rfind("/memfd:", 0), 0u) << target;
+  publish(daemon, {seeds[0]});
+  ASSERT_EQ(daemon.stop(), 0);
+  ASSERT_TRUE(daemon.start());
+  expect_all_restored(daemon, {seeds[0]});
 }
 
 }  // namespace

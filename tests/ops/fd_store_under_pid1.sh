@@ -88,7 +88,7 @@ inside mkdir -p /etc/systemd/system/kvparkd.service.d
 inside tee /etc/systemd/system/kvparkd.service.d/test.conf >/dev/null <<EOF
 [Service]
 ExecStart=
-ExecStart=$inner/daemon/$(basename "$kvparkd") --socket $socket --arena-name $arena --arena-size 67108864 --http-listen off --dbus off --disk-dir off --state-dir off
+ExecStart=$inner/daemon/$(basename "$kvparkd") --kept-memory-dir /run/kvparkd-kept --socket $socket --arena-name $arena --arena-size 67108864 --http-listen off --dbus off --disk-dir off --state-dir off
 WatchdogSec=2s
 TimeoutAbortSec=2s
 LimitCORE=0
@@ -115,4 +115,11 @@ signal_main() { inside kill "-$1" "$2"; }
 
 unit start || fail "start"  # Type=notify: returns once kvparkd sent READY=1
 [ "$(inside stat -c %U "/proc/$(show MainPID)")" = kvpark ] || fail "kvparkd does not run as kvpark"
+# The state segment and the index memory are files of the unit's own tmpfs
+# (TemporaryFileSystem=, kept_memory_dir), not memfds; the restarts below adopt them.
+kept_files=$(inside find "/proc/$(show MainPID)/fd" -lname '/run/kvparkd-kept/*' | wc -l)
+[ "$kept_files" -ge 2 ] || fail "the state segment and index memory are not in /run/kvparkd-kept: $(inside ls -l "/proc/$(show MainPID)/fd")"
+grep -q "kept_memory_dir" "$log" && fail "kvparkd refused the unit's kept_memory_dir"
+echo "ok: the state segment and index memory are files of the unit's tmpfs ($manager)"
+grep "on transparent huge pages" "$log" || echo "(the kernel gave that tmpfs no huge page here)"
 run_restart_cases

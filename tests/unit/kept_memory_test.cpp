@@ -18,6 +18,7 @@
 #include "daemon/huge_page_allocator.h"
 #include "shm/mapping.h"
 #include "tests/testing/huge_pages.h"
+#include "tests/testing/huge_tmpfs.h"
 #include "tests/testing/smaps.h"
 
 namespace kvpark::daemon {
@@ -329,6 +330,43 @@ TEST(KeptMemory, WithHugePagesAllowedButNoneFreeItIsAdvisedForTransparentHugePag
   ASSERT_NE(p, nullptr);
   EXPECT_FALSE(testing::smaps_advised_huge(p));
   EXPECT_TRUE(off->unmap(p));
+}
+
+// kept_memory_dir: new index memory is an unnamed file of that tmpfs (the shipped unit
+// mounts it with huge=within_size, which gives 2 MiB pages whatever shmem_enabled says),
+// kept and reused across a restart as a memfd is; transparent_pages() reports what the
+// kernel gave its header, as the file's allocated bytes show it.
+TEST(KeptMemory, InAKeptMemoryDirectoryItIsAFileOfThatTmpfsOnThePagesItsMountGives) {
+  if (free_huge_pages() > 0) GTEST_SKIP() << "huge pages are reserved here: they come first";
+  testing::HugeTmpfs tmpfs;
+  if (!tmpfs.mounted()) GTEST_SKIP() << tmpfs.why_not();
+  std::unique_ptr<KeptMemory> memory;
+  int err = 0;
+  ASSERT_EQ(KeptMemory::open(-1, true, memory, err, tmpfs.path()), Status::Ok) << err;
+  EXPECT_TRUE(tmpfs.holds_unnamed(memory->fd()));
+  EXPECT_FALSE(memory->huge_pages());
+  const bool huge_page = allocated_bytes(memory->fd()) >= kept_memory_unit_bytes;
+  EXPECT_EQ(memory->transparent_pages(), huge_page);
+  void* p = memory->map(4 * mib);
+  ASSERT_NE(p, nullptr);
+  EXPECT_TRUE(testing::smaps_advised_huge(p));
+  std::memset(p, 0x3c, 4 * mib);
+  if (huge_page) {
+    EXPECT_EQ(testing::smaps_field(p, "ShmemPmdMapped:").value_or(0), 4 * 1024u);
+  }
+  memory->keep_pages();
+  EXPECT_TRUE(memory->unmap(p));
+
+  const int fd = dup(memory->fd());
+  memory.reset();
+  ASSERT_EQ(KeptMemory::open(fd, true, memory, err, tmpfs.path()), Status::Ok) << err;
+  EXPECT_TRUE(memory->kept());
+  EXPECT_EQ(memory->kept_bytes(), 4 * mib);
+  EXPECT_EQ(memory->transparent_pages(), huge_page);
+  void* again = memory->map(4 * mib);
+  ASSERT_NE(again, nullptr);
+  EXPECT_TRUE(all_bytes(again, 4 * mib, 0x3c));
+  EXPECT_TRUE(memory->unmap(again));
 }
 
 }  // namespace

@@ -4,7 +4,11 @@
 // segment made for another format or size is refused at adoption.
 #include "shm/state_segment.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <linux/magic.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -16,6 +20,7 @@
 #include "shm/arena.h"
 #include "shm/mapping.h"
 #include "tests/testing/huge_pages.h"
+#include "tests/testing/huge_tmpfs.h"
 #include "tests/testing/smaps.h"
 
 namespace kvpark::shm {
@@ -189,14 +194,15 @@ TEST(StateSegment, ConnectionWordsNameAPidOrNothing) {
 
 using testing::free_huge_pages;
 
-std::unique_ptr<StateSegment> make_segment(HugePages huge_pages) {
+std::unique_ptr<StateSegment> make_segment(HugePages huge_pages,
+                                           const std::string& directory = {}) {
   std::unique_ptr<StateSegment> segment;
   int err = 0;
   EXPECT_EQ(StateSegment::create({.arena_identity = 43,
                                   .arena_data_bytes = arena_bytes,
                                   .configured_arena_bytes = arena_bytes,
                                   .huge_pages = static_cast<uint16_t>(huge_pages)},
-                                 segment, err),
+                                 segment, err, directory),
             Status::Ok);
   return segment;
 }
@@ -307,6 +313,51 @@ TEST(StateSegment, RecordsToAdoptAreReadThroughAReadOnlyViewMappedBeforeTheyAreR
     EXPECT_EQ(StateSegment::check(adopting.records()[7]), StateSegment::RecordCheck::Empty);
   }
   EXPECT_FALSE(testing::smaps_text(view, "Rss:").has_value());  // unmapped with the adoption
+}
+
+// kept_memory_dir (the shipped unit mounts a tmpfs with huge=within_size there): the
+// segment is an unnamed file of that tmpfs, not a memfd, and its pages are 2 MiB where
+// the mount gives them, whatever shmem_enabled says. on_transparent_pages() reports
+// what the kernel gave: the header's page, as the file's allocated bytes show it.
+TEST(StateSegment, InAKeptMemoryDirectoryItIsAFileOfThatTmpfsOnThePagesItsMountGives) {
+  if (free_huge_pages() > 0) GTEST_SKIP() << "huge pages are reserved here: they come first";
+  testing::HugeTmpfs tmpfs;
+  if (!tmpfs.mounted()) GTEST_SKIP() << tmpfs.why_not();
+  auto segment = make_segment(HugePages::Try, tmpfs.path());
+  ASSERT_TRUE(segment);
+  EXPECT_TRUE(tmpfs.holds_unnamed(segment->fd()));
+  struct stat file {};
+  ASSERT_EQ(fstat(segment->fd(), &file), 0);
+  EXPECT_EQ(file.st_size, static_cast<off_t>(segment->bytes()));
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(segment->base()) % transparent_huge_page_bytes, 0u);
+  EXPECT_TRUE(testing::smaps_advised_huge(segment->base()));
+  const bool huge_page = static_cast<uint64_t>(file.st_blocks) * 512 >= transparent_huge_page_bytes;
+  EXPECT_EQ(segment->on_transparent_pages(), huge_page);
+  if (!huge_page) std::printf("the kernel gave the tmpfs no huge page here (fragmented memory?)\n");
+
+  segment->write_record(3, body_at(8192), 1, 2);
+  std::unique_ptr<StateSegment> adopted;
+  int err = 0;
+  ASSERT_EQ(StateSegment::adopt(dup(segment->fd()), adopted, err), Status::Ok);
+  EXPECT_EQ(adopted->on_transparent_pages(), huge_page);
+  StateRecord r{};
+  EXPECT_EQ(adopted->check_record(3, r), StateSegment::RecordCheck::Valid);
+  EXPECT_EQ(r.body.extent_offset, 8192u);
+}
+
+// A kept_memory_dir on another file system is never used: the segment is a sealed memfd,
+// as without one.
+TEST(StateSegment, InADirectoryOfAnotherFileSystemItIsASealedMemfdAsWithoutOne) {
+  struct statfs fs {};
+  ASSERT_EQ(statfs("/var/tmp", &fs), 0);
+  if (fs.f_type == TMPFS_MAGIC) GTEST_SKIP() << "/var/tmp is a tmpfs here";
+  auto segment = make_segment(HugePages::Off, "/var/tmp");
+  ASSERT_TRUE(segment);
+  char target[256] = {};
+  const std::string link = "/proc/self/fd/" + std::to_string(segment->fd());
+  ASSERT_GT(readlink(link.c_str(), target, sizeof target - 1), 0);
+  EXPECT_EQ(std::string(target).rfind("/memfd:kvparkd-state", 0), 0u) << target;
+  EXPECT_NE(fcntl(segment->fd(), F_GET_SEALS) & F_SEAL_GROW, 0);
 }
 
 }  // namespace
