@@ -120,6 +120,12 @@ unit start || fail "start"  # Type=notify: returns once kvparkd sent READY=1
 kept_files=$(inside find "/proc/$(show MainPID)/fd" -lname '/run/kvparkd-kept/*' | wc -l)
 [ "$kept_files" -ge 2 ] || fail "the state segment and index memory are not in /run/kvparkd-kept: $(inside ls -l "/proc/$(show MainPID)/fd")"
 grep -q "kept_memory_dir" "$log" && fail "kvparkd refused the unit's kept_memory_dir"
+# Its mount as the daemon sees it: huge pages, and no size limit of its own (a page past
+# one would fault SIGBUS; tmpfs lists size=0k for none).
+kept_mount=$(inside grep " /run/kvparkd-kept " "/proc/$(show MainPID)/mountinfo") ||
+  fail "no /run/kvparkd-kept mount in the daemon's namespace"
+case "$kept_mount" in *huge=within_size*) ;; *) fail "the unit's tmpfs is not huge=within_size: $kept_mount" ;; esac
+case "$kept_mount" in *,size=[1-9]*) fail "the unit's tmpfs has a size limit: $kept_mount" ;; esac
 echo "ok: the state segment and index memory are files of the unit's tmpfs ($manager)"
 grep "on transparent huge pages" "$log" || echo "(the kernel gave that tmpfs no huge page here)"
 run_restart_cases
