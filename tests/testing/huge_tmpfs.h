@@ -43,8 +43,8 @@ class HugeTmpfs {
   bool mounted() const { return !path_.empty(); }
   // Whether `fd` is a file of this tmpfs with no name (O_TMPFILE), not a memfd.
   ::testing::AssertionResult holds_unnamed(int fd) const {
-    struct stat file {
-    }, directory{};
+    struct stat file {};
+    struct stat directory {};
     if (fstat(fd, &file) != 0 || stat(path_.c_str(), &directory) != 0)
       return ::testing::AssertionFailure() << "stat: " << std::strerror(errno);
     if (file.st_dev != directory.st_dev)
