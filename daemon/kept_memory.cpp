@@ -120,7 +120,7 @@ Status KeptMemory::open(int kept_fd, bool huge_pages, std::unique_ptr<KeptMemory
   memory->header_ = header;
   memory->huge_pages_ = on_hugetlbfs(fd);
   memory->transparent_ = huge_pages && !memory->huge_pages_;
-  memory->transparent_pages_ = memory->transparent_ && shm::mapped_on_huge_pages(header);
+  memory->transparent_pages_ = memory->transparent_ && shm::shmem_pmd_mapped_bytes(header) > 0;
   memory->list_ranges();
   ret_memory = std::move(memory);
   return Status::Ok;

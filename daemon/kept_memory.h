@@ -72,7 +72,7 @@ class KeptMemory {
   // On reserved huge pages (hugetlbfs), not 4 KiB shmem pages.
   bool huge_pages() const { return huge_pages_; }
   // Else mapped for transparent huge pages, and its header is on one
-  // (shm::mapped_on_huge_pages()): the kernel gives them.
+  // (shm::shmem_pmd_mapped_bytes()): the kernel gives them.
   bool transparent_pages() const { return transparent_pages_; }
   // Over the memfd an earlier instance kept (false: a new one, to be stored).
   bool kept() const { return kept_; }

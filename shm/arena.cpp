@@ -10,10 +10,7 @@
 #include <cassert>
 #include <cerrno>
 #include <chrono>
-#include <cstdio>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
 #include "shm/mapping.h"
 
@@ -44,29 +41,6 @@ int create_memfd(const std::string& name, unsigned flags) {
   int fd = memfd_create(name.c_str(), flags | MFD_CLOEXEC | MFD_ALLOW_SEALING | mfd_noexec_seal);
   if (fd < 0 && errno == EINVAL) fd = memfd_create(name.c_str(), flags | MFD_CLOEXEC | MFD_ALLOW_SEALING);
   return fd;
-}
-
-// Bytes of `base`'s mapping that the kernel maps with PMD (2 MiB) shmem pages.
-uint64_t shmem_pmd_mapped_bytes(const void* base) {
-  std::ifstream in("/proc/self/smaps");
-  char start[32];
-  std::snprintf(start, sizeof start, "%lx-", reinterpret_cast<unsigned long>(base));
-  std::string line;
-  bool inside = false;
-  while (std::getline(in, line)) {
-    if (line.find('-') != std::string::npos && line.find(' ') != std::string::npos &&
-        std::isxdigit(static_cast<unsigned char>(line[0])) && line.find(':') > line.find(' ')) {
-      inside = line.rfind(start, 0) == 0;
-      continue;
-    }
-    if (inside && line.rfind("ShmemPmdMapped:", 0) == 0) {
-      std::istringstream fields(line.substr(15));
-      uint64_t kib = 0;
-      fields >> kib;
-      return kib * 1024;
-    }
-  }
-  return 0;
 }
 
 struct Backing {

@@ -7,11 +7,12 @@
 #include <sys/statfs.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
-#include <cinttypes>
 #include <cstdio>
 #include <fstream>
 #include <iterator>
+#include <sstream>
 #include <string>
 
 namespace kvpark::shm {
@@ -35,29 +36,26 @@ int create_tmpfs_file(const std::string& directory) {
   return open(directory.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
 }
 
-bool mapped_on_huge_pages(const void* p) {
-  const auto at = reinterpret_cast<uintptr_t>(p);
+uint64_t shmem_pmd_mapped_bytes(const void* base) {
   std::ifstream in("/proc/self/smaps");
+  char start[32];
+  std::snprintf(start, sizeof start, "%lx-", reinterpret_cast<unsigned long>(base));
   std::string line;
   bool inside = false;
   while (std::getline(in, line)) {
-    uintptr_t begin = 0, end = 0;
-    // A mapping's first line: "BEGIN-END perms offset dev inode [path]".
-    if (std::sscanf(line.c_str(), "%" SCNxPTR "-%" SCNxPTR " ", &begin, &end) == 2 &&
-        line.find(' ') > line.find('-')) {
-      if (inside) return false;  // the mapping holding p had no huge pages
-      inside = begin <= at && at < end;
+    if (line.find('-') != std::string::npos && line.find(' ') != std::string::npos &&
+        std::isxdigit(static_cast<unsigned char>(line[0])) && line.find(':') > line.find(' ')) {
+      inside = line.rfind(start, 0) == 0;
       continue;
     }
-    if (!inside) continue;
-    unsigned long long kib = 0;
-    if ((std::sscanf(line.c_str(), "ShmemPmdMapped: %llu kB", &kib) == 1 ||
-         std::sscanf(line.c_str(), "FilePmdMapped: %llu kB", &kib) == 1) &&
-        kib > 0) {
-      return true;
+    if (inside && line.rfind("ShmemPmdMapped:", 0) == 0) {
+      std::istringstream fields(line.substr(15));
+      uint64_t kib = 0;
+      fields >> kib;
+      return kib * 1024;
     }
   }
-  return false;
+  return 0;
 }
 
 uint8_t* map_aligned(int fd, uint64_t bytes, uint64_t alignment, int prot, int flags) {

@@ -19,9 +19,10 @@ bool shmem_transparent_allowed();
 // cannot be made (ENOTSUP when `directory` is on another file system).
 int create_tmpfs_file(const std::string& directory);
 
-// Whether the mapping holding `p` has pages mapped 2 MiB at a time (its ShmemPmdMapped
-// or FilePmdMapped in /proc/self/smaps): what the kernel gave, not what it was asked.
-bool mapped_on_huge_pages(const void* p);
+// Bytes of the mapping starting at `base` that the kernel maps with PMD (2 MiB) shmem
+// pages (its ShmemPmdMapped in /proc/self/smaps): what the kernel gave, not what it was
+// asked; 0 when none, or no mapping starts there.
+uint64_t shmem_pmd_mapped_bytes(const void* base);
 
 // Maps `bytes` of `fd` MAP_SHARED | `flags`, starting on an `alignment` boundary (so
 // 2 MiB pages can back it); munmap(result, bytes) undoes it. nullptr with errno set on

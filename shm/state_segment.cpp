@@ -103,33 +103,24 @@ Status StateSegment::map(int fd, uint64_t bytes, bool transparent, int& ret_errn
   if (aligned) {
     (void)madvise(base_, bytes_, MADV_HUGEPAGE);
     (void)*static_cast<volatile uint8_t*>(base_);  // the header's page, as the kernel gives it
-    on_transparent_pages_ = mapped_on_huge_pages(base_);
+    on_transparent_pages_ = shmem_pmd_mapped_bytes(base_) > 0;
   }
   return Status::Ok;
 }
 
 namespace {
 
-// A sealed memfd of `bytes`, mapped into `segment`; false (errno set) otherwise.
-bool make_segment_memfd(StateSegment& segment, unsigned int flags, uint64_t bytes, bool transparent,
-                        int& ret_errno, Status (StateSegment::*map)(int, uint64_t, bool, int&)) {
-  int fd = memfd_create("kvparkd-state", MFD_CLOEXEC | MFD_ALLOW_SEALING | flags);
+// A new segment object of `bytes` mapped into `segment`: a memfd (`memfd_flags`), sealed
+// against resizing, or with `directory` an unnamed file of that tmpfs (which cannot be
+// sealed); false (errno set) otherwise.
+bool make_segment_object(StateSegment& segment, unsigned int memfd_flags,
+                         const std::string& directory, uint64_t bytes, bool transparent,
+                         int& ret_errno, Status (StateSegment::*map)(int, uint64_t, bool, int&)) {
+  const bool memfd = directory.empty();
+  int fd = memfd ? memfd_create("kvparkd-state", MFD_CLOEXEC | MFD_ALLOW_SEALING | memfd_flags)
+                 : create_tmpfs_file(directory);
   if (fd < 0 || ftruncate(fd, static_cast<off_t>(bytes)) != 0 ||
-      fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0 ||
-      (segment.*map)(fd, bytes, transparent, ret_errno) != Status::Ok) {
-    ret_errno = errno;
-    if (fd >= 0) close(fd);
-    return false;
-  }
-  return true;
-}
-
-// The same over an unnamed file in a tmpfs `directory` (not sealed: tmpfs files cannot be).
-bool make_segment_file(StateSegment& segment, const std::string& directory, uint64_t bytes,
-                       bool transparent, int& ret_errno,
-                       Status (StateSegment::*map)(int, uint64_t, bool, int&)) {
-  int fd = create_tmpfs_file(directory);
-  if (fd < 0 || ftruncate(fd, static_cast<off_t>(bytes)) != 0 ||
+      (memfd && fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) ||
       (segment.*map)(fd, bytes, transparent, ret_errno) != Status::Ok) {
     ret_errno = errno;
     if (fd >= 0) close(fd);
@@ -153,12 +144,12 @@ Status StateSegment::create(const StateLayout& layout, std::unique_ptr<StateSegm
   // first; with huge pages allowed, in whole 2 MiB pages where shmem_enabled gives them.
   const bool allowed = layout.huge_pages != static_cast<uint16_t>(HugePages::Off);
   const uint64_t shmem_bytes = allowed ? state_huge_segment_bytes(bytes) : bytes;
-  const bool made =
-      (allowed && make_segment_memfd(*segment, MFD_HUGETLB, state_huge_segment_bytes(bytes),
-                                     allowed, ret_errno, &StateSegment::map)) ||
-      (!directory.empty() && make_segment_file(*segment, directory, shmem_bytes, allowed, ret_errno,
-                                               &StateSegment::map)) ||
-      make_segment_memfd(*segment, 0, shmem_bytes, allowed, ret_errno, &StateSegment::map);
+  auto make = [&](unsigned int memfd_flags, const std::string& in) {
+    return make_segment_object(*segment, memfd_flags, in, shmem_bytes, allowed, ret_errno,
+                               &StateSegment::map);
+  };
+  const bool made = (allowed && make(MFD_HUGETLB, {})) ||
+                    (!directory.empty() && make(0, directory)) || make(0, {});
   if (!made) return Status::IoError;
   StateHeader& h = segment->header_;
   h = StateHeader{};

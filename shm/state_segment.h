@@ -110,7 +110,7 @@ class StateSegment {
   // On reserved huge pages (vm.nr_hugepages), not 4 KiB ones.
   bool on_huge_pages() const { return on_huge_pages_; }
   // Else on shmem, mapped to take transparent huge pages, and its first page is a
-  // huge one (mapped_on_huge_pages()): the kernel gives them, through shmem_enabled
+  // huge one (shmem_pmd_mapped_bytes()): the kernel gives them, through shmem_enabled
   // or the tmpfs mount's huge= option. Pages are allocated as records are written.
   bool on_transparent_pages() const { return on_transparent_pages_; }
   uint64_t records_offset() const { return records_offset_; }
