@@ -1,6 +1,7 @@
 // The namespace fingerprint (the weights digest is in weights_digest.cpp).
 #include <xxhash.h>
 
+#include <cstdlib>
 #include <vector>
 
 #include "integrations/llama/kvpark_llama.h"
@@ -9,7 +10,7 @@
 namespace kvpark::llama {
 namespace {
 
-constexpr uint32_t fingerprint_format_version = 1;  // bump when the fields below change
+constexpr uint32_t fingerprint_format_version = 2;  // bump when the fields below change
 
 // Field-by-field serialization, so padding never reaches the hash.
 class Fields {
@@ -66,7 +67,14 @@ Status digest_weights(const std::string& model_path, const std::string& cache_di
   return Status::io_error;
 }
 
-kvpark_hash128 namespace_id(kvpark_hash128 weights_digest, const llama_context_params& p) {
+bool attention_rotation_disabled() {
+  // llama-kv-cache.cpp reads it the same way, once per cache.
+  const char* value = std::getenv("LLAMA_ATTN_ROT_DISABLE");
+  return value != nullptr && std::atoi(value) != 0;
+}
+
+kvpark_hash128 namespace_id(kvpark_hash128 weights_digest, const llama_context_params& p,
+                            bool rotation_disabled) {
   Fields f;
   f.add(uint64_t(0x6b767061726b6c6cull));  // "kvparkll": this integration's namespaces
   f.add(fingerprint_format_version);
@@ -92,6 +100,8 @@ kvpark_hash128 namespace_id(kvpark_hash128 weights_digest, const llama_context_p
   f.add(p.yarn_orig_ctx);
   f.add(int32_t(p.pooling_type));
   f.add(int32_t(p.attention_type));
+  // Quantized K/V rows are stored after a Hadamard rotation the image does not record.
+  f.add(uint8_t(rotation_disabled));
   return f.hash();
 }
 

@@ -122,52 +122,168 @@ uint64_t splitmix64(uint64_t* state) {
   return z ^ (z >> 31);
 }
 
+// lfm2: convolution and attention layers alternate, convolution first.
+bool lfm2_attention_layer(uint32_t block) {
+  return block % 2 == 1;
+}
+
+// The arch's tensors, in the order its loader creates them (names: llama-arch.cpp).
+std::vector<Tensor> arch_tensors(const TestModelOptions& o) {
+  const uint64_t n_embd = o.embedding_length;
+  const uint64_t head_dim = n_embd / o.head_count;
+  const uint64_t n_embd_kv = head_dim * o.head_count_kv;
+  const uint64_t n_ff = o.feed_forward_length;
+  const uint64_t n_vocab = test_model_vocab_size();
+  const TestModelArch arch = o.arch;
+
+  std::vector<Tensor> t;
+  t.push_back({"token_embd.weight", {n_embd, n_vocab}, false});
+  t.push_back({arch == TestModelArch::lfm2 ? "token_embd_norm.weight" : "output_norm.weight",
+               {n_embd},
+               true});
+  t.push_back({"output.weight", {n_embd, n_vocab}, false});
+  for (uint32_t b = 0; b < o.block_count; ++b) {
+    const std::string p = "blk." + std::to_string(b) + ".";
+    auto attention = [&] {
+      t.push_back({p + "attn_q.weight", {n_embd, n_embd}, false});
+      t.push_back({p + "attn_k.weight", {n_embd, n_embd_kv}, false});
+      t.push_back({p + "attn_v.weight", {n_embd, n_embd_kv}, false});
+      t.push_back({p + "attn_output.weight", {n_embd, n_embd}, false});
+    };
+    auto qk_norms = [&] {
+      t.push_back({p + "attn_q_norm.weight", {head_dim}, true});
+      t.push_back({p + "attn_k_norm.weight", {head_dim}, true});
+    };
+    auto dense_ffn = [&] {
+      t.push_back({p + "ffn_gate.weight", {n_embd, n_ff}, false});
+      t.push_back({p + "ffn_up.weight", {n_embd, n_ff}, false});
+      t.push_back({p + "ffn_down.weight", {n_ff, n_embd}, false});
+    };
+    t.push_back({p + "attn_norm.weight", {n_embd}, true});
+    switch (arch) {
+      case TestModelArch::llama:
+        attention();
+        t.push_back({p + "ffn_norm.weight", {n_embd}, true});
+        dense_ffn();
+        break;
+      case TestModelArch::qwen3moe:
+        attention();
+        qk_norms();
+        t.push_back({p + "ffn_norm.weight", {n_embd}, true});
+        t.push_back({p + "ffn_gate_inp.weight", {n_embd, o.expert_count}, false});
+        t.push_back({p + "ffn_gate_exps.weight", {n_embd, n_ff, o.expert_count}, false});
+        t.push_back({p + "ffn_up_exps.weight", {n_embd, n_ff, o.expert_count}, false});
+        t.push_back({p + "ffn_down_exps.weight", {n_ff, n_embd, o.expert_count}, false});
+        break;
+      case TestModelArch::gemma3:
+        attention();
+        qk_norms();
+        t.push_back({p + "post_attention_norm.weight", {n_embd}, true});
+        t.push_back({p + "ffn_norm.weight", {n_embd}, true});
+        dense_ffn();
+        t.push_back({p + "post_ffw_norm.weight", {n_embd}, true});
+        break;
+      case TestModelArch::lfm2:
+        if (lfm2_attention_layer(b)) {
+          attention();
+          qk_norms();
+        } else {
+          t.push_back({p + "shortconv.conv.weight", {o.shortconv_cache, n_embd}, false});
+          t.push_back({p + "shortconv.in_proj.weight", {n_embd, 3 * n_embd}, false});
+          t.push_back({p + "shortconv.out_proj.weight", {n_embd, n_embd}, false});
+        }
+        t.push_back({p + "ffn_norm.weight", {n_embd}, true});
+        dense_ffn();
+        break;
+    }
+  }
+  return t;
+}
+
+// The arch's hyperparameters under its own prefix ("gemma3.context_length", ...).
+void add_arch_metadata(const TestModelOptions& o, Buffer& out) {
+  const std::string a = test_model_arch_name(o.arch);
+  out.kv_u32(a + ".context_length", o.context_length);
+  out.kv_u32(a + ".embedding_length", o.embedding_length);
+  out.kv_u32(a + ".block_count", o.block_count);
+  out.kv_u32(a + ".feed_forward_length", o.feed_forward_length);
+  out.kv_u32(a + ".attention.head_count", o.head_count);
+  if (o.arch == TestModelArch::lfm2) {  // per layer: 0 marks a convolution layer
+    out.kv_array_header(a + ".attention.head_count_kv", type_uint32, o.block_count);
+    for (uint32_t b = 0; b < o.block_count; ++b)
+      out.u32(lfm2_attention_layer(b) ? o.head_count_kv : 0);
+    out.kv_u32(a + ".shortconv.l_cache", o.shortconv_cache);
+  } else {
+    out.kv_u32(a + ".attention.head_count_kv", o.head_count_kv);
+  }
+  out.kv_u32(a + ".rope.dimension_count", o.embedding_length / o.head_count);
+  out.kv_f32(a + ".attention.layer_norm_rms_epsilon", 1e-5f);
+  if (o.arch == TestModelArch::qwen3moe) {
+    out.kv_u32(a + ".expert_count", o.expert_count);
+    out.kv_u32(a + ".expert_used_count", o.expert_used_count);
+    out.kv_u32(a + ".expert_feed_forward_length", o.feed_forward_length);
+  }
+  if (o.arch == TestModelArch::gemma3) {
+    out.kv_u32(a + ".attention.sliding_window", o.sliding_window);
+    out.kv_u32(a + ".attention.sliding_window_pattern", o.sliding_window_pattern);
+  }
+}
+
+bool valid(const TestModelOptions& o) {
+  const bool attention = o.embedding_length > 0 && o.head_count > 0 && o.head_count_kv > 0 &&
+                         o.embedding_length % o.head_count == 0 &&
+                         o.head_count % o.head_count_kv == 0;
+  const bool family =
+      (o.arch != TestModelArch::qwen3moe ||
+       (o.expert_used_count > 0 && o.expert_used_count <= o.expert_count)) &&
+      (o.arch != TestModelArch::gemma3 || (o.sliding_window > 0 && o.sliding_window_pattern > 0)) &&
+      (o.arch != TestModelArch::lfm2 || (o.shortconv_cache > 1 && o.block_count >= 2));
+  return attention && family && o.block_count > 0 && o.feed_forward_length > 0 &&
+         o.context_length > 0;
+}
+
 }  // namespace
+
+const char* test_model_arch_name(TestModelArch arch) {
+  switch (arch) {
+    case TestModelArch::llama:
+      return "llama";
+    case TestModelArch::qwen3moe:
+      return "qwen3moe";
+    case TestModelArch::gemma3:
+      return "gemma3";
+    case TestModelArch::lfm2:
+      return "lfm2";
+  }
+  return "?";
+}
+
+bool parse_test_model_arch(std::string_view name, TestModelArch* ret_arch) {
+  for (TestModelArch arch : test_model_arches) {
+    if (name == test_model_arch_name(arch)) {
+      *ret_arch = arch;
+      return true;
+    }
+  }
+  return false;
+}
 
 uint32_t test_model_vocab_size() {
   return control_tokens + byte_tokens + uint32_t(std::size(word_pieces));
 }
 
 GgufStatus write_test_model(const std::string& path, const TestModelOptions& o) {
-  if (o.embedding_length == 0 || o.head_count == 0 || o.head_count_kv == 0 ||
-      o.embedding_length % o.head_count != 0 || o.head_count % o.head_count_kv != 0 ||
-      o.block_count == 0 || o.feed_forward_length == 0 || o.context_length == 0)
-    return GgufStatus::invalid_argument;
-  const uint64_t n_embd = o.embedding_length;
-  const uint64_t head_dim = n_embd / o.head_count;
-  const uint64_t n_embd_kv = head_dim * o.head_count_kv;
+  if (!valid(o)) return GgufStatus::invalid_argument;
   const uint64_t n_vocab = test_model_vocab_size();
-
-  std::vector<Tensor> tensors;
-  tensors.push_back({"token_embd.weight", {n_embd, n_vocab}, false});
-  tensors.push_back({"output_norm.weight", {n_embd}, true});
-  tensors.push_back({"output.weight", {n_embd, n_vocab}, false});
-  for (uint32_t b = 0; b < o.block_count; ++b) {
-    const std::string p = "blk." + std::to_string(b) + ".";
-    tensors.push_back({p + "attn_norm.weight", {n_embd}, true});
-    tensors.push_back({p + "attn_q.weight", {n_embd, n_embd}, false});
-    tensors.push_back({p + "attn_k.weight", {n_embd, n_embd_kv}, false});
-    tensors.push_back({p + "attn_v.weight", {n_embd, n_embd_kv}, false});
-    tensors.push_back({p + "attn_output.weight", {n_embd, n_embd}, false});
-    tensors.push_back({p + "ffn_norm.weight", {n_embd}, true});
-    tensors.push_back({p + "ffn_gate.weight", {n_embd, o.feed_forward_length}, false});
-    tensors.push_back({p + "ffn_up.weight", {n_embd, o.feed_forward_length}, false});
-    tensors.push_back({p + "ffn_down.weight", {o.feed_forward_length, n_embd}, false});
-  }
+  const std::vector<Tensor> tensors = arch_tensors(o);
 
   Buffer metadata;
   Buffer& out = metadata;  // key/values first: the header needs their count
-  out.kv_str("general.architecture", "llama");
-  out.kv_str("general.name", "kvpark test model seed " + std::to_string(o.seed));
+  out.kv_str("general.architecture", test_model_arch_name(o.arch));
+  out.kv_str("general.name", std::string("kvpark test model ") + test_model_arch_name(o.arch) +
+                                 " seed " + std::to_string(o.seed));
   out.kv_u32("general.alignment", gguf_alignment_bytes);
-  out.kv_u32("llama.context_length", o.context_length);
-  out.kv_u32("llama.embedding_length", o.embedding_length);
-  out.kv_u32("llama.block_count", o.block_count);
-  out.kv_u32("llama.feed_forward_length", o.feed_forward_length);
-  out.kv_u32("llama.attention.head_count", o.head_count);
-  out.kv_u32("llama.attention.head_count_kv", o.head_count_kv);
-  out.kv_u32("llama.rope.dimension_count", uint32_t(head_dim));
-  out.kv_f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
+  add_arch_metadata(o, out);
   out.kv_str("tokenizer.ggml.model", "llama");
   out.kv_array_header("tokenizer.ggml.tokens", type_string, n_vocab);
   out.str("<unk>"), out.str("<s>"), out.str("</s>");

@@ -1,7 +1,10 @@
 // kvpark_llama: parks llama.cpp sequence state in kvparkd and restores it.
 //
 // llama.cpp exposes whole-sequence state only, so this is a snapshot-only
-// namespace (DESIGN.md §2: block_tokens 0, snapshot_required 1). A snapshot holds
+// namespace (DESIGN.md §2: block_tokens 0, snapshot_required 1). Every model family
+// llama.cpp loads parks the same way: a snapshot is the state at its exact position
+// (an iSWA cache's window, a hybrid's recurrent state included), so a restore is
+// exact wherever one was parked and nothing is restored anywhere else. A snapshot holds
 // the state after tokens [0, position) behind a small header carrying an XXH3-64 of
 // the state bytes; restore() verifies it on a private copy before llama.cpp sees a
 // byte, and falls back to prefill (position 0) on any mismatch.
@@ -43,12 +46,19 @@ const char* status_string(Status status);
 Status digest_weights(const std::string& model_path, const std::string& cache_dir,
                       kvpark_hash128* ret_digest);
 
-// The namespace: weights digest, llama.cpp's sequence-state format, KV cache types,
-// flash attention (V layout), sequences and their streams, SWA sizing and RoPE/YaRN
-// parameters (K is stored after RoPE). Not included, since they change neither the
-// layout nor the meaning of the bytes: n_ctx (a state that does not fit is refused by
-// llama.cpp), n_batch, n_ubatch, threads, offload.
-kvpark_hash128 namespace_id(kvpark_hash128 weights_digest, const llama_context_params& params);
+// Whether LLAMA_ATTN_ROT_DISABLE turns off the Hadamard rotation llama.cpp applies to
+// quantized K/V rows (read as llama.cpp reads it).
+bool attention_rotation_disabled();
+
+// The namespace: weights digest (which covers everything the model file fixes: the
+// family, SWA window and pattern, recurrent state sizes, experts), llama.cpp's
+// sequence-state format, KV cache types, flash attention (V layout), the rotation of
+// quantized caches, sequences and their streams, recurrent snapshots, SWA sizing and
+// RoPE/YaRN parameters (K is stored after RoPE). Not included, since they change
+// neither the layout nor the meaning of the bytes: n_ctx (a state that does not fit is
+// refused by llama.cpp), n_batch, n_ubatch, threads, offload.
+kvpark_hash128 namespace_id(kvpark_hash128 weights_digest, const llama_context_params& params,
+                            bool rotation_disabled = attention_rotation_disabled());
 
 struct ConnectOptions {
   const char* socket_path = nullptr;  // NULL: $KVPARK_SOCKET or the default

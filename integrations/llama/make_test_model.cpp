@@ -1,6 +1,6 @@
-// kvpark-make-test-model: writes kvpark's tiny random-weight llama GGUF.
-//   kvpark-make-test-model OUTPUT.gguf [--seed N] [--layers N] [--embedding N]
-//                          [--text-only-output 1]
+// kvpark-make-test-model: writes kvpark's tiny random-weight GGUF of one model family.
+//   kvpark-make-test-model OUTPUT.gguf [--arch ARCH] [--seed N] [--layers N]
+//                          [--embedding N] [--text-only-output 1]
 // --help and --version are answered before anything is written; any other
 // argument starting with '-' where OUTPUT belongs is refused, never a file name.
 #include <cstdio>
@@ -17,9 +17,13 @@ constexpr const char* program = "kvpark-make-test-model";
 
 void usage(FILE* out) {
   std::fprintf(out,
-               "Usage: %s OUTPUT.gguf [--seed N] [--layers N] [--embedding N]"
+               "Usage: %s OUTPUT.gguf [--arch ARCH] [--seed N] [--layers N] [--embedding N]"
                " [--text-only-output 1]\n"
-               "Writes kvpark's tiny random-weight llama model (GGUF) to OUTPUT.gguf.\n\n"
+               "Writes kvpark's tiny random-weight model (GGUF) of one family to OUTPUT.gguf.\n\n"
+               "  --arch ARCH            llama (default; plain attention), qwen3moe (mixture\n"
+               "                         of experts), gemma3 (sliding-window attention, iSWA),\n"
+               "                         lfm2 (hybrid: short-convolution recurrent layers\n"
+               "                         and attention)\n"
                "  --seed N               weights seed (default 1)\n"
                "  --layers N             transformer blocks\n"
                "  --embedding N          embedding length\n"
@@ -62,6 +66,13 @@ int main(int argc, char** argv) {
   kvpark::llama::TestModelOptions options;
   for (int i = 2; i < argc; i += 2) {
     const char* flag = argv[i];
+    if (std::strcmp(flag, "--arch") == 0) {
+      if (i + 1 >= argc || !kvpark::llama::parse_test_model_arch(argv[i + 1], &options.arch)) {
+        std::fprintf(stderr, "%s: --arch: one of llama, qwen3moe, gemma3, lfm2\n", program);
+        return 2;
+      }
+      continue;
+    }
     const bool known = std::strcmp(flag, "--seed") == 0 || std::strcmp(flag, "--layers") == 0 ||
                        std::strcmp(flag, "--embedding") == 0 ||
                        std::strcmp(flag, "--text-only-output") == 0;
@@ -89,7 +100,10 @@ int main(int argc, char** argv) {
   }
   const auto status = kvpark::llama::write_test_model(argv[1], options);
   if (status != kvpark::llama::GgufStatus::ok) {
-    std::fprintf(stderr, "%s: cannot write %s\n", program, argv[1]);
+    std::fprintf(stderr, "%s: cannot write %s%s\n", program, argv[1],
+                 status == kvpark::llama::GgufStatus::invalid_argument
+                     ? ": the geometry does not fit the family (see --help)"
+                     : "");
     return 1;
   }
   return 0;

@@ -34,11 +34,24 @@ Status from_kvpark(kvpark_status s) {
   }
 }
 
-// Positions in seq_id are exactly [0, n_tokens).
+// Whether the model's memory keeps less than every position of a sequence: an iSWA
+// cache keeps the window its sliding layers still see, a recurrent or hybrid model one
+// state at the last position. Their lowest position says nothing of where the
+// sequence starts.
+bool memory_keeps_a_suffix(const llama_model* model) {
+  return llama_model_n_swa(model) > 0 || llama_model_is_recurrent(model) ||
+         llama_model_is_hybrid(model);
+}
+
+// Positions in seq_id end at n_tokens - 1 and, where the memory keeps every position,
+// start at 0: the sequence is tokens [0, n_tokens).
 bool sequence_holds(llama_context* ctx, llama_seq_id seq_id, size_t n_tokens) {
   llama_memory_t mem = llama_get_memory(ctx);
-  return llama_memory_seq_pos_min(mem, seq_id) == (n_tokens == 0 ? -1 : 0) &&
-         llama_memory_seq_pos_max(mem, seq_id) == llama_pos(n_tokens) - 1;
+  const llama_pos pos_min = llama_memory_seq_pos_min(mem, seq_id);
+  if (n_tokens == 0) return pos_min == -1;
+  const bool starts_right =
+      pos_min == 0 || (pos_min > 0 && memory_keeps_a_suffix(llama_get_model(ctx)));
+  return starts_right && llama_memory_seq_pos_max(mem, seq_id) == llama_pos(n_tokens) - 1;
 }
 
 }  // namespace

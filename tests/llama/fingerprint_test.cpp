@@ -39,6 +39,21 @@ TEST(LlamaNamespace, ChangesWithEveryParameterThatChangesTheState) {
   EXPECT_TRUE(differs([](auto& p) { p.swa_full = !p.swa_full; }));
   EXPECT_TRUE(differs([](auto& p) { p.rope_freq_base = 500000.0f; }));
   EXPECT_TRUE(differs([](auto& p) { p.yarn_orig_ctx = 8192; }));
+  EXPECT_TRUE(differs([](auto& p) { p.n_rs_seq = 2; }));
+}
+
+TEST(LlamaNamespace, ChangesWithTheRotationSwitchOfQuantizedCaches) {
+  const llama_context_params base = llama_context_default_params();
+  EXPECT_FALSE(namespace_id(weights, base, /*rotation_disabled=*/false) ==
+               namespace_id(weights, base, /*rotation_disabled=*/true));
+  // The default reads LLAMA_ATTN_ROT_DISABLE as llama.cpp does: a number, 0 is off.
+  ASSERT_EQ(setenv("LLAMA_ATTN_ROT_DISABLE", "1", 1), 0);
+  EXPECT_TRUE(attention_rotation_disabled());
+  ASSERT_EQ(setenv("LLAMA_ATTN_ROT_DISABLE", "0", 1), 0);
+  EXPECT_FALSE(attention_rotation_disabled());
+  ASSERT_EQ(unsetenv("LLAMA_ATTN_ROT_DISABLE"), 0);
+  EXPECT_FALSE(attention_rotation_disabled());
+  EXPECT_TRUE(namespace_id(weights, base) == namespace_id(weights, base, false));
 }
 
 TEST(LlamaNamespace, IgnoresSchedulingParameters) {

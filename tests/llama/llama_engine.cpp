@@ -3,6 +3,8 @@
 // restores what kvparkd has parked, prefills the rest (parking at --park-at
 // positions), and reports on stdout:
 //   restored P KIND REFUSED   the restore (REFUSED: ok, corrupt, engine error)
+//   state P HEX               XXH3-64 of the sequence state at P tokens: after a
+//                             restore of P > 0, or after the first --split P decode
 //   parked                    after every park
 //   logits HEX                XXH3-64 of the last token's logits (all of them)
 //   ready                     with --hold: then waits to be killed
@@ -10,7 +12,10 @@
 // --plan parks where the write-candidate planner says for a prompt of a system
 // message (the head) and a user message (the tail): the system frontier and the
 // last content. --no-kvpark prefills everything without a daemon; --private parks as the
-// session's own (private) state instead of shared. Exit 0, or 1 on failure.
+// session's own (private) state instead of shared; --split N (with --no-kvpark)
+// decodes [0, N), reloads its own state there and decodes the rest: an engine
+// continuing from its own cached prefix. --type-k/--type-v f16|q8_0 and --flash-attn pick the KV
+// cache. Exit 0, or 1 on failure.
 #include <ggml-backend.h>
 #include <llama.h>
 #include <unistd.h>
@@ -28,12 +33,12 @@
 namespace {
 
 struct Args {
-  std::string model, socket, cache_dir, type_k = "f16", backends;
+  std::string model, socket, cache_dir, type_k = "f16", type_v = "f16", backends;
   uint64_t head_seed = 1, tail_seed = 2, session = 1;
-  size_t head = 1000, total = 1100;
+  size_t head = 1000, total = 1100, split = 0;
   std::vector<uint32_t> park_at;
   uint32_t n_ctx = 4096;
-  bool kvpark = true, hold = false, private_class = false, plan = false;
+  bool kvpark = true, hold = false, private_class = false, plan = false, flash_attn = false;
 };
 
 void quiet_log(ggml_log_level level, const char* text, void*) {
@@ -52,6 +57,21 @@ std::vector<llama_token> prompt(const Args& a, uint32_t vocab) {
     t.push_back(llama_token(3 + (s >> 33) % (vocab - 3)));  // past <unk> <s> </s>
   }
   return t;
+}
+
+ggml_type kv_type(const std::string& name) {
+  return name == "q8_0" ? GGML_TYPE_Q8_0 : GGML_TYPE_F16;
+}
+
+std::vector<uint8_t> sequence_state(llama_context* ctx) {
+  std::vector<uint8_t> state(llama_state_seq_get_size_ext(ctx, 0, 0));
+  state.resize(llama_state_seq_get_data_ext(ctx, state.data(), state.size(), 0, 0));
+  return state;
+}
+
+void print_state(const std::vector<uint8_t>& state, size_t position) {
+  std::printf("state %zu %016llx\n", position,
+              (unsigned long long)XXH3_64bits(state.data(), state.size()));
 }
 
 int fail(const char* what, kvpark::llama::Status s) {
@@ -75,6 +95,12 @@ int main(int argc, char** argv) {
       a.private_class = true;
     else if (k == "--plan")
       a.plan = true;
+    else if (k == "--flash-attn")
+      a.flash_attn = true;
+    else if (k == "--type-v")
+      a.type_v = v, ++i;
+    else if (k == "--split")
+      a.split = std::strtoull(v, nullptr, 10), ++i;
     else if (k == "--ctx")
       a.n_ctx = uint32_t(std::strtoul(v, nullptr, 10)), ++i;
     else if (k == "--model")
@@ -114,8 +140,10 @@ int main(int argc, char** argv) {
   cp.n_batch = 2048;
   cp.n_ubatch = 512;
   cp.n_threads = cp.n_threads_batch = 2;
-  cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
-  cp.type_k = a.type_k == "q8_0" ? GGML_TYPE_Q8_0 : GGML_TYPE_F16;
+  cp.flash_attn_type =
+      a.flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
+  cp.type_k = kv_type(a.type_k);
+  cp.type_v = kv_type(a.type_v);
   llama_context* ctx = llama_init_from_model(model, cp);
   if (ctx == nullptr) return fail("create context", kvpark::llama::Status::engine_error);
   const auto tokens = prompt(a, uint32_t(llama_vocab_n_tokens(llama_model_get_vocab(model))));
@@ -137,6 +165,7 @@ int main(int argc, char** argv) {
     position = r.position;
     std::printf("restored %u %d %s\n", r.position, int(r.reuse_kind),
                 kvpark::llama::status_string(r.refused));
+    if (position > 0) print_state(sequence_state(ctx), position);
     std::vector<kvpark_write_candidate> candidates;
     if (a.plan) {
       const kvpark_segment segments[] = {
@@ -163,9 +192,24 @@ int main(int argc, char** argv) {
       return fail("prefill", s);
     if (park_status != kvpark::llama::Status::ok) return fail("park", park_status);
     if (!candidates.empty()) std::printf("parked\n");
-  } else if (auto s = kvpark::llama::decode_tokens(ctx, 0, tokens.data(), 0, tokens.size());
-             s != kvpark::llama::Status::ok) {
-    return fail("prefill", s);
+  } else {
+    const size_t split = a.split > 0 && a.split < tokens.size() ? a.split : 0;
+    if (split > 0) {
+      if (auto s = kvpark::llama::decode_tokens(ctx, 0, tokens.data(), 0, split);
+          s != kvpark::llama::Status::ok)
+        return fail("prefill", s);
+      // llama.cpp's own round trip, as its prompt cache restores a prefix: what a
+      // restore from kvparkd must equal, on every memory (an iSWA cache keeps the
+      // window only, in other cells than a cache that never reloaded).
+      const std::vector<uint8_t> state = sequence_state(ctx);
+      print_state(state, split);
+      llama_memory_seq_rm(llama_get_memory(ctx), 0, -1, -1);
+      if (llama_state_seq_set_data_ext(ctx, state.data(), state.size(), 0, 0) != state.size())
+        return fail("reload state", kvpark::llama::Status::engine_error);
+    }
+    if (auto s = kvpark::llama::decode_tokens(ctx, 0, tokens.data(), split, tokens.size());
+        s != kvpark::llama::Status::ok)
+      return fail("prefill", s);
   }
   const float* logits = llama_get_logits_ith(ctx, -1);
   const auto elapsed = std::chrono::steady_clock::now() - started;

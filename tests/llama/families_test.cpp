@@ -1,0 +1,215 @@
+// Every model family on every KV cache it allows, through the llama.cpp integration:
+// a real kvparkd, real llama.cpp, and the project's test model of each family
+// (kvpark-make-test-model --arch). Engines are separate processes
+// (kvpark-llama-engine). Each case holds three claims:
+//   - the sibling's restored state is byte-identical to the state an engine has after
+//     prefilling the same head itself ("state P HEX" lines);
+//   - its answer (an XXH3-64 of the last token's full logits) equals that of an engine
+//     continuing from its own cached prefix of the same length (--split: llama.cpp's
+//     own save and reload at the head, as its prompt cache restores one);
+//   - a prompt that shares less than any parked position restores nothing: a hybrid's
+//     recurrent state or an iSWA window is never restored where it was not taken.
+// Models are 256 wide with 64-dimension heads: what a q8_0 cache needs, and where
+// llama.cpp rotates quantized K/V rows (LLAMA_ATTN_ROT_DISABLE turns that off).
+#include <ggml-backend.h>
+#include <gtest/gtest.h>
+#include <llama.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "integrations/llama/gguf_writer.h"
+#include "tests/testing/daemon_process.h"
+
+namespace kvpark::testing {
+namespace {
+
+using llama::TestModelArch;
+
+constexpr int engine_timeout_msec = 120'000;
+constexpr size_t head_tokens = 1000;
+constexpr size_t total_tokens = 1100;
+
+// A KV cache configuration an engine runs with.
+struct KvCache {
+  const char* name;  // test-name suffix
+  std::vector<std::string> args;
+};
+const KvCache kv_caches[] = {
+    {"f16", {"--type-k", "f16", "--type-v", "f16"}},
+    {"f16_flash", {"--type-k", "f16", "--type-v", "f16", "--flash-attn"}},
+    {"q8_0_flash", {"--type-k", "q8_0", "--type-v", "q8_0", "--flash-attn"}},
+    {"q8_0_k", {"--type-k", "q8_0", "--type-v", "f16"}},  // quantized V needs flash attention
+};
+
+std::string& suite_directory() {
+  static std::string directory;
+  return directory;
+}
+
+std::string model_path(TestModelArch arch) {
+  return suite_directory() + "/" + llama::test_model_arch_name(arch) + ".gguf";
+}
+
+std::string line(const std::string& out, const std::string& key) {
+  const size_t at = out.find(key + " ");
+  return at == std::string::npos ? "" : out.substr(at, out.find('\n', at) - at);
+}
+
+class LlamaFamilies : public ::testing::TestWithParam<std::tuple<TestModelArch, KvCache>> {
+ protected:
+  static void SetUpTestSuite() {
+    if (std::getenv("KVPARK_LLAMA_ENGINE") == nullptr) return;  // SetUp skips
+    suite_directory() = "/tmp/kvpark-llama-families." + std::to_string(getpid());
+    mkdir(suite_directory().c_str(), 0755);
+    for (TestModelArch arch : llama::test_model_arches) {
+      std::string out;
+      const int rc =
+          run_process({built_binary("KVPARK_MAKE_TEST_MODEL"), model_path(arch), "--arch",
+                       llama::test_model_arch_name(arch), "--embedding", "256"},
+                      engine_timeout_msec, &out);
+      ASSERT_EQ(rc, 0) << out;
+    }
+  }
+  static void TearDownTestSuite() {
+    if (suite_directory().empty()) return;
+    std::system(("rm -rf " + suite_directory()).c_str());
+  }
+
+  void SetUp() override {
+    if (std::getenv("KVPARK_LLAMA_ENGINE") == nullptr) GTEST_SKIP() << "built without llama.cpp";
+    ASSERT_TRUE(daemon_.start());
+  }
+
+  TestModelArch arch() const { return std::get<0>(GetParam()); }
+  const KvCache& cache() const { return std::get<1>(GetParam()); }
+
+  // An engine on this case's model and cache; `environment` ("NAME=value") goes first.
+  std::string run(std::vector<std::string> args, std::vector<std::string> environment = {}) {
+    std::vector<std::string> argv{"/usr/bin/env"};
+    argv.insert(argv.end(), environment.begin(), environment.end());
+    argv.insert(argv.end(),
+                {built_binary("KVPARK_LLAMA_ENGINE"), "--model", model_path(arch()), "--socket",
+                 daemon_.socket_path(), "--cache-dir", suite_directory() + "/cache", "--head",
+                 std::to_string(head_tokens), "--total", std::to_string(total_tokens)});
+    argv.insert(argv.end(), cache().args.begin(), cache().args.end());
+    argv.insert(argv.end(), args.begin(), args.end());
+    std::string out;
+    EXPECT_EQ(run_process(argv, engine_timeout_msec, &out), 0) << out;
+    return out;
+  }
+
+  // Prefills head + tail seed 1, parking the head (system frontier) and the prompt.
+  void publish_head(std::vector<std::string> environment = {}) {
+    const std::string out = run({"--tail-seed", "1", "--plan"}, std::move(environment));
+    ASSERT_EQ(line(out, "restored"), "restored 0 0 ok") << out;
+    ASSERT_NE(out.find("parked"), std::string::npos) << out;
+  }
+
+  DaemonProcess daemon_;
+};
+
+TEST_P(LlamaFamilies, SiblingRestoresTheHeadExactlyAndAnswersAsACachedPrefixWould) {
+  publish_head();
+  const std::string sibling = run({"--tail-seed", "2"});
+  ASSERT_EQ(line(sibling, "restored"), "restored " + std::to_string(head_tokens) + " 1 ok")
+      << sibling;
+  const std::string continued =
+      run({"--tail-seed", "2", "--no-kvpark", "--split", std::to_string(head_tokens)});
+  EXPECT_EQ(line(sibling, "state"), line(continued, "state"));
+  EXPECT_NE(line(sibling, "state"), "");
+  EXPECT_EQ(line(sibling, "logits"), line(continued, "logits"));
+  EXPECT_NE(line(sibling, "logits"), "");
+}
+
+// Family traits, on one cache each: where a state may be restored, and the rotation.
+class LlamaFamilyPositions : public LlamaFamilies {};
+class LlamaFamilyRotation : public LlamaFamilies {};
+
+// The publisher parks only its whole prompt (head + tail 1); a sibling sharing the
+// head alone finds no state it may restore, for any family.
+TEST_P(LlamaFamilyPositions, PrefixShorterThanEveryParkedPositionRestoresNothing) {
+  const std::string published =
+      run({"--tail-seed", "1", "--park-at", std::to_string(total_tokens)});
+  ASSERT_NE(published.find("parked"), std::string::npos) << published;
+  const std::string sibling = run({"--tail-seed", "2"});
+  EXPECT_EQ(line(sibling, "restored"), "restored 0 0 ok") << sibling;
+  const std::string fresh = run({"--tail-seed", "2", "--no-kvpark"});
+  EXPECT_EQ(line(sibling, "logits"), line(fresh, "logits"));
+}
+
+// Rotated and unrotated quantized rows differ in meaning, not in size: a state parked
+// under one setting is never restored under the other.
+TEST_P(LlamaFamilyRotation, RotationSwitchOfQuantizedCachesIsAnotherNamespace) {
+  publish_head({"LLAMA_ATTN_ROT_DISABLE=1"});
+  const std::string rotated = run({"--tail-seed", "2"});
+  EXPECT_EQ(line(rotated, "restored"), "restored 0 0 ok") << rotated;
+  const std::string unrotated = run({"--tail-seed", "2"}, {"LLAMA_ATTN_ROT_DISABLE=1"});
+  EXPECT_EQ(line(unrotated, "restored"), "restored " + std::to_string(head_tokens) + " 1 ok")
+      << unrotated;
+}
+
+std::string case_name(const ::testing::TestParamInfo<LlamaFamilies::ParamType>& info) {
+  return std::string(llama::test_model_arch_name(std::get<0>(info.param))) + "_" +
+         std::get<1>(info.param).name;
+}
+
+INSTANTIATE_TEST_SUITE_P(AllFamilies, LlamaFamilies,
+                         ::testing::Combine(::testing::ValuesIn(llama::test_model_arches),
+                                            ::testing::ValuesIn(kv_caches)),
+                         case_name);
+INSTANTIATE_TEST_SUITE_P(AllFamilies, LlamaFamilyPositions,
+                         ::testing::Combine(::testing::ValuesIn(llama::test_model_arches),
+                                            ::testing::Values(kv_caches[0])),
+                         case_name);
+INSTANTIATE_TEST_SUITE_P(AllFamilies, LlamaFamilyRotation,
+                         ::testing::Combine(::testing::ValuesIn(llama::test_model_arches),
+                                            ::testing::Values(kv_caches[2])),
+                         case_name);
+
+// Each test model loads in the pinned llama.cpp as the family it claims to be.
+TEST(LlamaTestModels, EachFamilyLoadsWithItsMemoryShape) {
+  if (std::getenv("KVPARK_LLAMA_ENGINE") == nullptr) GTEST_SKIP() << "built without llama.cpp";
+  llama_log_set(
+      [](ggml_log_level level, const char* text, void*) {
+        if (level >= GGML_LOG_LEVEL_ERROR) std::fputs(text, stderr);
+      },
+      nullptr);
+  const char* backends = std::getenv("KVPARK_LLAMA_BACKENDS");
+  if (backends != nullptr && backends[0] != '\0') ggml_backend_load_all_from_path(backends);
+  llama_backend_init();
+  const std::string dir = "/tmp/kvpark-llama-models." + std::to_string(getpid());
+  mkdir(dir.c_str(), 0755);
+  for (TestModelArch arch : llama::test_model_arches) {
+    SCOPED_TRACE(llama::test_model_arch_name(arch));
+    const std::string path = dir + "/" + llama::test_model_arch_name(arch) + ".gguf";
+    ASSERT_EQ(llama::write_test_model(path, {.arch = arch, .sliding_window = 96}),
+              llama::GgufStatus::ok);
+    llama_model_params params = llama_model_default_params();
+    params.progress_callback = [](float, void*) { return true; };
+    llama_model* model = llama_model_load_from_file(path.c_str(), params);
+    ASSERT_NE(model, nullptr);
+    char arch_name[32] = "";
+    llama_model_meta_val_str(model, "general.architecture", arch_name, sizeof arch_name);
+    EXPECT_STREQ(arch_name, llama::test_model_arch_name(arch));
+    EXPECT_EQ(llama_model_is_hybrid(model), arch == TestModelArch::lfm2);
+    EXPECT_EQ(llama_model_n_swa(model), arch == TestModelArch::gemma3 ? 96 : 0);
+    char experts[16] = "";
+    const bool moe =
+        llama_model_meta_val_str(model, "qwen3moe.expert_count", experts, sizeof experts) > 0;
+    EXPECT_EQ(moe, arch == TestModelArch::qwen3moe);
+    if (moe) {
+      EXPECT_STREQ(experts, "4");
+    }
+    llama_model_free(model);
+  }
+  std::system(("rm -rf " + dir).c_str());
+}
+
+}  // namespace
+}  // namespace kvpark::testing
