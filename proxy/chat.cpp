@@ -186,6 +186,9 @@ void plan_writes(Turn& turn, const kvpark_request* request) {
 // upstream; otherwise the upstream is misconfigured, not the state damaged.
 bool restore_into_slot(Turn& turn, const Parked& parked) {
   Route& route = *turn.route;
+  // llama-server discarded a restore of this namespace: another would cost the copy
+  // and save nothing (the request is prefilled, as it would be anyway).
+  if (route.restores_discarded()) return false;
   const std::string name = route.slot_file_name(turn.slot, "restore");
   const std::string path = route.slot_file_path(name);
   std::string why;
@@ -520,10 +523,27 @@ void finish_turn(Turn& turn, int status, bool completed) {
                                          &next_user, &failure))
           end = uint32_t(common_prefix(next_user, turn.tokens));
       }
-      if (end > std::max(turn.restored, turn.head)) park_slot(turn, end, turn.closure_options);
+      if (end > std::max(turn.restored, turn.head) &&
+          route.memory_shape() == llama::MemoryShape::kv_cache)
+        park_slot(turn, end, turn.closure_options);
     }
     route.slots().release(turn.slot, status == 200 ? std::move(turn.tokens)
                                                    : std::vector<int32_t>());
+  }
+  if (status == 200 && restore_discarded(turn)) {
+    // Counted as what it was: a failed restore (the request was prefilled), not a reuse.
+    --turn.proxy->counters.restores;
+    count_failure(turn, RestoreFailure::discarded);
+    if (route.restore_discarded())
+      std::fprintf(stderr,
+                   "kvpark-proxy: upstream %s: llama-server prefilled again the %u tokens "
+                   "restored into slot %u (%s memory: it cannot continue from a state loaded "
+                   "there); counted as restore_failures{cause=\"discarded\"}; no more restores "
+                   "into it under this namespace\n",
+                   route.name().c_str(), turn.restored, turn.slot,
+                   llama::memory_shape_string(route.memory_shape()));
+    turn.restored = 0;
+    turn.reuse = ReuseKind::root;
   }
   Counters& c = turn.proxy->counters;
   const uint32_t cached = cached_tokens(turn);

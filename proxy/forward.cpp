@@ -30,6 +30,11 @@ uint32_t cached_tokens(const Turn& turn) {
   return turn.prompt_tokens > computed ? uint32_t(turn.prompt_tokens - computed) : 0;
 }
 
+bool restore_discarded(const Turn& turn) {
+  return turn.timings_seen && turn.restored > 0 &&
+         uint64_t(cached_tokens(turn)) + 1 < turn.restored;
+}
+
 namespace {
 
 // Rewrites usage.prompt_tokens_details.cached_tokens to what no prefill on the
@@ -138,6 +143,12 @@ void forward(std::shared_ptr<Turn> turn, const std::string& path, httplib::Respo
         turn->ttft_msec = std::chrono::duration<double, std::milli>(sent - turn->start).count() +
                           reply["timings"]["prompt_ms"].GetDouble();
       if (turn->timings_seen) {  // known before the body is sent: the figures in headers too
+        if (restore_discarded(*turn)) {  // restored into the slot, but saved nothing
+          res.headers.erase("X-Kvpark-Restored-Tokens");
+          res.set_header("X-Kvpark-Restored-Tokens", "0");
+          res.headers.erase("X-Kvpark-Reuse");
+          res.set_header("X-Kvpark-Reuse", reuse_kind_string(ReuseKind::root));
+        }
         res.set_header("X-Kvpark-Prefilled-Tokens",
                        std::to_string(turn->prefilled + turn->head_prefilled));
         res.set_header("X-Kvpark-Cached-Tokens", std::to_string(cached_tokens(*turn)));

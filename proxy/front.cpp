@@ -157,6 +157,10 @@ void serve_status(ProxyState& proxy, httplib::Response& res) {
     w.Uint(route->slots().busy());
     w.Key("namespace");
     w.String(route->namespace_hex().c_str());
+    w.Key("memory");  // what the model's memory keeps: kv_cache, sliding_window, recurrent
+    w.String(llama::memory_shape_string(route->memory_shape()));
+    w.Key("restores_discarded");  // llama-server discarded a restore: restores are off
+    w.Bool(route->restores_discarded());
     w.EndObject();
   }
   w.EndArray();

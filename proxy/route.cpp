@@ -33,7 +33,8 @@ constexpr double prefill_rate_change_factor = 2.0;
 // XXH3-128 over the fields that decide whether a slot file restores: the weights,
 // the llama.cpp build (its state format) and the operator's state-relevant flags.
 kvpark_hash128 make_namespace(kvpark_hash128 weights, const std::string& build_info,
-                              const std::string& settings, uint32_t epoch) {
+                              const std::string& settings, llama::MemoryShape memory,
+                              uint32_t epoch) {
   std::string fields = "kvparkpx";
   auto add = [&](const void* p, size_t n) { fields.append(static_cast<const char*>(p), n); };
   add(&namespace_format_version, sizeof namespace_format_version);
@@ -43,6 +44,11 @@ kvpark_hash128 make_namespace(kvpark_hash128 weights, const std::string& build_i
   add(&build_bytes, sizeof build_bytes);
   fields += build_info;
   fields += settings;
+  // States of a memory that cannot be trimmed were parked under other rules (no turn
+  // closures holding generated tokens): never mixed with what an older proxy parked.
+  // A KV cache's namespace stays as it was.
+  if (memory != llama::MemoryShape::kv_cache)
+    fields += std::string(" memory=") + llama::memory_shape_string(memory);
   add(&epoch, sizeof epoch);
   const XXH128_hash_t h = XXH3_128bits(fields.data(), fields.size());
   return kvpark_hash128{.low = h.low64, .high = h.high64};
@@ -68,6 +74,8 @@ const char* restore_failure_string(RestoreFailure cause) {
     case RestoreFailure::refused: return "refused";
     case RestoreFailure::slot_file: return "slot_file";
     case RestoreFailure::misconfigured: return "misconfigured";
+    case RestoreFailure::discarded:
+      return "discarded";
     case RestoreFailure::count: break;
   }
   return "?";
@@ -233,11 +241,19 @@ bool Route::refresh(bool verify_slots) {
                   "run the proxy where that path is readable)");
     return false;
   }
+  llama::MemoryShape memory = llama::MemoryShape::kv_cache;
+  if (llama::read_memory_shape(props.model_path, &memory) != llama::GgufReadStatus::ok) {
+    set_state(UpstreamState::misconfigured,
+              upstream_.describe() + " serves " + props.model_path +
+                  ", whose GGUF metadata the proxy cannot read (it reads what the model's "
+                  "memory keeps: run the proxy where that path is readable)");
+    return false;
+  }
   slots_.resize(props.total_slots);
   kvpark_hash128 id;
   {
     std::lock_guard lock(mutex_);
-    id = make_namespace(weights, props.build_info, upstream_.options().settings, epoch_);
+    id = make_namespace(weights, props.build_info, upstream_.options().settings, memory, epoch_);
     const bool same = id.low == namespace_id_.low && id.high == namespace_id_.high;
     model_path_ = props.model_path;
     total_slots_ = props.total_slots;
@@ -252,6 +268,8 @@ bool Route::refresh(bool verify_slots) {
       prefill_rate_ = 0;  // another model, build or settings: measured again
       prefixes_.clear();
       refusals_in_a_row_ = 0;
+      memory_shape_ = memory;
+      restores_discarded_ = false;
       slots_.forget_all();
       verified_ = false;  // another process or model: its slot directory too
     }
@@ -283,9 +301,14 @@ void Route::set_state(UpstreamState state, const std::string& reason) {
   if (state == UpstreamState::ready)
     std::fprintf(stderr,
                  "kvpark-proxy: upstream %s: %s ready: %s, %u slots, slot files round-trip in %s, "
-                 "namespace %s\n",
+                 "namespace %s, memory %s%s\n",
                  name().c_str(), upstream_.describe().c_str(), model_path_.c_str(), total_slots_,
-                 slot_dir_.c_str(), namespace_hex().c_str());
+                 slot_dir_.c_str(), namespace_hex().c_str(),
+                 llama::memory_shape_string(memory_shape()),
+                 memory_shape() == llama::MemoryShape::kv_cache
+                     ? ""
+                     : " (heads parked at their exact end; turn closures, which hold generated "
+                       "tokens past their key, are not)");
   else
     std::fprintf(stderr, "kvpark-proxy: upstream %s %s: %s; serving it uncached until then\n",
                  name().c_str(), upstream_state_string(state), reason.c_str());
@@ -327,7 +350,8 @@ void Route::restore_refused() {
     if (++refusals_in_a_row_ < refusals_before_new_epoch) return;
     refusals_in_a_row_ = 0;
     ++epoch_;
-    id = make_namespace(weights_, build_info_, upstream_.options().settings, epoch_);
+    id = make_namespace(weights_, build_info_, upstream_.options().settings, memory_shape_.load(),
+                        epoch_);
     namespace_id_ = id;
   }
   parking_.set_namespace(id, prefill_tokens_per_second());  // the same model: the same rate

@@ -15,6 +15,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "integrations/llama/gguf_memory.h"
 #include "proxy/options.h"
 #include "proxy/parking.h"
 #include "proxy/process_watch.h"
@@ -34,6 +35,7 @@ enum class RestoreFailure {
   refused,        // llama-server refused it, though slot files round-trip
   slot_file,      // the proxy could not write the slot file
   misconfigured,  // the upstream failed its slot-file round trip: not the state's fault
+  discarded,      // restored, but llama-server prefilled those tokens again (below)
   count
 };
 const char* restore_failure_string(RestoreFailure cause);
@@ -170,6 +172,17 @@ class Route {
   // that kvparkd keeps serving, costs two prefills, not one per request.
   void restore_succeeded();
   void restore_refused();
+  // What the model's memory keeps (integrations/llama/gguf_memory.h), read with the
+  // namespace: only a KV cache can be trimmed back, so only its turn closures (which
+  // hold generated tokens past their key) are parked.
+  llama::MemoryShape memory_shape() const { return memory_shape_.load(); }
+  // A restore into this upstream was discarded: llama-server prefilled the restored
+  // tokens again, as it does when its memory cannot continue from a state loaded at
+  // that point (the pinned build judges an iSWA window one token too short). Restores
+  // into it stop until its namespace changes: each would cost the copy and save
+  // nothing. Returns true for the first one (logged).
+  bool restore_discarded() { return !restores_discarded_.exchange(true); }
+  bool restores_discarded() const { return restores_discarded_.load(); }
   // A prefill of `tokens` that took `msec` (llama-server's timings) under namespace
   // `id`: the upstream's prefill rate, declared to kvparkd when first measured and
   // again when it moves by more than prefill_rate_change_factor; ignored when the
@@ -220,6 +233,8 @@ class Route {
   std::chrono::steady_clock::time_point last_verify_{};  // under verify_mutex_
   std::function<void()> on_state_change_;
   std::atomic<uint32_t> in_progress_{0};
+  std::atomic<llama::MemoryShape> memory_shape_{llama::MemoryShape::kv_cache};
+  std::atomic<bool> restores_discarded_{false};
   PromptPrefixes prefixes_;
   ProcessWatch watch_;
   std::mutex check_mutex_;  // one check_process() at a time

@@ -66,6 +66,10 @@ std::string to_json(const rapidjson::Value& v);
 // usage.prompt_tokens_details.cached_tokens reports.
 uint32_t cached_tokens(const Turn& turn);
 double msec_since(Clock::time_point t);
+// Whether llama-server prefilled again what was restored into the slot: fewer tokens
+// went unprefilled than were restored (one token of slack: llama-server re-evaluates
+// the last one when a prompt ends where the cache does). Known once timings are seen.
+bool restore_discarded(const Turn& turn);
 
 // After the response (or its failure): parks the turn, gives the slot back, logs
 // the request's line. status: 200 for an answer; any other, none (nothing is parked

@@ -3,6 +3,7 @@
 //
 //   kvpark-proxy-bench [--quick] [--head-tokens N] [--llama-server PATH] [--proxy PATH]
 //                      [--kvparkd PATH] [--model PATH | --make-test-model PATH]
+//                      [--arch ARCH [--layers N] [--embedding N]]
 //                      [--slots N] [--threads N] [--fan-out N] [--keep]
 //   kvpark-proxy-bench --restore-path [--head-tokens N] [--layers N] [--embedding N]
 //   kvpark-proxy-bench --overhead [--head-tokens N] [--pairs N]
@@ -72,6 +73,8 @@ struct Options {
   bool head_given = false;
   int layers = 32;
   int embedding = 1024;
+  std::string arch;  // the test model's family; with it, --layers/--embedding if given
+  bool geometry_given = false;
 };
 
 struct Figures {
@@ -106,7 +109,13 @@ class Bench {
     std::filesystem::create_directories(slots_);
     if (o_.model.empty()) {
       o_.model = work_ + "/model.gguf";
-      if (!make_test_model(o_.make_test_model, o_.model)) return fail("cannot make the model");
+      std::vector<std::string> argv = {o_.make_test_model, o_.model, "--text-only-output", "1"};
+      if (!o_.arch.empty()) argv.insert(argv.end(), {"--arch", o_.arch});
+      if (o_.geometry_given)
+        argv.insert(argv.end(), {"--layers", std::to_string(o_.layers), "--embedding",
+                                 std::to_string(o_.embedding)});
+      std::string out;
+      if (run_process(argv, 120'000, &out) != 0) return fail("cannot make the model: " + out);
     }
     const int per_slot = int((o_.head_tokens + context_margin_tokens + 255) / 256 * 256);
     server_ = std::make_unique<LlamaServerProcess>(
@@ -226,8 +235,11 @@ class Bench {
   }
 
   void print() const {
-    std::printf("\nkvpark-proxy-bench: head %zu tokens (measured %lld), %d slots, %d threads\n\n",
-                o_.head_tokens, static_cast<long long>(head_measured_), o_.slots, o_.threads);
+    std::printf(
+        "\nkvpark-proxy-bench: head %zu tokens (measured %lld), %d slots, %d threads, "
+        "model %s\n\n",
+        o_.head_tokens, static_cast<long long>(head_measured_), o_.slots, o_.threads,
+        o_.arch.empty() ? o_.model.c_str() : o_.arch.c_str());
     std::printf(
         "| case | direct TTFT ms | proxy TTFT ms | direct tokens prefilled | "
         "proxy tokens prefilled |\n|---|---:|---:|---:|---:|\n");
@@ -373,6 +385,7 @@ void usage(FILE* out) {
   std::fprintf(out,
                "Usage: kvpark-proxy-bench [--quick] [--head-tokens N] [--llama-server PATH]\n"
                "         [--proxy PATH] [--kvparkd PATH] [--model PATH | --make-test-model PATH]\n"
+               "         [--arch ARCH [--layers N] [--embedding N]]\n"
                "         [--slots N] [--threads N] [--fan-out N] [--keep]\n"
                "       kvpark-proxy-bench --restore-path [--head-tokens N] [--layers N]\n"
                "         [--embedding N]\n"
@@ -381,6 +394,7 @@ void usage(FILE* out) {
                "  --quick             a %zu-token head (a smoke test)\n"
                "  --head-tokens N     system head size in tokens (default %zu)\n"
                "  --keep              keep the work directory and its logs\n"
+               "  --arch ARCH         the test model's family (kvpark-make-test-model --arch)\n"
                "  --restore-path      only the restore path at a realistic geometry (4096-token\n"
                "                      head, --layers 32 --embedding 1024: ~65 KB a token)\n"
                "  --overhead          only the same-server sibling, direct and through the proxy\n"
@@ -407,6 +421,7 @@ bool parse(int argc, char** argv, Options* o, int* ret_exit) {
     opt_embedding,
     opt_overhead,
     opt_pairs,
+    opt_arch,
     opt_version
   };
   static const option long_options[] = {{"quick", no_argument, nullptr, 'q'},
@@ -427,6 +442,7 @@ bool parse(int argc, char** argv, Options* o, int* ret_exit) {
                                         {"embedding", required_argument, nullptr, opt_embedding},
                                         {"overhead", no_argument, nullptr, opt_overhead},
                                         {"pairs", required_argument, nullptr, opt_pairs},
+                                        {"arch", required_argument, nullptr, opt_arch},
                                         {nullptr, 0, nullptr, 0}};
   int c;
   while ((c = getopt_long(argc, argv, "h", long_options, nullptr)) != -1) {
@@ -467,9 +483,14 @@ bool parse(int argc, char** argv, Options* o, int* ret_exit) {
         break;
       case opt_layers:
         o->layers = std::atoi(optarg);
+        o->geometry_given = true;
+        break;
+      case opt_arch:
+        o->arch = optarg;
         break;
       case opt_embedding:
         o->embedding = std::atoi(optarg);
+        o->geometry_given = true;
         break;
       case opt_slots:
         o->slots = std::atoi(optarg);

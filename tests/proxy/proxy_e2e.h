@@ -166,8 +166,9 @@ class SuiteDirectory {
   const std::string& path() const { return path_; }
   // The running test's folder, made on the first call.
   std::string test_folder() const {
-    const std::string folder =
-        path_ + "/" + ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::string name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::replace(name.begin(), name.end(), '/', '_');  // a parameterized test's "Name/param"
+    const std::string folder = path_ + "/" + name;
     mkdir(folder.c_str(), 0755);
     return folder;
   }

@@ -54,10 +54,11 @@ std::string file_tail(const std::string& path, size_t bytes_max) {
 }
 
 bool make_test_model(const std::string& make_test_model_binary, const std::string& path, int seed,
-                     int embedding) {
+                     int embedding, const std::string& arch) {
   std::vector<std::string> argv = {make_test_model_binary, path, "--seed", std::to_string(seed),
                                    "--text-only-output",   "1"};
   if (embedding > 0) argv.insert(argv.end(), {"--embedding", std::to_string(embedding)});
+  if (!arch.empty()) argv.insert(argv.end(), {"--arch", arch});
   std::string out;
   return run_process(argv, 60'000, &out) == 0;
 }

@@ -103,9 +103,9 @@ class ProxyProcess {
 };
 
 // Runs kvpark-make-test-model: a text-only-output model at `path` (embedding 0: the
-// tool's default width); false on failure.
+// tool's default width; arch "": its default family); false on failure.
 bool make_test_model(const std::string& make_test_model_binary, const std::string& path,
-                     int seed = 1, int embedding = 0);
+                     int seed = 1, int embedding = 0, const std::string& arch = "");
 
 // The last `bytes_max` bytes of a file ("" if it cannot be read).
 std::string file_tail(const std::string& path, size_t bytes_max);

@@ -188,6 +188,10 @@ std::string chat_request_json(const ChatRequest& request) {
   w.Int(request.max_tokens);
   w.Key("stream");
   w.Bool(request.stream);
+  if (request.logprobs) {
+    w.Key("logprobs");
+    w.Bool(true);
+  }
   if (request.stream) {
     w.Key("stream_options");
     w.StartObject();
@@ -319,8 +323,12 @@ ProxyStatus get_proxy_status(const std::string& proxy_url) {
       ret.upstreams.push_back({.name = string_member(u, "name"),
                                .url = string_member(u, "url"),
                                .space = string_member(u, "namespace"),
+                               .memory = string_member(u, "memory"),
                                .slots = int_member(u, "slots"),
-                               .busy_slots = int_member(u, "busy_slots")});
+                               .busy_slots = int_member(u, "busy_slots"),
+                               .restores_discarded = u.HasMember("restores_discarded") &&
+                                                     u["restores_discarded"].IsBool() &&
+                                                     u["restores_discarded"].GetBool()});
     }
   }
   return ret;

@@ -40,6 +40,9 @@ struct ChatRequest {
   // false adds "cache_prompt": false, so llama-server prefills the whole prompt
   // (a reference answer that no cache touched).
   bool cache_prompt = true;
+  // Asks for each generated token's log-probability (choices[0].logprobs): answers
+  // compared beyond the text they decode to.
+  bool logprobs = false;
 };
 
 // The request body: temperature 0, seed 42; streamed ones ask for usage.
@@ -77,8 +80,10 @@ bool tokenize(const std::string& llama_server_url, const std::string& text, bool
 
 struct ProxyUpstreamStatus {
   std::string name, url, space;  // space: the namespace, 32 hex digits
+  std::string memory;            // kv_cache, sliding_window, recurrent
   int64_t slots = -1;
   int64_t busy_slots = -1;  // taken by the proxy now
+  bool restores_discarded = false;
 };
 
 struct ProxyStatus {
