@@ -73,7 +73,15 @@ struct RestoreResult {
   uint32_t position = 0;  // tokens restored; 0: prefill everything
   kvpark_reuse_kind reuse_kind = KVPARK_REUSE_ROOT;
   Status refused = Status::ok;  // why a snapshot was found but not applied
+  // A position other sessions' prompts share with this one past what is parked
+  // (recurrence detection; 0: none): a snapshot there serves them, which for a
+  // recurrent or iSWA model is the only place one can. Pass it to prefill() as a
+  // candidate (recurrence_candidate()).
+  uint32_t capture_hint = 0;
 };
+
+// The write candidate for a capture hint: shared, evidence observed recurrence.
+kvpark_write_candidate recurrence_candidate(uint32_t capture_hint);
 
 class Parker {
  public:
@@ -94,7 +102,8 @@ class Parker {
                  size_t n_tokens, uint64_t session_id, RestoreResult* ret_result);
 
   // Decodes tokens [position, n_tokens) into seq_id, parking at each candidate
-  // position in (position, n_tokens] on the way (write-candidate planner output);
+  // position in (position, n_tokens] on the way (write-candidate planner output and
+  // capture hints, in any order);
   // logits are computed for the last token only. Parking failures do not stop
   // the prefill; the first one is returned in *ret_park_status when given.
   Status prefill(llama_context* ctx, llama_seq_id seq_id, const llama_token* tokens,

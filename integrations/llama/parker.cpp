@@ -1,6 +1,7 @@
 // Park and restore of llama.cpp sequence state through libkvpark.
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cassert>
 #include <cstring>
 
@@ -79,6 +80,13 @@ Status decode_tokens(llama_context* ctx, llama_seq_id seq_id, const llama_token*
   return status;
 }
 
+kvpark_write_candidate recurrence_candidate(uint32_t capture_hint) {
+  return {.position_tokens = capture_hint,
+          .evidence = KVPARK_EVIDENCE_OBSERVED_RECURRENCE,
+          .entry_class = KVPARK_CLASS_SHARED,
+          .reason = KVPARK_CANDIDATE_EXPLICIT};
+}
+
 Status Parker::connect(const ConnectOptions& options, std::unique_ptr<Parker>* ret_parker) {
   kvpark_hash128 weights;
   if (Status s = digest_weights(options.model_path, options.cache_dir, &weights); s != Status::ok)
@@ -137,6 +145,7 @@ Status Parker::restore(llama_context* ctx, llama_seq_id seq_id, const llama_toke
     return from_kvpark(s);
   if (kvpark_plan_pending_tokens(plan) > kvpark_plan_restorable_tokens(plan))
     kvpark_plan_wait(plan, promotion_wait_msec_max);  // what is ready stays usable on timeout
+  result.capture_hint = kvpark_plan_capture_hint(plan);
   uint32_t position = 0;
   const uint64_t payload_bytes = kvpark_plan_snapshot_bytes(plan, &position);
   if (payload_bytes > 0 && position > 0 && position < n_tokens) {
@@ -176,15 +185,20 @@ Status Parker::prefill(llama_context* ctx, llama_seq_id seq_id, const llama_toke
                        size_t n_tokens, uint32_t position, const kvpark_write_candidate* candidates,
                        size_t n_candidates, uint64_t session_id, Status* ret_park_status) {
   Status park_status = Status::ok;
+  // In position order: a capture hint may fall before the planner's candidates.
+  std::vector<kvpark_write_candidate> sorted(candidates, candidates + n_candidates);
+  std::stable_sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) {
+    return a.position_tokens < b.position_tokens;
+  });
   size_t at = position;
-  for (size_t c = 0; c < n_candidates; ++c) {
-    const size_t stop = candidates[c].position_tokens;
+  for (const kvpark_write_candidate& candidate : sorted) {
+    const size_t stop = candidate.position_tokens;
     if (stop <= at || stop > n_tokens) continue;
     if (Status s = decode_tokens(ctx, seq_id, tokens, at, stop); s != Status::ok) return s;
     at = stop;
     const kvpark_publish_options options{.session_id = session_id,
-                                         .entry_class = candidates[c].entry_class,
-                                         .evidence = candidates[c].evidence};
+                                         .entry_class = candidate.entry_class,
+                                         .evidence = candidate.evidence};
     const Status s = park(ctx, seq_id, tokens, stop, options);
     if (s != Status::ok && park_status == Status::ok) park_status = s;
   }

@@ -143,6 +143,54 @@ TEST_P(LlamaFamilyPositions, PrefixShorterThanEveryParkedPositionRestoresNothing
   EXPECT_EQ(line(sibling, "logits"), line(fresh, "logits"));
 }
 
+// Three sessions share a 1,300-token prefix and mark nothing. The second one's lookup
+// carries kvparkd's capture hint (recurrence detection) and parks there; the third
+// restores it exactly: the one way a recurrent or iSWA model gets a snapshot where
+// no candidate was planned.
+TEST_P(LlamaFamilyPositions, RecurringPrefixIsCapturedWhereTheHintSaysAndRestored) {
+  const std::vector<std::string> shape = {"--head", "1300", "--total", "1400"};
+  auto session = [&](const char* id, const char* tail) {
+    std::vector<std::string> args = shape;
+    args.insert(args.end(), {"--session", id, "--tail-seed", tail});
+    return run(args);
+  };
+  const std::string first = session("11", "1");
+  EXPECT_EQ(line(first, "hint"), "") << first;
+  const std::string second = session("12", "2");
+  const std::string hint = line(second, "hint");
+  ASSERT_NE(hint, "") << second;
+  const uint32_t position = uint32_t(std::stoul(hint.substr(5)));
+  EXPECT_GE(position, 1024u);
+  EXPECT_LE(position, 1300u);
+  EXPECT_NE(second.find("parked"), std::string::npos) << second;
+  const std::string third = session("13", "3");
+  ASSERT_EQ(line(third, "restored"), "restored " + std::to_string(position) + " 1 ok") << third;
+  std::vector<std::string> reference = shape;
+  reference.insert(reference.end(),
+                   {"--tail-seed", "3", "--no-kvpark", "--split", std::to_string(position)});
+  const std::string continued = run(reference);
+  EXPECT_EQ(line(third, "state"), line(continued, "state"));
+  EXPECT_EQ(line(third, "logits"), line(continued, "logits"));
+}
+
+// kvparkd killed and started again under a service manager's fd store: it adopts
+// the arena, and a sibling restores the head parked before the crash, exactly.
+TEST_P(LlamaFamilyPositions, HeadSurvivesAKvparkdCrashKeptInTheFdStore) {
+  daemon_.kill_hard();
+  daemon_.config().fd_store = true;
+  ASSERT_TRUE(daemon_.start());
+  publish_head();
+  daemon_.kill_hard();
+  ASSERT_TRUE(daemon_.start()) << daemon_.log_tail();
+  const std::string sibling = run({"--tail-seed", "2"});
+  ASSERT_EQ(line(sibling, "restored"), "restored " + std::to_string(head_tokens) + " 1 ok")
+      << sibling << daemon_.log_tail();
+  const std::string continued =
+      run({"--tail-seed", "2", "--no-kvpark", "--split", std::to_string(head_tokens)});
+  EXPECT_EQ(line(sibling, "state"), line(continued, "state"));
+  EXPECT_EQ(line(sibling, "logits"), line(continued, "logits"));
+}
+
 // Rotated and unrotated quantized rows differ in meaning, not in size: a state parked
 // under one setting is never restored under the other.
 TEST_P(LlamaFamilyRotation, RotationSwitchOfQuantizedCachesIsAnotherNamespace) {

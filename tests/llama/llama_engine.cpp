@@ -5,6 +5,7 @@
 //   restored P KIND REFUSED   the restore (REFUSED: ok, corrupt, engine error)
 //   state P HEX               XXH3-64 of the sequence state at P tokens: after a
 //                             restore of P > 0, or after the first --split P decode
+//   hint H                    kvparkd's capture hint (a recurring prefix): parked there
 //   parked                    after every park
 //   logits HEX                XXH3-64 of the last token's logits (all of them)
 //   ready                     with --hold: then waits to be killed
@@ -178,6 +179,10 @@ int main(int argc, char** argv) {
           KVPARK_OK)
         return fail("plan writes", kvpark::llama::Status::invalid_argument);
       candidates.resize(count);
+    }
+    if (r.capture_hint > 0) {
+      std::printf("hint %u\n", r.capture_hint);
+      candidates.push_back(kvpark::llama::recurrence_candidate(r.capture_hint));
     }
     for (uint32_t p : a.park_at)
       candidates.push_back(

@@ -142,6 +142,41 @@ TEST_P(ProxyFamilies, SiblingAfterLlamaServerRestartReusesWhatTheMemoryAllows) {
   }
 }
 
+// kvparkd killed and started again under a service manager's fd store, and
+// llama-server restarted: a sibling restores the head parked before either.
+TEST_P(ProxyFamilies, SiblingAfterKvparkdCrashRestoresTheHeadKeptInTheFdStore) {
+  if (GetParam().head == HeadRestore::discarded)
+    GTEST_SKIP() << "llama-server prefills a restored head of this memory again";
+  daemon_.kill_hard();
+  daemon_.config().fd_store = true;
+  ASSERT_TRUE(daemon_.start());
+  LlamaServerProcess& server = start_family_server();
+  ProxyProcess& proxy = start_proxy();
+  const std::string system = head_text(9);
+  const int64_t head_tokens = count_tokens(server.url(), system);
+  const ChatResult a = post_chat(proxy.url(), chat(conversation(system, user_text(40))));
+  ASSERT_EQ(a.http.status, 200) << describe(a);
+  wait_for_finished(proxy, a.prompt_tokens);
+  wait_for_publishes(proxy, kv_cache() ? 2 : 1);
+
+  daemon_.kill_hard();
+  ASSERT_TRUE(daemon_.start()) << daemon_.log_tail();
+  server.stop();
+  ASSERT_TRUE(server.start()) << server.log_tail();
+  const ChatRequest sibling = chat(conversation(system, user_text(41)));
+  const int64_t before = prompt_tokens_total(server.url());
+  const ChatResult b = post_chat(proxy.url(), sibling);
+  const int64_t prefilled = prompt_tokens_total(server.url()) - before;
+  ASSERT_EQ(b.http.status, 200) << describe(b);
+  EXPECT_EQ(b.http.header("x-kvpark-reuse"), "shared_stable_prefix") << describe(b);
+  EXPECT_GE(b.header_int("x-kvpark-restored-tokens"), head_tokens) << describe(b);
+  EXPECT_LE(prefilled, b.prompt_tokens - head_tokens + token_slack) << describe(b);
+  EXPECT_EQ(b.cached_tokens, expected_cached_tokens(b)) << describe(b);
+  const ChatResult direct = post_chat(server.url(), reference(sibling));
+  ASSERT_EQ(direct.http.status, 200) << describe(direct);
+  EXPECT_EQ(b.content, direct.content);
+}
+
 // Where llama-server discards a restored head, the fan-out costs what six direct
 // requests cost (plus the head the leader prefilled alone), and says so.
 TEST_P(ProxyFamilies, FanOutOfSixPrefillsTheHeadOnceWhereTheMemoryAllows) {
