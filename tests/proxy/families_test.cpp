@@ -6,6 +6,7 @@
 // reports what it really prefilled.
 #include <cmath>
 #include <thread>
+#include <tuple>
 
 #include "tests/proxy/proxy_e2e.h"
 #include "tests/proxy/proxy_metrics.h"
@@ -20,7 +21,7 @@ enum class HeadRestore {
 };
 
 struct Family {
-  const char* name;  // test-name suffix
+  const char* name;  // test-name part
   const char* arch;
   std::vector<std::string> server_args;
   const char* memory;  // what /kvpark/status reports
@@ -33,6 +34,19 @@ const Family families[] = {
     {"gemma3", "gemma3", {}, "sliding_window", HeadRestore::discarded},
     {"gemma3_swa_full", "gemma3", {"--swa-full"}, "sliding_window", HeadRestore::continues},
     {"lfm2", "lfm2", {}, "recurrent", HeadRestore::continues},
+};
+
+// A KV cache llama-server runs with.
+struct KvCache {
+  const char* name;  // test-name part
+  std::vector<std::string> server_args;
+  int embedding;  // the model's width: 128 gives the 32-value heads q8_0 blocks need
+};
+
+const KvCache kv_caches[] = {
+    {"f16", {"-fa", "off"}, 0},
+    {"f16_flash", {"-fa", "on"}, 0},
+    {"q8_0_flash", {"-ctk", "q8_0", "-ctv", "q8_0", "-fa", "on"}, 128},
 };
 
 // Waits until the proxy has finished (counted, parked or not) requests whose prompts
@@ -73,29 +87,39 @@ double first_logprob(const ChatResult& r) {
 // an iSWA window cut short by 71 cells moved it by 1.2e-3.
 constexpr double logprob_tolerance = 1e-4;
 
-class ProxyFamilies : public ProxyE2E, public ::testing::WithParamInterface<Family> {
+class ProxyFamilies : public ProxyE2E,
+                      public ::testing::WithParamInterface<std::tuple<Family, KvCache>> {
  protected:
-  // The family's model, made once per suite.
+  const Family& family() const { return std::get<0>(GetParam()); }
+  const KvCache& cache() const { return std::get<1>(GetParam()); }
+  // The family's model at the cache's width, made once per suite.
   std::string family_model() {
-    const std::string path = suite_.path() + "/" + GetParam().arch + ".gguf";
+    const int embedding = cache().embedding;
+    const std::string path =
+        suite_.path() + "/" + family().arch + "-" + std::to_string(embedding) + ".gguf";
     if (access(path.c_str(), R_OK) != 0) {
       EXPECT_TRUE(make_test_model(built_binary("KVPARK_MAKE_TEST_MODEL"), path, /*seed=*/1,
-                                  /*embedding=*/0, GetParam().arch));
+                                  embedding, family().arch));
     }
     return path;
   }
   LlamaServerProcess& start_family_server() {
-    return start_server(GetParam().server_args, family_model());
+    std::vector<std::string> args = family().server_args;
+    args.insert(args.end(), cache().server_args.begin(), cache().server_args.end());
+    return start_server(args, family_model());
   }
-  bool kv_cache() const { return std::string(GetParam().memory) == "kv_cache"; }
+  bool kv_cache() const { return std::string(family().memory) == "kv_cache"; }
 };
+// What the whole stack does beyond one restore (fan-out, kvparkd's crash): on one
+// cache per family.
+class ProxyFamilyStack : public ProxyFamilies {};
 
 TEST_P(ProxyFamilies, SiblingAfterLlamaServerRestartReusesWhatTheMemoryAllows) {
   LlamaServerProcess& server = start_family_server();
   ProxyProcess& proxy = start_proxy();
   ProxyStatus status = get_proxy_status(proxy.url());
   ASSERT_EQ(status.upstreams.size(), 1u) << status.body;
-  EXPECT_EQ(status.upstreams[0].memory, GetParam().memory) << status.body;
+  EXPECT_EQ(status.upstreams[0].memory, family().memory) << status.body;
   const std::string system = head_text(8);
   const int64_t head_tokens = count_tokens(server.url(), system);
   const ChatResult a = post_chat(proxy.url(), chat(conversation(system, user_text(30))));
@@ -118,7 +142,7 @@ TEST_P(ProxyFamilies, SiblingAfterLlamaServerRestartReusesWhatTheMemoryAllows) {
     // tokens of the proxy's slot-file round trip on the restarted process).
     EXPECT_LE(b.header_int("x-kvpark-prefilled-tokens"), prefilled) << describe(b);
     EXPECT_GE(b.header_int("x-kvpark-prefilled-tokens") + token_slack, prefilled) << describe(b);
-    if (GetParam().head == HeadRestore::continues) {
+    if (family().head == HeadRestore::continues) {
       const int64_t b_delta_max = b.prompt_tokens - head_tokens + token_slack;
       EXPECT_EQ(b.http.header("x-kvpark-reuse"), "shared_stable_prefix") << describe(b);
       EXPECT_GE(b.header_int("x-kvpark-restored-tokens"), head_tokens) << describe(b);
@@ -144,8 +168,8 @@ TEST_P(ProxyFamilies, SiblingAfterLlamaServerRestartReusesWhatTheMemoryAllows) {
 
 // kvparkd killed and started again under a service manager's fd store, and
 // llama-server restarted: a sibling restores the head parked before either.
-TEST_P(ProxyFamilies, SiblingAfterKvparkdCrashRestoresTheHeadKeptInTheFdStore) {
-  if (GetParam().head == HeadRestore::discarded)
+TEST_P(ProxyFamilyStack, SiblingAfterKvparkdCrashRestoresTheHeadKeptInTheFdStore) {
+  if (family().head == HeadRestore::discarded)
     GTEST_SKIP() << "llama-server prefills a restored head of this memory again";
   daemon_.kill_hard();
   daemon_.config().fd_store = true;
@@ -179,7 +203,7 @@ TEST_P(ProxyFamilies, SiblingAfterKvparkdCrashRestoresTheHeadKeptInTheFdStore) {
 
 // Where llama-server discards a restored head, the fan-out costs what six direct
 // requests cost (plus the head the leader prefilled alone), and says so.
-TEST_P(ProxyFamilies, FanOutOfSixPrefillsTheHeadOnceWhereTheMemoryAllows) {
+TEST_P(ProxyFamilyStack, FanOutOfSixPrefillsTheHeadOnceWhereTheMemoryAllows) {
   LlamaServerProcess& server = start_family_server();
   ProxyProcess& proxy = start_proxy();
   const std::string system = head_text(2);
@@ -197,7 +221,7 @@ TEST_P(ProxyFamilies, FanOutOfSixPrefillsTheHeadOnceWhereTheMemoryAllows) {
   for (std::thread& t : clients) t.join();
   const int64_t prefilled = prompt_tokens_total(server.url()) - before;
 
-  const bool continues = GetParam().head == HeadRestore::continues;
+  const bool continues = family().head == HeadRestore::continues;
   int64_t prefilled_max = head_tokens + token_slack;  // the head once
   int64_t reported = 0;
   for (const ChatResult& r : results) {
@@ -258,7 +282,7 @@ TEST_P(ProxyFamilies, SecondTurnAfterLlamaServerRestartAnswersRight) {
   if (kv_cache()) {
     EXPECT_EQ(turn2.http.header("x-kvpark-reuse"), "private_turn_closure") << describe(turn2);
     EXPECT_LE(prefilled, turn2.prompt_tokens - turn1.prompt_tokens + token_slack);
-  } else if (GetParam().head == HeadRestore::continues) {
+  } else if (family().head == HeadRestore::continues) {
     EXPECT_EQ(turn2.http.header("x-kvpark-reuse"), "shared_stable_prefix") << describe(turn2);
   }
   const ChatResult direct = post_chat(server.url(), reference(second));
@@ -267,8 +291,18 @@ TEST_P(ProxyFamilies, SecondTurnAfterLlamaServerRestartAnswersRight) {
   EXPECT_NEAR(first_logprob(turn2), first_logprob(direct), logprob_tolerance) << describe(turn2);
 }
 
-INSTANTIATE_TEST_SUITE_P(AllFamilies, ProxyFamilies, ::testing::ValuesIn(families),
-                         [](const auto& family) { return std::string(family.param.name); });
+std::string case_name(const ::testing::TestParamInfo<ProxyFamilies::ParamType>& info) {
+  return std::string(std::get<0>(info.param).name) + "_" + std::get<1>(info.param).name;
+}
+
+INSTANTIATE_TEST_SUITE_P(AllFamilies, ProxyFamilies,
+                         ::testing::Combine(::testing::ValuesIn(families),
+                                            ::testing::ValuesIn(kv_caches)),
+                         case_name);
+INSTANTIATE_TEST_SUITE_P(AllFamilies, ProxyFamilyStack,
+                         ::testing::Combine(::testing::ValuesIn(families),
+                                            ::testing::Values(kv_caches[1])),
+                         case_name);
 
 }  // namespace
 }  // namespace kvpark::testing
