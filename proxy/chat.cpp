@@ -539,9 +539,12 @@ void finish_turn(Turn& turn, int status, bool completed) {
                    "kvpark-proxy: upstream %s: llama-server prefilled again the %u tokens "
                    "restored into slot %u (%s memory: it cannot continue from a state loaded "
                    "there); counted as restore_failures{cause=\"discarded\"}; no more restores "
-                   "into it under this namespace\n",
+                   "into it under this namespace%s\n",
                    route.name().c_str(), turn.restored, turn.slot,
-                   llama::memory_shape_string(route.memory_shape()));
+                   llama::memory_shape_string(route.memory_shape()),
+                   route.memory_shape() == llama::MemoryShape::sliding_window
+                       ? " (llama-server started with --swa-full continues from a restored head)"
+                       : "");
     turn.restored = 0;
     turn.reuse = ReuseKind::root;
   }

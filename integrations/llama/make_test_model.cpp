@@ -1,6 +1,6 @@
 // kvpark-make-test-model: writes kvpark's tiny random-weight GGUF of one model family.
 //   kvpark-make-test-model OUTPUT.gguf [--arch ARCH] [--seed N] [--layers N]
-//                          [--embedding N] [--text-only-output 1]
+//                          [--embedding N] [--sliding-window N] [--text-only-output 1]
 // --help and --version are answered before anything is written; any other
 // argument starting with '-' where OUTPUT belongs is refused, never a file name.
 #include <cstdio>
@@ -18,13 +18,15 @@ constexpr const char* program = "kvpark-make-test-model";
 void usage(FILE* out) {
   std::fprintf(out,
                "Usage: %s OUTPUT.gguf [--arch ARCH] [--seed N] [--layers N] [--embedding N]"
-               " [--text-only-output 1]\n"
+               " [--sliding-window N] [--text-only-output 1]\n"
                "Writes kvpark's tiny random-weight model (GGUF) of one family to OUTPUT.gguf.\n\n"
                "  --arch ARCH            llama (default; plain attention), qwen3moe (mixture\n"
                "                         of experts), gemma3 (sliding-window attention, iSWA),\n"
                "                         lfm2 (hybrid: short-convolution recurrent layers\n"
                "                         and attention)\n"
                "  --seed N               weights seed (default 1)\n"
+               "  --sliding-window N     gemma3: tokens a sliding layer sees (default 128;\n"
+               "                         Gemma 3 itself: 512 or 1024)\n"
                "  --layers N             transformer blocks\n"
                "  --embedding N          embedding length\n"
                "  --text-only-output 1   every vocabulary entry decodes to plain text\n"
@@ -74,6 +76,7 @@ int main(int argc, char** argv) {
       continue;
     }
     const bool known = std::strcmp(flag, "--seed") == 0 || std::strcmp(flag, "--layers") == 0 ||
+                       std::strcmp(flag, "--sliding-window") == 0 ||
                        std::strcmp(flag, "--embedding") == 0 ||
                        std::strcmp(flag, "--text-only-output") == 0;
     if (!known) {
@@ -95,6 +98,8 @@ int main(int argc, char** argv) {
       options.block_count = uint32_t(v);
     else if (std::strcmp(flag, "--embedding") == 0)
       options.embedding_length = uint32_t(v);
+    else if (std::strcmp(flag, "--sliding-window") == 0)
+      options.sliding_window = uint32_t(v);
     else
       options.text_only_output = v != 0;
   }

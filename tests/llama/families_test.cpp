@@ -87,6 +87,7 @@ class LlamaFamilies : public ::testing::TestWithParam<std::tuple<TestModelArch, 
   }
 
   TestModelArch arch() const { return std::get<0>(GetParam()); }
+  std::string test_model_name() const { return llama::test_model_arch_name(arch()); }
   const KvCache& cache() const { return std::get<1>(GetParam()); }
 
   // An engine on this case's model and cache; `environment` ("NAME=value") goes first.
@@ -171,6 +172,48 @@ TEST_P(LlamaFamilyPositions, RecurringPrefixIsCapturedWhereTheHintSaysAndRestore
   const std::string continued = run(reference);
   EXPECT_EQ(line(third, "state"), line(continued, "state"));
   EXPECT_EQ(line(third, "logits"), line(continued, "logits"));
+}
+
+// What the model file fixes about the state — the KV heads, the SWA window, the
+// experts routed per token, the recurrent state's size — is in the weights digest: a model that
+// differs only there is another namespace, and a head parked under one is never restored under the
+// other.
+TEST_P(LlamaFamilyPositions, ModelThatDiffersOnlyInItsStateShapeNeverRestores) {
+  llama::TestModelOptions other{.arch = arch(), .embedding_length = 256};
+  switch (arch()) {
+    case TestModelArch::llama:
+      other.head_count_kv = 4;  // wider K and V rows
+      break;
+    case TestModelArch::qwen3moe:
+      other.expert_used_count = 1;  // same tensors, other routing
+      break;
+    case TestModelArch::gemma3:
+      other.sliding_window = 96;  // same tensors, another window
+      break;
+    case TestModelArch::lfm2:
+      other.shortconv_cache = 4;  // a larger recurrent state
+      break;
+  }
+  const std::string other_model = suite_directory() + "/other-" + test_model_name() + ".gguf";
+  ASSERT_EQ(llama::write_test_model(other_model, other), llama::GgufStatus::ok);
+  publish_head();
+  std::string out;
+  std::vector<std::string> argv{built_binary("KVPARK_LLAMA_ENGINE"),
+                                "--model",
+                                other_model,
+                                "--socket",
+                                daemon_.socket_path(),
+                                "--cache-dir",
+                                suite_directory() + "/cache",
+                                "--head",
+                                std::to_string(head_tokens),
+                                "--total",
+                                std::to_string(total_tokens),
+                                "--tail-seed",
+                                "2"};
+  argv.insert(argv.end(), cache().args.begin(), cache().args.end());
+  ASSERT_EQ(run_process(argv, engine_timeout_msec, &out), 0) << out;
+  EXPECT_EQ(line(out, "restored"), "restored 0 0 ok") << out;
 }
 
 // kvparkd killed and started again under a service manager's fd store: it adopts
