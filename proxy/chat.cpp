@@ -35,6 +35,11 @@ constexpr uint32_t head_wait_msec_max = 600'000;  // a follower gives up on its 
 constexpr uint32_t promotion_wait_msec = 2'000;   // for parked state coming back from disk
 constexpr int head_attempts_max = 3;              // lead-or-follow rounds before prefilling
 constexpr int32_t probe_token = -1;               // a token id no tokenizer gives
+// A closure parked before the reply leaves this many of the prompt's tokens to the
+// request: prefilled as a batch, they give the logits llama-server's own prefill of
+// the whole prompt gives (a lone last token takes another kernel path and moves them
+// by about 1e-3), for a few tokens more prefilled by the next turn.
+constexpr uint32_t proxy_closure_tail_tokens = 16;
 // Stand-in contents that differ in their first character: where two renderings
 // with them part is where the message's content starts.
 constexpr const char* standin_a = "a";
@@ -312,6 +317,32 @@ void park_saved(ProxyState& proxy, Route& route, const SavedSlot& saved,
                  route.name().c_str(), saved.slot, saved.position, why.c_str());
 }
 
+// Where the next turn's prompt starts to differ from this one: at the reply's content
+// (or, for a template that renders replies unlike its generation prompt, where the
+// last message ends); 0 when it cannot be found. Remembered: the next turn is
+// forwarded on it.
+uint32_t closure_position(Turn& turn) {
+  Route& route = *turn.route;
+  const size_t messages = turn.request["messages"].Size();
+  const PrefixKeys keys(turn.request);
+  const uint64_t key = keys.key(messages, "assistant");
+  std::shared_ptr<const Tokens> closure = route.prefixes().find(key);
+  if (closure == nullptr) {
+    route.prefixes().remember(
+        key, tokens_before_content(route.upstream(), turn.request, messages, "assistant"));
+    closure = route.prefixes().find(key);
+  }
+  uint32_t end = closure != nullptr ? prefix_end(*closure, turn.tokens) : 0;
+  if (end == 0) {
+    std::vector<int32_t> next_user;
+    Reply failure;
+    if (route.upstream().chat_tokens(standin_body(turn.request, messages, "user", standin_a),
+                                     &next_user, &failure))
+      end = uint32_t(common_prefix(next_user, turn.tokens));
+  }
+  return end;
+}
+
 // Saves the turn's slot and parks it as the state after tokens[0, position), now.
 void park_slot(Turn& turn, uint32_t position, const kvpark_publish_options& options) {
   SavedSlot saved;
@@ -341,6 +372,44 @@ void park_head_in_background(Turn& turn, std::shared_ptr<Reserved> reserved, uin
     park_saved(*proxy, *route, saved, reserved.get());
     proxy->flights.finish(flight_key);
   });
+}
+
+// A memory that cannot be trimmed back (sliding window, recurrent) serves a state at
+// its exact length only, and after the reply the slot holds the reply too: such a
+// turn's closure is parked before the reply instead. The slot is prefilled to the
+// closure (at most the prompt less its last token, which the request then prefills:
+// llama-server always evaluates one), saved there and parked in the background; the
+// request goes on from it, so nothing is prefilled twice.
+void park_closure_before_reply(Turn& turn) {
+  Route& route = *turn.route;
+  if (!turn.closure || turn.slot == no_slot || route.memory_shape() == llama::MemoryShape::kv_cache)
+    return;
+  turn.closure = false;                    // nothing is parked after the reply
+  if (route.restores_discarded()) return;  // it could not be restored
+  const uint32_t end =
+      std::min(closure_position(turn),
+               uint32_t(turn.tokens.size()) -
+                   std::min<uint32_t>(proxy_closure_tail_tokens, uint32_t(turn.tokens.size())));
+  if (end <= std::max(turn.restored, turn.head)) return;
+  uint32_t prefilled = 0;
+  double msec = -1;
+  std::string why;
+  if (!route.upstream().prefill(turn.slot, turn.tokens, end, &prefilled, &msec, &why)) {
+    std::fprintf(stderr, "kvpark-proxy: upstream %s slot %u: closure prefill failed: %s\n",
+                 route.name().c_str(), turn.slot, why.c_str());
+    return;
+  }
+  turn.prefilled_ahead += prefilled;
+  if (msec >= 0) turn.prefill_ahead_msec = std::max(turn.prefill_ahead_msec, 0.0) + msec;
+  static std::atomic<uint64_t> closure_files{0};
+  const std::string purpose = "closure-" + std::to_string(++closure_files);
+  SavedSlot saved;
+  if (!save_slot_file(turn, end, /*exact=*/true, purpose.c_str(), &saved)) return;
+  saved.options = turn.closure_options;
+  saved.tokens.assign(turn.tokens.begin(), turn.tokens.begin() + end);
+  ProxyState* proxy = turn.proxy;
+  proxy->background.run(
+      [proxy, route = turn.route, saved = std::move(saved)] { park_saved(*proxy, *route, saved); });
 }
 
 // Whether llama-server still has what the proxy believes the slot holds: it may have
@@ -419,9 +488,9 @@ void take_slot_with_head(Turn& turn) {
     uint32_t prefilled = 0;
     std::string why;
     if (route.upstream().prefill(turn.slot, turn.tokens, turn.head, &prefilled,
-                                 &turn.head_prefill_msec, &why)) {
+                                 &turn.prefill_ahead_msec, &why)) {
       ++turn.proxy->counters.head_prefills;
-      turn.head_prefilled = prefilled;
+      turn.prefilled_ahead += prefilled;
       park_head_in_background(turn, std::move(reserved), flight_key);
       return;
     }
@@ -477,8 +546,8 @@ bool take_slot_on_known_prefix(Turn& turn) {
 void finish_turn(Turn& turn, int status, bool completed) {
   Route& route = *turn.route;
   // After the response: a changed rate is declared over a new kvparkd connection.
-  if (turn.head_prefilled > 0)
-    route.note_prefill(turn.namespace_id, turn.head_prefilled, turn.head_prefill_msec);
+  if (turn.prefilled_ahead > 0)
+    route.note_prefill(turn.namespace_id, turn.prefilled_ahead, turn.prefill_ahead_msec);
   if (status == 200 && completed && turn.timings_seen)
     route.note_prefill(turn.namespace_id, turn.prefilled, turn.prefill_msec);
   if (turn.known != nullptr && turn.slot != no_slot) {
@@ -502,33 +571,16 @@ void finish_turn(Turn& turn, int status, bool completed) {
   }
   if (turn.slot != no_slot) {
     if (turn.closure && status == 200 && completed && route.parking().has_namespace()) {
-      // Where the next turn's prompt starts to differ from this one: at the reply's
-      // content (or, for a template that renders replies unlike its generation
-      // prompt, where the last message ends). Remembered: the next turn is forwarded
-      // on it.
-      const size_t messages = turn.request["messages"].Size();
-      const PrefixKeys keys(turn.request);
-      const uint64_t key = keys.key(messages, "assistant");
-      std::shared_ptr<const Tokens> closure = route.prefixes().find(key);
-      if (closure == nullptr) {
-        route.prefixes().remember(
-            key, tokens_before_content(route.upstream(), turn.request, messages, "assistant"));
-        closure = route.prefixes().find(key);
-      }
-      uint32_t end = closure != nullptr ? prefix_end(*closure, turn.tokens) : 0;
-      if (end == 0) {
-        std::vector<int32_t> next_user;
-        Reply failure;
-        if (route.upstream().chat_tokens(standin_body(turn.request, messages, "user", standin_a),
-                                         &next_user, &failure))
-          end = uint32_t(common_prefix(next_user, turn.tokens));
-      }
-      if (end > std::max(turn.restored, turn.head) &&
-          route.memory_shape() == llama::MemoryShape::kv_cache)
-        park_slot(turn, end, turn.closure_options);
+      const uint32_t end = closure_position(turn);
+      if (end > std::max(turn.restored, turn.head)) park_slot(turn, end, turn.closure_options);
     }
-    route.slots().release(turn.slot, status == 200 ? std::move(turn.tokens)
-                                                   : std::vector<int32_t>());
+    // Believed to hold the prompt, which a KV cache can be trimmed back to. Any other
+    // memory holds the prompt and the reply, usable only at that exact length, which
+    // the proxy does not know: nothing is believed, and the next request restores an
+    // exact state from kvparkd instead.
+    const bool trimmable = route.memory_shape() == llama::MemoryShape::kv_cache;
+    route.slots().release(
+        turn.slot, status == 200 && trimmable ? std::move(turn.tokens) : std::vector<int32_t>());
   }
   if (status == 200 && restore_discarded(turn)) {
     // Counted as what it was: a failed restore (the request was prefilled), not a reuse.
@@ -550,7 +602,7 @@ void finish_turn(Turn& turn, int status, bool completed) {
   }
   Counters& c = turn.proxy->counters;
   const uint32_t cached = cached_tokens(turn);
-  const uint32_t prefilled = turn.prefilled + turn.head_prefilled;
+  const uint32_t prefilled = turn.prefilled + turn.prefilled_ahead;
   if (status == 200) {
     ++c.answered[size_t(turn.reuse)];
     c.prompt_tokens += turn.prompt_tokens;
@@ -639,6 +691,7 @@ void serve_chat(ProxyState& proxy, const httplib::Request& req, httplib::Respons
     turn->closure = false;
   }
   take_slot_with_head(*turn);
+  park_closure_before_reply(*turn);
   forward(turn, req.path, res);
 }
 

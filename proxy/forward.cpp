@@ -26,7 +26,7 @@ double msec_since(Clock::time_point t) {
 }
 
 uint32_t cached_tokens(const Turn& turn) {
-  const uint64_t computed = uint64_t(turn.prefilled) + turn.head_prefilled;
+  const uint64_t computed = uint64_t(turn.prefilled) + turn.prefilled_ahead;
   return turn.prompt_tokens > computed ? uint32_t(turn.prompt_tokens - computed) : 0;
 }
 
@@ -150,7 +150,7 @@ void forward(std::shared_ptr<Turn> turn, const std::string& path, httplib::Respo
           res.set_header("X-Kvpark-Reuse", reuse_kind_string(ReuseKind::root));
         }
         res.set_header("X-Kvpark-Prefilled-Tokens",
-                       std::to_string(turn->prefilled + turn->head_prefilled));
+                       std::to_string(turn->prefilled + turn->prefilled_ahead));
         res.set_header("X-Kvpark-Cached-Tokens", std::to_string(cached_tokens(*turn)));
       }
     }

@@ -307,8 +307,8 @@ void Route::set_state(UpstreamState state, const std::string& reason) {
                  llama::memory_shape_string(memory_shape()),
                  memory_shape() == llama::MemoryShape::kv_cache
                      ? ""
-                     : " (heads parked at their exact end; turn closures, which hold generated "
-                       "tokens past their key, are not)");
+                     : " (it cannot be trimmed back: turn closures are parked before the reply, "
+                       "at their exact end)");
   else
     std::fprintf(stderr, "kvpark-proxy: upstream %s %s: %s; serving it uncached until then\n",
                  name().c_str(), upstream_state_string(state), reason.c_str());

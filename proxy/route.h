@@ -173,8 +173,9 @@ class Route {
   void restore_succeeded();
   void restore_refused();
   // What the model's memory keeps (integrations/llama/gguf_memory.h), read with the
-  // namespace: only a KV cache can be trimmed back, so only its turn closures (which
-  // hold generated tokens past their key) are parked.
+  // namespace: only a KV cache can be trimmed back, so only its turn closures are
+  // parked after the reply (holding the reply past their key); any other memory's
+  // before it, at their exact end (chat.cpp, park_closure_before_reply).
   llama::MemoryShape memory_shape() const { return memory_shape_.load(); }
   // A restore into this upstream was discarded: llama-server prefilled the restored
   // tokens again, as it does when its memory cannot continue from a state loaded at

@@ -50,8 +50,10 @@ struct Turn {
   uint32_t prompt_tokens = 0;     // as the upstream reported them
   uint32_t prefilled = 0;         // timings.prompt_n
   double prefill_msec = -1;       // timings.prompt_ms; -1: not reported
-  uint32_t head_prefilled = 0;    // the head this request led, prefilled before it
-  double head_prefill_msec = -1;  // its timings.prompt_ms
+  // Prefilled before the request, on its behalf: the head it led, and for a memory
+  // that cannot be trimmed back, its closure (park_closure_before_reply).
+  uint32_t prefilled_ahead = 0;
+  double prefill_ahead_msec = -1;  // their timings.prompt_ms, summed; -1: none
   // A restore from kvparkd: the slot file's size, the proxy's part (checking and
   // writing the file) and llama-server's (/slots/N?action=restore).
   uint64_t restore_bytes = 0;

@@ -41,12 +41,13 @@ struct KvCache {
   const char* name;  // test-name part
   std::vector<std::string> server_args;
   int embedding;  // the model's width: 128 gives the 32-value heads q8_0 blocks need
+  bool flash;     // flash attention
 };
 
 const KvCache kv_caches[] = {
-    {"f16", {"-fa", "off"}, 0},
-    {"f16_flash", {"-fa", "on"}, 0},
-    {"q8_0_flash", {"-ctk", "q8_0", "-ctv", "q8_0", "-fa", "on"}, 128},
+    {"f16", {"-fa", "off"}, 0, false},
+    {"f16_flash", {"-fa", "on"}, 0, true},
+    {"q8_0_flash", {"-ctk", "q8_0", "-ctv", "q8_0", "-fa", "on"}, 128, true},
 };
 
 // Waits until the proxy has finished (counted, parked or not) requests whose prompts
@@ -83,8 +84,8 @@ double first_logprob(const ChatResult& r) {
 }
 
 // How far a right state's first log-probability may sit from llama-server's own full
-// prefill: MoE routing sums in an order that depends on the batch (2e-6 seen), where
-// an iSWA window cut short by 71 cells moved it by 1.2e-3.
+// prefill: MoE routing sums in an order that depends on the batch (2e-6 seen); a lone
+// last token decoded apart from the prompt moved it by 2e-3.
 constexpr double logprob_tolerance = 1e-4;
 
 class ProxyFamilies : public ProxyE2E,
@@ -124,8 +125,7 @@ TEST_P(ProxyFamilies, SiblingAfterLlamaServerRestartReusesWhatTheMemoryAllows) {
   const int64_t head_tokens = count_tokens(server.url(), system);
   const ChatResult a = post_chat(proxy.url(), chat(conversation(system, user_text(30))));
   ASSERT_EQ(a.http.status, 200) << describe(a);
-  // The head, and for a KV cache the turn too.
-  wait_for_publishes(proxy, kv_cache() ? 2 : 1);
+  wait_for_publishes(proxy, 2);  // the head and the turn
 
   int64_t finished = 0;  // prompt tokens of the requests finished, counted below
   for (uint64_t user : {31, 32}) {
@@ -181,7 +181,7 @@ TEST_P(ProxyFamilyStack, SiblingAfterKvparkdCrashRestoresTheHeadKeptInTheFdStore
   const ChatResult a = post_chat(proxy.url(), chat(conversation(system, user_text(40))));
   ASSERT_EQ(a.http.status, 200) << describe(a);
   wait_for_finished(proxy, a.prompt_tokens);
-  wait_for_publishes(proxy, kv_cache() ? 2 : 1);
+  wait_for_publishes(proxy, 2);  // the head and the turn
 
   daemon_.kill_hard();
   ASSERT_TRUE(daemon_.start()) << daemon_.log_tail();
@@ -238,11 +238,13 @@ TEST_P(ProxyFamilyStack, FanOutOfSixPrefillsTheHeadOnceWhereTheMemoryAllows) {
   EXPECT_EQ(status.head_prefills, 1) << status.body;
 }
 
-// A turn closure holds the reply's tokens past its key: a KV cache trims them, a
-// memory that keeps a suffix cannot (llama-server prefills a hybrid again; an iSWA
-// cache told --swa-full trims its window short and answers wrongly), so only a KV
-// cache's closures are parked. Every family's second turn answers as llama-server
-// alone would.
+// A turn closure parked after the reply holds the reply's tokens past its key: a KV
+// cache trims them, a memory that keeps a suffix cannot (llama-server prefills a
+// hybrid again; an iSWA cache told --swa-full trims its window short and answers
+// wrongly). So a KV cache's closure is parked after the reply, any other's before it,
+// at its exact end. Either way the second turn after a restart restores it, where
+// llama-server continues from a restored state, and answers as llama-server alone
+// would.
 TEST_P(ProxyFamilies, SecondTurnAfterLlamaServerRestartAnswersRight) {
   LlamaServerProcess& server = start_family_server();
   ProxyProcess& proxy = start_proxy();
@@ -252,8 +254,8 @@ TEST_P(ProxyFamilies, SecondTurnAfterLlamaServerRestartAnswersRight) {
   first.max_tokens = 96;  // within the test model's 128-token window
   const ChatResult turn1 = post_chat(proxy.url(), first);
   ASSERT_EQ(turn1.http.status, 200) << describe(turn1);
-  wait_for_finished(proxy, turn1.prompt_tokens);  // its closure parked, or not
-  const ProxyStatus published = wait_for_publishes(proxy, kv_cache() ? 2 : 1);
+  wait_for_finished(proxy, turn1.prompt_tokens);
+  const ProxyStatus published = wait_for_publishes(proxy, 2);  // the head and the turn
 
   server.stop();
   ASSERT_TRUE(server.start()) << server.log_tail();
@@ -274,21 +276,25 @@ TEST_P(ProxyFamilies, SecondTurnAfterLlamaServerRestartAnswersRight) {
   EXPECT_LE(turn2.header_int("x-kvpark-prefilled-tokens"), prefilled) << describe(turn2);
   EXPECT_GE(turn2.header_int("x-kvpark-prefilled-tokens") + token_slack, prefilled)
       << describe(turn2);
-  // Turn 2's own closure is parked for a KV cache only.
   wait_for_finished(proxy, turn1.prompt_tokens + turn2.prompt_tokens);
-  const ProxyStatus status = kv_cache() ? wait_for_publishes(proxy, published.publishes + 1)
-                                        : get_proxy_status(proxy.url());
-  EXPECT_EQ(status.publishes, published.publishes + (kv_cache() ? 1 : 0)) << status.body;
-  if (kv_cache()) {
+  const ProxyStatus status = wait_for_publishes(proxy, published.publishes + 1);  // turn 2's
+  EXPECT_EQ(status.publishes, published.publishes + 1) << status.body;
+  if (family().head == HeadRestore::continues) {
     EXPECT_EQ(turn2.http.header("x-kvpark-reuse"), "private_turn_closure") << describe(turn2);
     EXPECT_LE(prefilled, turn2.prompt_tokens - turn1.prompt_tokens + token_slack);
-  } else if (family().head == HeadRestore::continues) {
-    EXPECT_EQ(turn2.http.header("x-kvpark-reuse"), "shared_stable_prefix") << describe(turn2);
+  } else {
+    EXPECT_EQ(turn2.http.header("x-kvpark-reuse"), "root") << describe(turn2);
   }
   const ChatResult direct = post_chat(server.url(), reference(second));
   ASSERT_EQ(direct.http.status, 200) << describe(direct);
   EXPECT_EQ(turn2.content, direct.content);
-  EXPECT_NEAR(first_logprob(turn2), first_logprob(direct), logprob_tolerance) << describe(turn2);
+  // With flash attention, an iSWA window loaded from a state sits in other cells than a
+  // fresh prefill's, and the attention sums in another order: llama.cpp's own save and
+  // reload differs from a fresh prefill as much (docs/llama.md).
+  const bool reordered = std::string(family().memory) == "sliding_window" && cache().flash;
+  if (!reordered) {
+    EXPECT_NEAR(first_logprob(turn2), first_logprob(direct), logprob_tolerance) << describe(turn2);
+  }
 }
 
 std::string case_name(const ::testing::TestParamInfo<ProxyFamilies::ParamType>& info) {
