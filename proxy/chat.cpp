@@ -78,6 +78,18 @@ std::vector<int32_t> tokens_before_content(Upstream& upstream, const rapidjson::
   return a;
 }
 
+// The tokens before the content of a `role` message after messages[0, keep), from the
+// route's prefix cache, rendered (and remembered) when it has none; null when they
+// cannot be had.
+std::shared_ptr<const Tokens> known_or_rendered(Route& route, const rapidjson::Document& request,
+                                                size_t keep, const char* role) {
+  const uint64_t key = PrefixKeys(request).key(keep, role);
+  std::shared_ptr<const Tokens> tokens = route.prefixes().find(key);
+  if (tokens != nullptr) return tokens;
+  route.prefixes().remember(key, tokens_before_content(route.upstream(), request, keep, role));
+  return route.prefixes().find(key);
+}
+
 // How far `prefix` runs in `tokens`: its length if it is a prefix, else 0.
 uint32_t prefix_end(const std::vector<int32_t>& prefix, const std::vector<int32_t>& tokens) {
   return !prefix.empty() && common_prefix(prefix, tokens) == prefix.size() ? uint32_t(prefix.size())
@@ -134,14 +146,8 @@ void plan_writes(Turn& turn, const kvpark_request* request) {
 
   uint32_t frontier = 0;
   if ((leading > 0 || tools) && leading < messages.Size()) {
-    const PrefixKeys keys(turn.request);
-    const uint64_t key = keys.key(leading, "user");
-    std::shared_ptr<const Tokens> head = route.prefixes().find(key);
-    if (head == nullptr) {
-      route.prefixes().remember(
-          key, tokens_before_content(route.upstream(), turn.request, leading, "user"));
-      head = route.prefixes().find(key);
-    }
+    const std::shared_ptr<const Tokens> head =
+        known_or_rendered(route, turn.request, leading, "user");
     // The head's tokens must open this very prompt (a tokenizer may merge across the
     // boundary differently for another user message).
     if (head != nullptr) frontier = prefix_end(*head, turn.tokens);
@@ -324,14 +330,8 @@ void park_saved(ProxyState& proxy, Route& route, const SavedSlot& saved,
 uint32_t closure_position(Turn& turn) {
   Route& route = *turn.route;
   const size_t messages = turn.request["messages"].Size();
-  const PrefixKeys keys(turn.request);
-  const uint64_t key = keys.key(messages, "assistant");
-  std::shared_ptr<const Tokens> closure = route.prefixes().find(key);
-  if (closure == nullptr) {
-    route.prefixes().remember(
-        key, tokens_before_content(route.upstream(), turn.request, messages, "assistant"));
-    closure = route.prefixes().find(key);
-  }
+  const std::shared_ptr<const Tokens> closure =
+      known_or_rendered(route, turn.request, messages, "assistant");
   uint32_t end = closure != nullptr ? prefix_end(*closure, turn.tokens) : 0;
   if (end == 0) {
     std::vector<int32_t> next_user;
@@ -341,6 +341,25 @@ uint32_t closure_position(Turn& turn) {
       end = uint32_t(common_prefix(next_user, turn.tokens));
   }
   return end;
+}
+
+// Whether llama-server may be trusted to trim the turn's slot back to any prefix of
+// its prompt, so the slot is believed to hold the prompt. A KV cache, yes. A live
+// iSWA cache keeps what trimming needs, but one loaded from a parked state holds only
+// the window its last position saw (trimmed below that, under --swa-full, it answers
+// wrongly). A recurrent memory can go back only to llama-server's own checkpoints,
+// which fall short of where an exact parked state restores. Otherwise nothing is
+// believed, and the next request restores an exact state from kvparkd.
+bool slot_trimmable(const Turn& turn) {
+  switch (turn.route->memory_shape()) {
+    case llama::MemoryShape::kv_cache:
+      return true;
+    case llama::MemoryShape::sliding_window:
+      return turn.restored == 0;
+    case llama::MemoryShape::recurrent:
+      return false;
+  }
+  return false;
 }
 
 // Saves the turn's slot and parks it as the state after tokens[0, position), now.
@@ -574,13 +593,9 @@ void finish_turn(Turn& turn, int status, bool completed) {
       const uint32_t end = closure_position(turn);
       if (end > std::max(turn.restored, turn.head)) park_slot(turn, end, turn.closure_options);
     }
-    // Believed to hold the prompt, which a KV cache can be trimmed back to. Any other
-    // memory holds the prompt and the reply, usable only at that exact length, which
-    // the proxy does not know: nothing is believed, and the next request restores an
-    // exact state from kvparkd instead.
-    const bool trimmable = route.memory_shape() == llama::MemoryShape::kv_cache;
-    route.slots().release(
-        turn.slot, status == 200 && trimmable ? std::move(turn.tokens) : std::vector<int32_t>());
+    route.slots().release(turn.slot, status == 200 && slot_trimmable(turn)
+                                         ? std::move(turn.tokens)
+                                         : std::vector<int32_t>());
   }
   if (status == 200 && restore_discarded(turn)) {
     // Counted as what it was: a failed restore (the request was prefilled), not a reuse.

@@ -5,7 +5,6 @@
 // its memory keeps (docs/proxy.md, "Model families"); every family answers right and
 // reports what it really prefilled.
 #include <cmath>
-#include <thread>
 #include <tuple>
 
 #include "tests/proxy/proxy_e2e.h"
@@ -211,14 +210,7 @@ TEST_P(ProxyFamilyStack, FanOutOfSixPrefillsTheHeadOnceWhereTheMemoryAllows) {
   ASSERT_GT(head_tokens, 1000);
 
   const int64_t before = prompt_tokens_total(server.url());
-  std::vector<ChatResult> results(fan_out_requests);
-  std::vector<std::thread> clients;
-  for (size_t i = 0; i < fan_out_requests; ++i) {
-    clients.emplace_back([&, i] {
-      results[i] = post_chat(proxy.url(), chat(conversation(system, user_text(20 + i))));
-    });
-  }
-  for (std::thread& t : clients) t.join();
+  const std::vector<ChatResult> results = post_siblings_at_once(proxy.url(), system, 20);
   const int64_t prefilled = prompt_tokens_total(server.url()) - before;
 
   const bool continues = family().head == HeadRestore::continues;

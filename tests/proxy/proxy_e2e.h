@@ -75,6 +75,22 @@ inline ChatRequest chat(std::vector<ChatMessage> messages, bool stream = false) 
   return r;
 }
 
+// A fan-out: fan_out_requests siblings over `system` at once, with users first_user,
+// first_user + 1, ...; their results in that order.
+inline std::vector<ChatResult> post_siblings_at_once(const std::string& url,
+                                                     const std::string& system,
+                                                     uint64_t first_user) {
+  std::vector<ChatResult> results(fan_out_requests);
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < fan_out_requests; ++i) {
+    clients.emplace_back([&, i] {
+      results[i] = post_chat(url, chat(conversation(system, user_text(first_user + i))));
+    });
+  }
+  for (std::thread& t : clients) t.join();
+  return results;
+}
+
 // The same request as a reference: straight to llama-server, nothing cached.
 inline ChatRequest reference(ChatRequest r) {
   r.cache_prompt = false;

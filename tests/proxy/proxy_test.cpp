@@ -44,14 +44,7 @@ TEST_F(ProxyE2E, SixParallelRequestsPrefillTheHeadOnce) {
   ASSERT_GT(head_tokens, 1000);
 
   const int64_t before = prompt_tokens_total(server.url());
-  std::vector<ChatResult> results(fan_out_requests);
-  std::vector<std::thread> clients;
-  for (size_t i = 0; i < fan_out_requests; ++i) {
-    clients.emplace_back([&, i] {
-      results[i] = post_chat(proxy.url(), chat(conversation(system, user_text(20 + i))));
-    });
-  }
-  for (std::thread& t : clients) t.join();
+  const std::vector<ChatResult> results = post_siblings_at_once(proxy.url(), system, 20);
   const int64_t prefilled = prompt_tokens_total(server.url()) - before;
 
   int64_t prefilled_max = head_tokens + token_slack;  // the head once
