@@ -396,9 +396,10 @@ void park_head_in_background(Turn& turn, std::shared_ptr<Reserved> reserved, uin
 // A memory that cannot be trimmed back (sliding window, recurrent) serves a state at
 // its exact length only, and after the reply the slot holds the reply too: such a
 // turn's closure is parked before the reply instead. The slot is prefilled to the
-// closure (at most the prompt less its last token, which the request then prefills:
-// llama-server always evaluates one), saved there and parked in the background; the
-// request goes on from it, so nothing is prefilled twice.
+// closure (at most the prompt less its last proxy_closure_tail_tokens, which the
+// request then prefills), saved there and parked in the background; the request goes
+// on from it, so nothing is prefilled twice. Costs the request one more round trip
+// and the slot file's write before its reply.
 void park_closure_before_reply(Turn& turn) {
   Route& route = *turn.route;
   if (!turn.closure || turn.slot == no_slot || route.memory_shape() == llama::MemoryShape::kv_cache)
