@@ -150,6 +150,16 @@ Status Server::listen(int& ret_errno) {
     ret_errno = errno;
     return Status::IoError;
   }
+  // Members of the attach group reach the socket through its group bits: it takes that
+  // group (a daemon running as root, or as a member of the group, may give it).
+  const gid_t group = options_.attach_gid;
+  if (group != static_cast<gid_t>(-1) && st.st_gid != group &&
+      chown(options_.socket_path.c_str(), static_cast<uid_t>(-1), group) != 0) {
+    log_warning(
+        "kvparkd: cannot give %s to the attach group (gid %u): %s; only its owner and "
+        "root can connect",
+        options_.socket_path.c_str(), unsigned(group), strerror(errno));
+  }
   if (!write_pid(options_.lock_fd)) {
     log_warning("kvparkd: cannot write the pid to %s.lock: %s", options_.socket_path.c_str(),
                 strerror(errno));

@@ -2,6 +2,7 @@
 // handshake deadline, the per-uid and global connection caps at N and N+1 (several
 // processes, several uids), and HELLO geometry no reservation could ever hold.
 #include <fcntl.h>
+#include <grp.h>
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -52,15 +53,16 @@ kvpark_status try_connect(const std::string& socket, const kvpark_namespace& ns)
 // until the parent lets go of it.
 class Holder {
  public:
-  Holder(const std::string& socket, size_t count, bool greet, uid_t uid = geteuid()) {
+  Holder(const std::string& socket, size_t count, bool greet, uid_t uid = geteuid(),
+         gid_t gid = nogroup_gid) {
     int report[2], hold[2];
     if (pipe(report) != 0 || pipe(hold) != 0) return;
     pid_ = fork();
     if (pid_ == 0) {
       close(report[0]);
       close(hold[1]);
-      if (uid != geteuid() &&
-          (setresgid(nogroup_gid, nogroup_gid, nogroup_gid) != 0 || setresuid(uid, uid, uid) != 0)) {
+      if (uid != geteuid() && (setgroups(0, nullptr) != 0 || setresgid(gid, gid, gid) != 0 ||
+                               setresuid(uid, uid, uid) != 0)) {
         _exit(100);
       }
       std::vector<RawClient> peers;
@@ -108,12 +110,11 @@ class Admission : public ::testing::Test {
     ASSERT_EQ(observer_.connect(daemon_->socket_path()), KVPARK_OK);
     observer_.publish_and_verify();
   }
-  // Lets other users reach the socket: the directory traversable, the socket in the
-  // attach group (as the unit's RuntimeDirectory and group would).
+  // Lets other users reach the socket's directory, as the unit's RuntimeDirectory does
+  // (the socket itself is in the attach group: the daemon gives it).
   void open_socket_to_attach_group() {
     const std::string dir = std::filesystem::path(daemon_->socket_path()).parent_path();
     ASSERT_EQ(chmod(dir.c_str(), 0711), 0);
-    ASSERT_EQ(chown(daemon_->socket_path().c_str(), static_cast<uid_t>(-1), nogroup_gid), 0);
   }
   uint64_t connections() { return observer_.stats().connections; }
   bool wait_connections(uint64_t n, int timeout_msec = 5000) {
@@ -248,6 +249,25 @@ TEST_F(Admission, ConnectionsPerUidAtCapAndCapPlusOne) {
   open_socket_to_attach_group();
   Holder other(daemon_->socket_path(), 1, true, nobody_uid);
   EXPECT_EQ(other.answered(), 1u);
+  EXPECT_EQ(daemon_->stop(), 0);
+}
+
+// --attach-group alone: the socket is created 0660 in that group, so a member
+// connects and anyone else is refused by the kernel (EACCES), no chgrp by hand.
+TEST_F(Admission, AttachGroupAloneLetsMembersInAndKeepsOthersOut) {
+  if (geteuid() != 0) GTEST_SKIP() << "other users need root to set them up";
+  start({"--attach-group", "nogroup"});
+  struct stat st {};
+  ASSERT_EQ(stat(daemon_->socket_path().c_str(), &st), 0);
+  EXPECT_EQ(st.st_gid, nogroup_gid);
+  EXPECT_EQ(st.st_mode & 0777, 0660u);
+  open_socket_to_attach_group();
+  Holder member(daemon_->socket_path(), 1, true, nobody_uid, nogroup_gid);
+  EXPECT_EQ(member.answered(), 1u);
+  constexpr gid_t outsider_gid = 65532;
+  Holder outsider(daemon_->socket_path(), 1, false, other_uid, outsider_gid);
+  EXPECT_EQ(outsider.answered(), 0u);
+  observer_.publish_and_verify();
   EXPECT_EQ(daemon_->stop(), 0);
 }
 
