@@ -241,13 +241,25 @@ bool Route::refresh(bool verify_slots) {
                   "run the proxy where that path is readable)");
     return false;
   }
-  llama::MemoryShape memory = llama::MemoryShape::kv_cache;
-  if (llama::read_memory_shape(props.model_path, &memory) != llama::GgufReadStatus::ok) {
-    set_state(UpstreamState::misconfigured,
-              upstream_.describe() + " serves " + props.model_path +
-                  ", whose GGUF metadata the proxy cannot read (it reads what the model's "
-                  "memory keeps: run the proxy where that path is readable)");
-    return false;
+  // Read once per model file (its digest), not at every check.
+  llama::MemoryShape memory = memory_shape_.load();
+  bool shape_known = false;
+  {
+    std::lock_guard lock(mutex_);
+    shape_known = memory_digest_known_ && memory_digest_.low == weights.low &&
+                  memory_digest_.high == weights.high;
+  }
+  if (!shape_known) {
+    if (llama::read_memory_shape(props.model_path, &memory) != llama::GgufReadStatus::ok) {
+      set_state(UpstreamState::misconfigured,
+                upstream_.describe() + " serves " + props.model_path +
+                    ", whose GGUF metadata the proxy cannot read (it reads what the model's "
+                    "memory keeps: run the proxy where that path is readable)");
+      return false;
+    }
+    std::lock_guard lock(mutex_);
+    memory_digest_ = weights;
+    memory_digest_known_ = true;
   }
   slots_.resize(props.total_slots);
   kvpark_hash128 id;

@@ -235,6 +235,8 @@ class Route {
   std::function<void()> on_state_change_;
   std::atomic<uint32_t> in_progress_{0};
   std::atomic<llama::MemoryShape> memory_shape_{llama::MemoryShape::kv_cache};
+  kvpark_hash128 memory_digest_{};  // the model file whose metadata gave the shape
+  bool memory_digest_known_ = false;
   std::atomic<bool> restores_discarded_{false};
   PromptPrefixes prefixes_;
   ProcessWatch watch_;
