@@ -10,30 +10,14 @@
 #include <string_view>
 #include <vector>
 
+#include "integrations/llama/gguf_format.h"
+
 namespace kvpark::llama {
 namespace {
 
-constexpr uint32_t gguf_magic = 0x46554747;  // "GGUF"
 constexpr uint64_t gguf_key_bytes_max = 64 << 10;
 constexpr uint64_t gguf_kv_count_max = 1 << 20;
 constexpr uint32_t gguf_array_nesting_max = 1;  // llama.cpp writes no arrays of arrays
-
-enum GgufType : uint32_t {
-  type_u8,
-  type_i8,
-  type_u16,
-  type_i16,
-  type_u32,
-  type_i32,
-  type_f32,
-  type_bool,
-  type_string,
-  type_array,
-  type_u64,
-  type_i64,
-  type_f64,
-  type_count
-};
 
 uint64_t scalar_bytes(uint32_t type) {
   switch (type) {

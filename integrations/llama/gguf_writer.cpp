@@ -12,20 +12,13 @@
 #include <string_view>
 #include <vector>
 
+#include "integrations/llama/gguf_format.h"
+
 namespace kvpark::llama {
 namespace {
 
-constexpr uint32_t gguf_magic = 0x46554747;  // "GGUF"
 constexpr uint32_t gguf_version = 3;
 constexpr uint64_t gguf_alignment_bytes = 32;
-
-enum GgufType : uint32_t {
-  type_uint32 = 4,
-  type_int32 = 5,
-  type_float32 = 6,
-  type_string = 8,
-  type_array = 9,
-};
 constexpr uint32_t ggml_type_f32 = 0;
 
 // llama.cpp token types (llama_token_type).
@@ -92,8 +85,8 @@ class Buffer {
     while (bytes_.size() % alignment != 0) bytes_.push_back(0);
   }
   // Metadata key/values.
-  void kv_u32(std::string_view key, uint32_t v) { str(key), u32(type_uint32), u32(v), ++kvs_; }
-  void kv_f32(std::string_view key, float v) { str(key), u32(type_float32), f32(v), ++kvs_; }
+  void kv_u32(std::string_view key, uint32_t v) { str(key), u32(type_u32), u32(v), ++kvs_; }
+  void kv_f32(std::string_view key, float v) { str(key), u32(type_f32), f32(v), ++kvs_; }
   void kv_str(std::string_view key, std::string_view v) {
     str(key), u32(type_string), str(v), ++kvs_;
   }
@@ -209,7 +202,7 @@ void add_arch_metadata(const TestModelOptions& o, Buffer& out) {
   out.kv_u32(a + ".feed_forward_length", o.feed_forward_length);
   out.kv_u32(a + ".attention.head_count", o.head_count);
   if (o.arch == TestModelArch::lfm2) {  // per layer: 0 marks a convolution layer
-    out.kv_array_header(a + ".attention.head_count_kv", type_uint32, o.block_count);
+    out.kv_array_header(a + ".attention.head_count_kv", type_u32, o.block_count);
     for (uint32_t b = 0; b < o.block_count; ++b)
       out.u32(lfm2_attention_layer(b) ? o.head_count_kv : 0);
     out.kv_u32(a + ".shortconv.l_cache", o.shortconv_cache);
@@ -293,10 +286,10 @@ GgufStatus write_test_model(const std::string& path, const TestModelOptions& o) 
     out.str(name);
   }
   for (const char* piece : word_pieces) out.str(piece);
-  out.kv_array_header("tokenizer.ggml.scores", type_float32, n_vocab);
+  out.kv_array_header("tokenizer.ggml.scores", type_f32, n_vocab);
   for (uint64_t t = 0; t < n_vocab; ++t)
     out.f32(t < control_tokens + byte_tokens ? 0.0f : -float(t - control_tokens - byte_tokens));
-  out.kv_array_header("tokenizer.ggml.token_type", type_int32, n_vocab);
+  out.kv_array_header("tokenizer.ggml.token_type", type_i32, n_vocab);
   out.i32(token_unknown), out.i32(token_control), out.i32(token_control);
   for (uint32_t b = 0; b < byte_tokens; ++b)
     out.i32(o.text_only_output && b >= 0x80 ? token_normal : token_byte);
