@@ -293,7 +293,7 @@ bool save_slot_file(Turn& turn, uint32_t position, bool exact, const char* purpo
   *ret_saved = SavedSlot{.path = path,
                          .file_bytes = uint64_t(st.st_size),
                          .position = position,
-                         .options = turn.head_options,
+                         .options = {},  // the caller's
                          .tokens = {},
                          .slot = turn.slot};
   return true;
@@ -371,26 +371,37 @@ void park_slot(Turn& turn, uint32_t position, const kvpark_publish_options& opti
   park_saved(*turn.proxy, *turn.route, saved);
 }
 
-// Saves the head the turn just prefilled, and parks it in the background while the
-// request goes on (the copy into kvparkd is not the request's to wait for); the
-// flight ends once it is parked, so followers find it. Only a slot holding the head
-// alone is parked (exact): what follows it in a slot is one conversation's. The file
-// has a name of its own: the slot may save again before the copy is done.
-void park_head_in_background(Turn& turn, std::shared_ptr<Reserved> reserved, uint64_t flight_key) {
-  static std::atomic<uint64_t> head_files{0};
+// Saves the turn's slot, which holds exactly tokens[0, position), into a file of its
+// own (the slot may save again before the copy is done) and parks it in the
+// background while the request goes on: the copy into kvparkd is not the request's to
+// wait for. `done` runs once it is parked, or could not be saved.
+void park_exact_in_background(Turn& turn, uint32_t position, const kvpark_publish_options& options,
+                              const char* kind, std::shared_ptr<Reserved> reserved,
+                              std::function<void()> done) {
+  static std::atomic<uint64_t> files{0};
   SavedSlot saved;
-  const std::string purpose = "head-" + std::to_string(++head_files);
-  if (!save_slot_file(turn, turn.head, /*exact=*/true, purpose.c_str(), &saved)) {
-    turn.proxy->flights.finish(flight_key);
+  const std::string purpose = std::string(kind) + "-" + std::to_string(++files);
+  if (!save_slot_file(turn, position, /*exact=*/true, purpose.c_str(), &saved)) {
+    done();
     return;
   }
-  saved.tokens.assign(turn.tokens.begin(), turn.tokens.begin() + turn.head);
+  saved.options = options;
+  saved.tokens.assign(turn.tokens.begin(), turn.tokens.begin() + position);
   ProxyState* proxy = turn.proxy;
   Route* route = turn.route;
-  proxy->background.run([proxy, route, saved = std::move(saved), reserved, flight_key] {
+  proxy->background.run([proxy, route, saved = std::move(saved), reserved, done] {
     park_saved(*proxy, *route, saved, reserved.get());
-    proxy->flights.finish(flight_key);
+    done();
   });
+}
+
+// Parks the head the turn just prefilled; the flight ends once it is parked, so
+// followers find it. Only a slot holding the head alone is parked (exact): what
+// follows it in a slot is one conversation's.
+void park_head_in_background(Turn& turn, std::shared_ptr<Reserved> reserved, uint64_t flight_key) {
+  HeadFlights* flights = &turn.proxy->flights;
+  park_exact_in_background(turn, turn.head, turn.head_options, "head", std::move(reserved),
+                           [flights, flight_key] { flights->finish(flight_key); });
 }
 
 // A memory that cannot be trimmed back (sliding window, recurrent) serves a state at
@@ -421,15 +432,7 @@ void park_closure_before_reply(Turn& turn) {
   }
   turn.prefilled_ahead += prefilled;
   if (msec >= 0) turn.prefill_ahead_msec = std::max(turn.prefill_ahead_msec, 0.0) + msec;
-  static std::atomic<uint64_t> closure_files{0};
-  const std::string purpose = "closure-" + std::to_string(++closure_files);
-  SavedSlot saved;
-  if (!save_slot_file(turn, end, /*exact=*/true, purpose.c_str(), &saved)) return;
-  saved.options = turn.closure_options;
-  saved.tokens.assign(turn.tokens.begin(), turn.tokens.begin() + end);
-  ProxyState* proxy = turn.proxy;
-  proxy->background.run(
-      [proxy, route = turn.route, saved = std::move(saved)] { park_saved(*proxy, *route, saved); });
+  park_exact_in_background(turn, end, turn.closure_options, "closure", nullptr, [] {});
 }
 
 // Whether llama-server still has what the proxy believes the slot holds: it may have
