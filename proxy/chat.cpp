@@ -1,4 +1,6 @@
-// POST /v1/chat/completions: the request flow of kvpark-proxy (docs/proxy.md).
+// POST /v1/chat/completions, /v1/responses, /v1/messages: the request flow of
+// kvpark-proxy (docs/proxy.md). Each front door's body becomes the Chat Completions
+// body llama-server renders it as (wire_formats.h); the flow below runs on that.
 //
 //   render + tokenize through the upstream -> plan the writes (system/tools head,
 //   turn closure) -> look up kvparkd -> head single flight (prefill the head alone,
@@ -432,6 +434,7 @@ void park_closure_before_reply(Turn& turn) {
   }
   turn.prefilled_ahead += prefilled;
   if (msec >= 0) turn.prefill_ahead_msec = std::max(turn.prefill_ahead_msec, 0.0) + msec;
+  turn.closure_ahead = true;
   park_exact_in_background(turn, end, turn.closure_options, "closure", nullptr, [] {});
 }
 
@@ -628,41 +631,91 @@ void finish_turn(Turn& turn, int status, bool completed) {
     c.prefilled_tokens += prefilled;
     c.restored_tokens += turn.restored;
     c.cached_tokens += cached;
+    const size_t api = size_t(turn.api);
+    ++c.api_answered[api];
+    c.api_prompt_tokens[api] += turn.prompt_tokens;
+    c.api_prefilled_tokens[api] += prefilled;
+    c.api_cached_tokens[api] += cached;
   }
   std::fprintf(stderr,
-               "kvpark-proxy: POST /v1/chat/completions upstream=%s slot=%d reuse=%s cached=%u/%u "
+               "kvpark-proxy: POST %s api=%s upstream=%s slot=%d reuse=%s cached=%u/%u "
                "prefilled=%u restored=%u ttft_ms=%.1f status=%d restore_bytes=%llu "
                "restore_file_ms=%.2f restore_upstream_ms=%.2f forward_ms=%.2f path=%s\n",
-               route.name().c_str(), turn.slot == no_slot ? -1 : int(turn.slot),
-               reuse_kind_string(turn.reuse), cached, turn.prompt_tokens, prefilled, turn.restored,
-               turn.ttft_msec, status, static_cast<unsigned long long>(turn.restore_bytes),
+               turn.client_path.c_str(), api_string(turn.api), route.name().c_str(),
+               turn.slot == no_slot ? -1 : int(turn.slot), reuse_kind_string(turn.reuse), cached,
+               turn.prompt_tokens, prefilled, turn.restored, turn.ttft_msec, status, static_cast<unsigned long long>(turn.restore_bytes),
                turn.restore_file_msec, turn.restore_upstream_msec, turn.forward_delay_msec,
                turn.known != nullptr ? "known_prefix" : "full");
 }
 
-void serve_chat(ProxyState& proxy, const httplib::Request& req, httplib::Response& res) {
+namespace {
+
+// The client's body as the Chat Completions body it renders as (turn.request), for
+// Responses kept as sent too (turn.client_request: forwarded as is). false: answered
+// with the client's error.
+bool read_request(Turn& turn, const std::string& body, httplib::Response& res) {
+  rapidjson::Document doc;
+  const JsonStatus parsed_json = parse_json(body, doc);
+  if (parsed_json != JsonStatus::ok) {
+    send_api_error(res, turn.api, 400, "invalid_request_error",
+                   "request body: " + json_error_string(parsed_json, doc));
+    return false;
+  }
+  std::string why;
+  int normalized = 0;
+  bool converted = true;
+  switch (turn.api) {
+    case Api::chat_completions:
+      turn.request.Swap(doc);
+      break;
+    case Api::responses:
+      converted = responses_to_chat(doc, turn.request, &why);
+      turn.client_request.Swap(doc);
+      break;
+    case Api::messages:
+      converted = messages_to_chat(doc, turn.proxy->options.normalize_billing_header,
+                                   turn.request, &normalized, &why);
+      turn.proxy->counters.billing_headers_normalized += uint64_t(std::max(0, normalized));
+      break;
+    case Api::count:
+      break;
+  }
+  if (!converted) {
+    send_api_error(res, turn.api, 400, "invalid_request_error", why);
+    return false;
+  }
+  const rapidjson::Document& chat = turn.request;
+  if (!chat.IsObject() || !chat.HasMember("messages") || !chat["messages"].IsArray() ||
+      chat["messages"].Empty()) {
+    send_api_error(res, turn.api, 400, "invalid_request_error",
+                   turn.api == Api::responses ? "input: expected a non-empty string or array"
+                                              : "messages: expected a non-empty array of messages");
+    return false;
+  }
+  turn.stream = chat.HasMember("stream") && chat["stream"].IsBool() && chat["stream"].GetBool();
+  return true;
+}
+
+}  // namespace
+
+void serve_cached(ProxyState& proxy, Api api, const httplib::Request& req,
+                  httplib::Response& res) {
   auto turn = std::make_shared<Turn>();
   turn->start = Clock::now();
   turn->proxy = &proxy;
+  turn->api = api;
+  turn->client_path = req.path;
   ++proxy.counters.requests;
+  ++proxy.counters.api_requests[size_t(api)];
+  if (!read_request(*turn, req.body, res)) return;
   rapidjson::Document& doc = turn->request;
-  const JsonStatus parsed_json = parse_json(req.body, doc);
-  if (parsed_json != JsonStatus::ok) {
-    send_error(res, 400, "invalid_request_error",
-               "request body: " + json_error_string(parsed_json, doc));
-    return;
-  }
-  if (!doc.IsObject() || !doc.HasMember("messages") || !doc["messages"].IsArray() ||
-      doc["messages"].Empty()) {
-    send_error(res, 400, "invalid_request_error",
-               "messages: expected a non-empty array of messages");
-    return;
-  }
+  // What llama-server renders: the client's body for chat, the converted one else.
+  const std::string chat_body = api == Api::chat_completions ? req.body : to_json(doc);
   kvpark_request* parsed = nullptr;
   char parse_error[256] = {};
-  if (kvpark_request_parse(req.body.data(), req.body.size(), KVPARK_REQUEST_CHAT_COMPLETIONS,
+  if (kvpark_request_parse(chat_body.data(), chat_body.size(), KVPARK_REQUEST_CHAT_COMPLETIONS,
                            &parsed, parse_error, sizeof parse_error) != KVPARK_OK) {
-    send_error(res, 400, "invalid_request_error", parse_error);
+    send_api_error(res, api, 400, "invalid_request_error", parse_error);
     return;
   }
   turn->parsed.reset(parsed);
@@ -671,33 +724,39 @@ void serve_chat(ProxyState& proxy, const httplib::Request& req, httplib::Respons
       doc.HasMember("model") && doc["model"].IsString() ? doc["model"].GetString() : "";
   turn->route = route_request(proxy, model);
   if (turn->route == nullptr) {
-    send_error(res, 404, "model_not_found", "model '" + model + "': no upstream serves it");
+    send_api_error(res, api, 404, api == Api::messages ? "not_found_error" : "model_not_found",
+                   "model '" + model + "': no upstream serves it");
     return;
   }
   Route& route = *turn->route;
   route.check_process();  // a no-op while the upstream is the process last checked
   turn->namespace_id = route.namespace_id();  // what its prefill timings measure
+  turn->body = chat_body;
   if (route.ready() && route.parking().connected()) {
     turn->session_id = session_of(doc);
     if (take_slot_on_known_prefix(*turn)) {
       ++proxy.counters.forwarded_fast;
-      turn->body = req.body;
-      forward(turn, req.path, res);
+      forward(turn, res);
       return;
     }
   }
   ++proxy.counters.forwarded_full;
   Reply failure;
-  if (!route.ready() || !route.upstream().chat_tokens(req.body, &turn->tokens, &failure)) {
-    if (failure.status != 0) {  // the upstream refused the request: its answer, as is
-      res.status = failure.status;
-      res.set_content(failure.body, failure.content_type.empty() ? "application/json"
-                                                                 : failure.content_type.c_str());
+  if (!route.ready() || !route.upstream().chat_tokens(chat_body, &turn->tokens, &failure)) {
+    if (failure.status != 0) {  // the upstream refused the request: its answer, in the
+      res.status = failure.status;  // client's format
+      if (api == Api::messages)
+        res.set_content(messages_error_from_openai(failure.status, failure.body),
+                        "application/json");
+      else
+        res.set_content(failure.body, failure.content_type.empty()
+                                          ? "application/json"
+                                          : failure.content_type.c_str());
       return;
     }
     ++proxy.counters.uncached_requests;
     turn->reuse = ReuseKind::uncached;
-    forward(turn, req.path, res);  // 502 when unreachable, else served plainly
+    forward(turn, res);  // 502 when unreachable, else served plainly
     return;
   }
   turn->session_id = session_of(doc);
@@ -711,7 +770,7 @@ void serve_chat(ProxyState& proxy, const httplib::Request& req, httplib::Respons
   }
   take_slot_with_head(*turn);
   park_closure_before_reply(*turn);
-  forward(turn, req.path, res);
+  forward(turn, res);
 }
 
 }  // namespace kvpark::proxy

@@ -135,6 +135,26 @@ void serve_status(ProxyState& proxy, httplib::Response& res) {
     w.Key(name);
     w.Uint64(value->load());
   }
+  w.Key("billing_headers_normalized");
+  w.Uint64(c.billing_headers_normalized.load());
+  w.Key("apis");  // by front door: requests received, answered, their prompt figures
+  w.StartObject();
+  for (size_t api = 0; api < size_t(Api::count); ++api) {
+    w.Key(api_string(Api(api)));
+    w.StartObject();
+    const std::pair<const char*, const std::atomic<uint64_t>*> figures[] = {
+        {"requests", &c.api_requests[api]},
+        {"answered", &c.api_answered[api]},
+        {"prompt_tokens", &c.api_prompt_tokens[api]},
+        {"prefilled_tokens", &c.api_prefilled_tokens[api]},
+        {"cached_tokens", &c.api_cached_tokens[api]}};
+    for (const auto& [name, value] : figures) {
+      w.Key(name);
+      w.Uint64(value->load());
+    }
+    w.EndObject();
+  }
+  w.EndObject();
   w.Key("upstreams");
   w.StartArray();
   for (const auto& route : proxy.routes) {
@@ -234,11 +254,17 @@ void send_error(httplib::Response& res, int status, const std::string& type,
 
 void install_routes(ProxyState& proxy, httplib::Server& server) {
   server.new_task_queue = [] { return new httplib::ThreadPool(server_threads); };
-  auto chat = [&proxy](const httplib::Request& req, httplib::Response& res) {
-    serve_chat(proxy, req, res);
-  };
-  server.Post("/v1/chat/completions", chat);
-  server.Post("/chat/completions", chat);
+  // Three front doors, one request flow (chat.cpp); each also without "/v1", as
+  // llama-server serves them.
+  const std::pair<const char*, Api> doors[] = {
+      {"/v1/chat/completions", Api::chat_completions}, {"/chat/completions", Api::chat_completions},
+      {"/v1/responses", Api::responses},               {"/responses", Api::responses},
+      {"/v1/messages", Api::messages},                 {"/messages", Api::messages}};
+  for (const auto& [path, api] : doors) {
+    server.Post(path, [&proxy, api = api](const httplib::Request& req, httplib::Response& res) {
+      serve_cached(proxy, api, req, res);
+    });
+  }
   server.Get("/health", [&proxy](const httplib::Request&, httplib::Response& res) {
     serve_health(proxy, res);
   });

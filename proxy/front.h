@@ -9,7 +9,8 @@ class Server;
 
 namespace kvpark::proxy {
 
-// POST /v1/chat/completions (and /chat/completions): parked and restored.
+// POST /v1/chat/completions, /v1/responses, /v1/messages (and each without /v1):
+// parked and restored.
 // GET /health (503 until every upstream is verified), GET /kvpark/status, GET
 // /metrics: the proxy's own. GET /v1/models: the configured model names.
 // Anything else: passed through to an upstream.

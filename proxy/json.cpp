@@ -29,7 +29,9 @@ bool json_depth_within(std::string_view text, size_t depth_max) {
 
 JsonStatus parse_json(std::string_view text, rapidjson::Document& doc) {
   if (!json_depth_within(text, json_depth_max)) return JsonStatus::too_deep;
-  doc.Parse<rapidjson::kParseIterativeFlag>(text.data(), text.size());
+  // Full precision: numbers a request carries (tool arguments) are written back as read.
+  doc.Parse<rapidjson::kParseIterativeFlag | rapidjson::kParseFullPrecisionFlag>(text.data(),
+                                                                                 text.size());
   return doc.HasParseError() ? JsonStatus::invalid : JsonStatus::ok;
 }
 

@@ -116,6 +116,24 @@ std::string metrics_text(ProxyState& proxy) {
   }
   w.sample_double("kvpark_proxy_forward_delay_seconds_sum", "", c.forward_delay_usec_sum / 1e6);
   w.sample("kvpark_proxy_forward_delay_seconds_count", "", cumulative);
+  const std::pair<const char*, const std::atomic<uint64_t>*> by_api[] = {
+      {"requests", c.api_answered},
+      {"prompt_tokens", c.api_prompt_tokens},
+      {"prefilled_tokens", c.api_prefilled_tokens},
+      {"cached_tokens", c.api_cached_tokens}};
+  for (const auto& [figure, values] : by_api) {
+    const std::string name = std::string("kvpark_proxy_api_") + figure + "_total";
+    const std::string help = std::string("The ") + figure +
+                             " figure of answered requests, by front door (api: "
+                             "chat_completions, responses, messages).";
+    w.family(name.c_str(), "counter", help.c_str());
+    for (size_t api = 0; api < size_t(Api::count); ++api)
+      w.sample(name, std::string("api=\"") + api_string(Api(api)) + "\"", values[api]);
+  }
+  w.family("kvpark_proxy_billing_headers_normalized_total", "counter",
+           "Messages system texts whose per-request billing stamp (x-anthropic-billing-header "
+           "cch=) was normalised, as llama-server does, so siblings share the head.");
+  w.sample("kvpark_proxy_billing_headers_normalized_total", "", c.billing_headers_normalized);
   w.family("kvpark_proxy_publishes_total", "counter", "Slot states parked in kvparkd.");
   w.sample("kvpark_proxy_publishes_total", "", c.publishes);
   w.family("kvpark_proxy_abandoned_requests_total", "counter",

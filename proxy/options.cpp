@@ -21,7 +21,8 @@ namespace {
 constexpr const char* usage_text =
     "usage: kvpark-proxy [--config FILE] [--listen HOST:PORT] [--upstream NAME=URL]...\n"
     "                    [--state NAME=SETTINGS]... [--slot-dir DIR] [--socket PATH]\n"
-    "                    [--digest-cache DIR] [--no-system-candidate] [--version]\n"
+    "                    [--digest-cache DIR] [--no-system-candidate]\n"
+    "                    [--keep-billing-header] [--version]\n"
     "OpenAI-compatible front for llama-server that parks slot state in kvparkd.\n"
     "See kvpark-proxy(1).\n";
 
@@ -118,6 +119,14 @@ bool set_value(ProxyOptions& o, const std::string& key, const std::string& value
     ret_error = "expected true or false, got '" + value + "'";
     return false;
   }
+  if (key == "normalize_billing_header") {
+    if (value == "true" || value == "yes" || value == "1")
+      return o.normalize_billing_header = true, true;
+    if (value == "false" || value == "no" || value == "0")
+      return o.normalize_billing_header = false, true;
+    ret_error = "expected true or false, got '" + value + "'";
+    return false;
+  }
   ret_error = "unknown key '" + key + "'";
   return false;
 }
@@ -127,7 +136,7 @@ bool repeatable(const std::string& key) { return key == "upstream" || key == "st
 // Keys set_value() knows, each also a flag taking a value (--slot-dir for slot_dir).
 bool known_key(const std::string& key) {
   for (const char* k : {"listen", "upstream", "state", "slot_dir", "socket", "digest_cache",
-                        "system_candidate"}) {
+                        "system_candidate", "normalize_billing_header"}) {
     if (key == k) return true;
   }
   return false;
@@ -218,6 +227,10 @@ bool parse_command_line(int argc, char** argv, ProxyOptions& o, bool& ret_exit_n
     }
     if (flag == "--no-system-candidate") {
       o.system_candidate = false;
+      continue;
+    }
+    if (flag == "--keep-billing-header") {
+      o.normalize_billing_header = false;
       continue;
     }
     if (flag.rfind("--", 0) != 0) {

@@ -55,7 +55,9 @@ void send_error(httplib::Response& res, int status, const std::string& type,
 // GET /metrics: Prometheus text (metrics.cpp).
 std::string metrics_text(ProxyState& proxy);
 
-// POST /v1/chat/completions (chat.cpp).
-void serve_chat(ProxyState& proxy, const httplib::Request& req, httplib::Response& res);
+// POST /v1/chat/completions, /v1/responses, /v1/messages: parked and restored, the
+// answer in the client's format (chat.cpp).
+void serve_cached(ProxyState& proxy, Api api, const httplib::Request& req,
+                  httplib::Response& res);
 
 }  // namespace kvpark::proxy

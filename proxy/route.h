@@ -22,6 +22,7 @@
 #include "proxy/prompt_prefixes.h"
 #include "proxy/slot_pool.h"
 #include "proxy/upstream.h"
+#include "proxy/wire_formats.h"
 
 namespace kvpark::proxy {
 
@@ -66,6 +67,15 @@ struct Counters {
   std::atomic<uint64_t> forwarded_fast{0};
   std::atomic<uint64_t> forwarded_full{0};
   std::atomic<uint64_t> prefix_mismatches{0};
+  // By front door (Api): requests received, answered 200, and the answered ones'
+  // prompt, prefilled and cached tokens (the figures above, split by wire format).
+  std::atomic<uint64_t> api_requests[size_t(Api::count)] = {};
+  std::atomic<uint64_t> api_answered[size_t(Api::count)] = {};
+  std::atomic<uint64_t> api_prompt_tokens[size_t(Api::count)] = {};
+  std::atomic<uint64_t> api_prefilled_tokens[size_t(Api::count)] = {};
+  std::atomic<uint64_t> api_cached_tokens[size_t(Api::count)] = {};
+  // Messages system texts whose per-request billing stamp (cch=) was normalised.
+  std::atomic<uint64_t> billing_headers_normalized{0};
   // Time in the proxy from a chat request's arrival to its forwarding, by bucket.
   static constexpr double forward_delay_bounds_sec[] = {0.0005, 0.001, 0.002, 0.003, 0.005,
                                                         0.01,   0.02,  0.05,  0.1,   0.5,

@@ -4,7 +4,7 @@
 //   kvpark-proxy-bench [--quick] [--head-tokens N] [--llama-server PATH] [--proxy PATH]
 //                      [--kvparkd PATH] [--model PATH | --make-test-model PATH]
 //                      [--arch ARCH [--layers N] [--embedding N]]
-//                      [--slots N] [--threads N] [--fan-out N] [--keep]
+//                      [--slots N] [--threads N] [--fan-out N] [--api LIST] [--keep]
 //   kvpark-proxy-bench --restore-path [--head-tokens N] [--layers N] [--embedding N]
 //   kvpark-proxy-bench --overhead [--head-tokens N] [--pairs N]
 //
@@ -17,14 +17,16 @@
 // client side; the paired differences' median, and the proxy's own time before
 // forwarding (X-Kvpark-Forward-Ms) per request.
 //
-// Cases, each run once direct and once through the proxy, each on a fresh
-// llama-server (new process, empty cache) and, for the proxy, a fresh kvparkd:
+// Cases, for each wire format of --api (chat, responses, messages: all three by
+// default; requests shaped as tests/testing/agent_http.h has them), each run once
+// direct and once through the proxy, each on a fresh llama-server (new process, empty
+// cache) and, for the proxy, a fresh kvparkd:
 //   sibling    request A (system head + user 1), then B (same head, user 2); B measured
 //   fan-out    N siblings at once; max and median TTFT, all prefill together
 //   restart    turn 1, llama-server restarted, turn 2 (turn 1 + reply + user 2) measured
-// TTFT is client side: request sent -> first streamed content chunk. Tokens
+// TTFT is client side: request sent -> first streamed content delta. Tokens
 // prefilled: llama-server's llamacpp:prompt_tokens_total over the measured requests,
-// with the sum of their timings.prompt_n beside it. Through the proxy, a measured
+// with what their usage said was not cached (prompt less cached) beside it. Through the proxy, a measured
 // request starts once the proxy has parked what the previous one left (as a later
 // client would find it). Exit status: 0 when every request succeeded, 1 otherwise,
 // 2 on a bad flag.
@@ -41,6 +43,7 @@
 #include <vector>
 
 #include "bench/proxy/restore_bench.h"
+#include "tests/testing/agent_http.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/llama_server_process.h"
 #include "tests/testing/openai_http.h"
@@ -75,23 +78,23 @@ struct Options {
   int embedding = 1024;
   std::string arch;  // the test model's family; with it, --layers/--embedding if given
   bool geometry_given = false;
+  std::vector<WireFormat> apis = {WireFormat::chat, WireFormat::responses, WireFormat::messages};
 };
 
 struct Figures {
   std::vector<double> ttft_msec;  // one per measured request
   int64_t prefilled = 0;          // prompt_tokens_total delta
-  int64_t prompt_n = 0;           // sum of timings.prompt_n
+  int64_t prompt_n = 0;           // sum of what usage said was not cached
+  bool usage_missing = false;     // some answer's usage had no prompt figures
   std::string notes;              // proxy headers of the measured requests
 };
 
 struct Row {
+  std::string api;
   std::string name;
   Figures direct, proxy;
 };
 
-double ttft_of(const ChatResult& r) {
-  return r.first_content_msec >= 0 ? r.first_content_msec : r.first_chunk_msec;
-}
 
 std::string user_text(int n) {
   return "Question " + std::to_string(n) + ":" + english_text(30, 5000 + uint64_t(n)) + "?";
@@ -133,7 +136,7 @@ class Bench {
   // One case, direct then through the proxy, each from a fresh start.
   template <typename Case>
   bool run(const std::string& name, Case measure) {
-    Row row{.name = name};
+    Row row{.api = wire_format_string(format_), .name = name};
     if (!fresh(/*proxied=*/false) || !measure(server_->url(), &row.direct)) return false;
     if (!fresh(/*proxied=*/true) || !measure(proxy_->url(), &row.proxy)) return false;
     rows_.push_back(row);
@@ -142,7 +145,7 @@ class Bench {
 
   bool sibling(const std::string& url, Figures* ret) {
     const int64_t before = publishes(url);
-    ChatResult a;
+    AgentResult a;
     if (!stream(url, {{"system", head_}, {"user", user_text(1)}}, &a)) return false;
     settle(url, before);
     return measure(url, {{{"system", head_}, {"user", user_text(2)}}}, ret);
@@ -152,7 +155,7 @@ class Bench {
   // another process of the same model): only parked state can serve its head.
   bool sibling_after_restart(const std::string& url, Figures* ret) {
     const int64_t before = publishes(url);
-    ChatResult a;
+    AgentResult a;
     if (!stream(url, {{"system", head_}, {"user", user_text(3)}}, &a)) return false;
     settle(url, before);
     server_->stop();
@@ -171,7 +174,7 @@ class Bench {
   bool restart(const std::string& url, Figures* ret) {
     std::vector<ChatMessage> messages = {{"system", head_}, {"user", user_text(20)}};
     const int64_t before = publishes(url);
-    ChatResult turn1;
+    AgentResult turn1;
     if (!stream(url, messages, &turn1)) return false;
     settle(url, before);
     server_->stop();
@@ -186,7 +189,7 @@ class Bench {
   bool overhead() {
     if (!fresh(/*proxied=*/true)) return false;
     const int64_t before = publishes(proxy_->url());
-    ChatResult a;
+    AgentResult a;
     if (!stream(proxy_->url(), {{"system", head_}, {"user", user_text(1)}}, &a)) return false;
     settle(proxy_->url(), before + 1);  // the head (parked in the background) and the turn
     std::vector<double> direct, proxied, paired, forward_msec;
@@ -241,18 +244,20 @@ class Bench {
         o_.head_tokens, static_cast<long long>(head_measured_), o_.slots, o_.threads,
         o_.arch.empty() ? o_.model.c_str() : o_.arch.c_str());
     std::printf(
-        "| case | direct TTFT ms | proxy TTFT ms | direct tokens prefilled | "
-        "proxy tokens prefilled |\n|---|---:|---:|---:|---:|\n");
+        "| api | case | direct TTFT ms | proxy TTFT ms | direct tokens prefilled | "
+        "proxy tokens prefilled |\n|---|---|---:|---:|---:|---:|\n");
     for (const Row& r : rows_) {
-      std::printf("| %s | %s | %s | %s | %s |\n", r.name.c_str(), ttft_cell(r.direct).c_str(),
+      std::printf("| %s | %s | %s | %s | %s | %s |\n", r.api.c_str(), r.name.c_str(),
+                  ttft_cell(r.direct).c_str(),
                   ttft_cell(r.proxy).c_str(), prefill_cell(r.direct).c_str(),
                   prefill_cell(r.proxy).c_str());
     }
     std::printf(
-        "\nTTFT: client side, request sent to first content chunk (fan-out: max / "
-        "median). Prefilled: llama-server prompt_tokens_total delta (sum of "
-        "timings.prompt_n).\n\nProxy responses:\n");
-    for (const Row& r : rows_) std::printf("  %s:%s\n", r.name.c_str(), r.proxy.notes.c_str());
+        "\nTTFT: client side, request sent to first content delta (fan-out: max / "
+        "median). Prefilled: llama-server prompt_tokens_total delta (what usage said was "
+        "not cached: prompt less cached).\n\nProxy responses:\n");
+    for (const Row& r : rows_)
+      std::printf("  %s, %s:%s\n", r.api.c_str(), r.name.c_str(), r.proxy.notes.c_str());
   }
 
  private:
@@ -326,12 +331,11 @@ class Bench {
         publish_wait_msec_max);
   }
 
-  bool stream(const std::string& url, std::vector<ChatMessage> messages, ChatResult* ret) {
-    ChatRequest r;
-    r.model = "m";
-    r.messages = std::move(messages);
-    r.stream = true;
-    *ret = post_chat(url, r);
+  // A streamed request in the current wire format: messages[0] is the system head.
+  bool stream(const std::string& url, std::vector<ChatMessage> messages, AgentResult* ret) {
+    AgentRequest r{.format = format_, .system = messages.at(0).content, .stream = true};
+    r.turns.assign(messages.begin() + 1, messages.end());
+    *ret = post_agent(url, r);
     if (ret->http.status == 200 && ret->parsed) return true;
     return fail(url + ": status " + std::to_string(ret->http.status) + ": " +
                 ret->http.body.substr(0, 400));
@@ -341,7 +345,7 @@ class Bench {
   bool measure(const std::string& url, const std::vector<std::vector<ChatMessage>>& requests,
                Figures* ret) {
     const int64_t before = prompt_tokens_total(server_->url());
-    std::vector<ChatResult> results(requests.size());
+    std::vector<AgentResult> results(requests.size());
     std::vector<char> ok(requests.size(), 0);
     std::vector<std::thread> clients;
     for (size_t i = 0; i < requests.size(); ++i)
@@ -350,8 +354,10 @@ class Bench {
     ret->prefilled = prompt_tokens_total(server_->url()) - before;
     for (size_t i = 0; i < requests.size(); ++i) {
       if (!ok[i]) return false;
-      ret->ttft_msec.push_back(ttft_of(results[i]));
-      ret->prompt_n += results[i].prompt_n;
+      ret->ttft_msec.push_back(results[i].first_content_msec);
+      if (results[i].prompt_tokens < 0 || results[i].cached_tokens < 0)
+        ret->usage_missing = true;  // llama-server's own streamed Messages: no prompt figures
+      ret->prompt_n += results[i].prompt_tokens - results[i].cached_tokens;
       ret->notes += " [" + results[i].http.header("x-kvpark-reuse") +
                     " restored=" + results[i].http.header("x-kvpark-restored-tokens") + "]";
     }
@@ -367,7 +373,8 @@ class Bench {
     return cell;
   }
   static std::string prefill_cell(const Figures& f) {
-    return std::to_string(f.prefilled) + " (" + std::to_string(f.prompt_n) + ")";
+    return std::to_string(f.prefilled) + " (" +
+           (f.usage_missing ? std::string("not reported") : std::to_string(f.prompt_n)) + ")";
   }
 
   Options o_;
@@ -379,6 +386,10 @@ class Bench {
   std::unique_ptr<DaemonProcess> daemon_;
   std::unique_ptr<ProxyProcess> proxy_;
   std::vector<Row> rows_;
+  WireFormat format_ = WireFormat::chat;
+
+ public:
+  void set_format(WireFormat format) { format_ = format; }
 };
 
 void usage(FILE* out) {
@@ -386,7 +397,7 @@ void usage(FILE* out) {
                "Usage: kvpark-proxy-bench [--quick] [--head-tokens N] [--llama-server PATH]\n"
                "         [--proxy PATH] [--kvparkd PATH] [--model PATH | --make-test-model PATH]\n"
                "         [--arch ARCH [--layers N] [--embedding N]]\n"
-               "         [--slots N] [--threads N] [--fan-out N] [--keep]\n"
+               "         [--slots N] [--threads N] [--fan-out N] [--api LIST] [--keep]\n"
                "       kvpark-proxy-bench --restore-path [--head-tokens N] [--layers N]\n"
                "         [--embedding N]\n"
                "       kvpark-proxy-bench --overhead [--head-tokens N] [--pairs N]\n"
@@ -394,6 +405,8 @@ void usage(FILE* out) {
                "  --quick             a %zu-token head (a smoke test)\n"
                "  --head-tokens N     system head size in tokens (default %zu)\n"
                "  --keep              keep the work directory and its logs\n"
+               "  --api LIST          wire formats, comma-separated: chat, responses, messages\n"
+               "                      (default: all three)\n"
                "  --arch ARCH         the test model's family (kvpark-make-test-model --arch)\n"
                "  --restore-path      only the restore path at a realistic geometry (4096-token\n"
                "                      head, --layers 32 --embedding 1024: ~65 KB a token)\n"
@@ -403,6 +416,25 @@ void usage(FILE* out) {
                "      --version       the version\n"
                "Binaries default to the ones this build knows of.\n",
                head_tokens_quick, head_tokens_default);
+}
+
+// "chat,responses,messages" (any of them, in any order).
+bool parse_apis(const std::string& list, std::vector<WireFormat>* ret) {
+  ret->clear();
+  size_t at = 0;
+  while (at <= list.size()) {
+    const size_t comma = std::min(list.find(',', at), list.size());
+    const std::string name = list.substr(at, comma - at);
+    bool known = false;
+    for (WireFormat f : {WireFormat::chat, WireFormat::responses, WireFormat::messages}) {
+      if (name != wire_format_string(f)) continue;
+      ret->push_back(f);
+      known = true;
+    }
+    if (!known) return false;
+    at = comma + 1;
+  }
+  return !ret->empty();
 }
 
 bool parse(int argc, char** argv, Options* o, int* ret_exit) {
@@ -422,6 +454,7 @@ bool parse(int argc, char** argv, Options* o, int* ret_exit) {
     opt_overhead,
     opt_pairs,
     opt_arch,
+    opt_api,
     opt_version
   };
   static const option long_options[] = {{"quick", no_argument, nullptr, 'q'},
@@ -443,6 +476,7 @@ bool parse(int argc, char** argv, Options* o, int* ret_exit) {
                                         {"overhead", no_argument, nullptr, opt_overhead},
                                         {"pairs", required_argument, nullptr, opt_pairs},
                                         {"arch", required_argument, nullptr, opt_arch},
+                                        {"api", required_argument, nullptr, opt_api},
                                         {nullptr, 0, nullptr, 0}};
   int c;
   while ((c = getopt_long(argc, argv, "h", long_options, nullptr)) != -1) {
@@ -487,6 +521,13 @@ bool parse(int argc, char** argv, Options* o, int* ret_exit) {
         break;
       case opt_arch:
         o->arch = optarg;
+        break;
+      case opt_api:
+        if (!parse_apis(optarg, &o->apis)) {
+          usage(stderr);
+          *ret_exit = 2;
+          return false;
+        }
         break;
       case opt_embedding:
         o->embedding = std::atoi(optarg);
@@ -555,18 +596,22 @@ int main(int argc, char** argv) {
     ok = kvpark::bench::run_restore_path(r, work) && ok;
   }
   if (!options.restore_path && !options.overhead) {
+    const std::vector<WireFormat> apis = options.apis;
     Bench bench(std::move(options), work);
-    ok = bench.setup() &&
-         bench.run("sibling B after A",
-                   [&](const std::string& url, Figures* f) { return bench.sibling(url, f); }) &&
-         bench.run("sibling B after a llama-server restart",
-                   [&](const std::string& url, Figures* f) {
-                     return bench.sibling_after_restart(url, f);
-                   }) &&
-         bench.run("fan-out of " + std::to_string(fan_out) + " siblings",
-                   [&](const std::string& url, Figures* f) { return bench.fan_out(url, f); }) &&
-         bench.run("turn 2 after llama-server restart",
-                   [&](const std::string& url, Figures* f) { return bench.restart(url, f); });
+    ok = bench.setup();
+    for (size_t i = 0; ok && i < apis.size(); ++i) {
+      bench.set_format(apis[i]);
+      ok = bench.run("sibling B after A",
+                     [&](const std::string& url, Figures* f) { return bench.sibling(url, f); }) &&
+           bench.run("sibling B after a llama-server restart",
+                     [&](const std::string& url, Figures* f) {
+                       return bench.sibling_after_restart(url, f);
+                     }) &&
+           bench.run("fan-out of " + std::to_string(fan_out) + " siblings",
+                     [&](const std::string& url, Figures* f) { return bench.fan_out(url, f); }) &&
+           bench.run("turn 2 after llama-server restart",
+                     [&](const std::string& url, Figures* f) { return bench.restart(url, f); });
+    }
     bench.print();
   }
   if (keep)

@@ -85,7 +85,17 @@ UpstreamFault FaultUpstream::take_fault(const std::string& path) {
   return fault;
 }
 
+std::string FaultUpstream::last_body(const std::string& path) {
+  std::lock_guard lock(mutex_);
+  const auto it = last_bodies_.find(path);
+  return it == last_bodies_.end() ? "" : it->second;
+}
+
 void FaultUpstream::relay(const httplib::Request& req, httplib::Response& res) {
+  {
+    std::lock_guard lock(mutex_);
+    last_bodies_[req.path] = req.body;
+  }
   const UpstreamFault fault = take_fault(req.path);
   if (fault == UpstreamFault::deep_ok || fault == UpstreamFault::deep_error) {
     ++delivered_;

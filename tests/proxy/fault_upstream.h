@@ -2,6 +2,7 @@
 // relay in the test process in front of a real llama-server. Every request is
 // passed to llama-server and its answer back, whole, except the next request to a
 // path a fault is armed for, which gets the fault instead of (or after) its answer.
+// It remembers the last body sent to each path: what the proxy really forwarded.
 #pragma once
 
 #include <httplib.h>
@@ -45,6 +46,8 @@ class FaultUpstream {
   int delivered() const { return delivered_.load(); }
   // Ends every hold: the held requests go on to llama-server.
   void release();
+  // The body of the last request to `path` (no query); "" when none came.
+  std::string last_body(const std::string& path);
 
  private:
   void relay(const httplib::Request& req, httplib::Response& res);
@@ -56,6 +59,7 @@ class FaultUpstream {
   int port_ = -1;
   std::mutex mutex_;
   std::map<std::string, UpstreamFault> armed_;  // path -> fault
+  std::map<std::string, std::string> last_bodies_;  // path -> the last request's body
   std::condition_variable released_changed_;
   bool released_ = false;
   std::atomic<int> delivered_{0};

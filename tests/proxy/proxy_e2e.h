@@ -267,7 +267,8 @@ class ProxyE2E : public ::testing::Test {
   // A proxy in front of `upstreams` (default: "m", the first server), started once
   // its stdout says `ready_line`.
   ProxyProcess& start_proxy(std::vector<ProxyUpstream> upstreams = {},
-                            const std::string& ready_line = "kvpark-proxy: ready") {
+                            const std::string& ready_line = "kvpark-proxy: ready",
+                            std::vector<std::string> extra_args = {}) {
     if (upstreams.empty()) upstreams.push_back({.name = "m", .url = servers_.at(0)->url()});
     const std::string log = test_dir_ + "/proxy-" + std::to_string(proxies_.size()) + ".log";
     proxies_.push_back(
@@ -275,6 +276,7 @@ class ProxyE2E : public ::testing::Test {
                                                    .upstreams = std::move(upstreams),
                                                    .slot_dir = slot_dir_,
                                                    .kvparkd_socket = daemon_.socket_path(),
+                                                   .extra_args = std::move(extra_args),
                                                    .ready_line = ready_line},
                                        log));
     EXPECT_TRUE(proxies_.back()->start()) << proxies_.back()->log_tail();
