@@ -24,20 +24,7 @@ if [ ! -f "$sdks/.complete" ]; then
   touch "$sdks/.complete"
 fi
 
-dir=$(mktemp -d /tmp/kvpark-sdk-test-XXXXXX)
-out=$dir/run.out
 source "$source_root/tests/proxy/stack_lib.sh"
-cleanup() {
-  stop_stack
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-fail() {
-  echo "FAIL: $*"
-  echo "--- run output"; cat "$out"
-  for log in "$dir"/state/*.log; do echo "--- $log"; tail -20 "$log"; done
-  exit 1
-}
 
 start_stack --slots 2 --context 8192
 # Node resolves packages from the script's folder up: the script runs from the cache.

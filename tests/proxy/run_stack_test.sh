@@ -10,20 +10,7 @@ build_root=$2
 [ -x "${KVPARK_LLAMA_SERVER:-}" ] || { echo "skip: needs KVPARK_LLAMA_SERVER"; exit 77; }
 command -v curl >/dev/null || { echo "skip: needs curl"; exit 77; }
 
-dir=$(mktemp -d /tmp/kvpark-run-test-XXXXXX)
-out=$dir/run.out
 source "$source_root/tests/proxy/stack_lib.sh"
-cleanup() {
-  stop_stack
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-fail() {
-  echo "FAIL: $*"
-  echo "--- run output"; cat "$out"
-  for log in "$dir"/state/*.log; do echo "--- $log"; tail -20 "$log"; done
-  exit 1
-}
 
 start_stack --slots 2 --context 4096
 [ "$model" = "kvpark-test" ] || fail "model name '$model'"

@@ -1,7 +1,11 @@
 # Sourced by the tests that drive the one-command stack (run_stack_test.sh,
-# agent_sdks_test.sh): start_stack runs scripts/run in the background on free ports
-# and waits for its ready line. Needs: source_root, build_root, dir, out, fail().
-# Sets: port, llama_port, run_pid, model.
+# agent_sdks_test.sh), after they set source_root and build_root: a work folder
+# (dir, out: scripts/run's output) removed at exit with the stack stopped, fail(), and
+# start_stack, which runs scripts/run in the background on free ports and waits for
+# its ready line (sets port, llama_port, run_pid, model).
+
+dir=$(mktemp -d /tmp/kvpark-stack-test-XXXXXX)
+out=$dir/run.out
 
 # Ports below the kernel's ephemeral range, so no outgoing connection of a test running
 # beside this one holds them; another test's listener still might, so a start that
@@ -12,6 +16,17 @@ port_tries=5
 stop_stack() {
   [ -n "${run_pid:-}" ] && kill -TERM "$run_pid" 2>/dev/null && wait "$run_pid" 2>/dev/null
   run_pid=""
+}
+cleanup() {
+  stop_stack
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+fail() {
+  echo "FAIL: $*"
+  echo "--- run output"; cat "$out"
+  for log in "$dir"/state/*.log; do echo "--- $log"; tail -20 "$log"; done
+  exit 1
 }
 
 # start_stack SCRIPTS_RUN_ARGS...
