@@ -23,6 +23,8 @@
 #include <cstdio>
 #include <cstring>
 #include <atomic>
+#include <mutex>
+#include <set>
 
 #include "client/kvpark_planner.h"
 #include "proxy/json.h"
@@ -650,6 +652,20 @@ void finish_turn(Turn& turn, int status, bool completed) {
 
 namespace {
 
+// Says once per process each Messages field llama-server ignores, as a client sent it.
+void note_ignored_fields(const rapidjson::Value& body) {
+  static std::mutex mutex;
+  static std::set<std::string> said;
+  for (const std::string& name : messages_ignored_fields(body)) {
+    std::lock_guard lock(mutex);
+    if (!said.insert(name).second) continue;
+    std::fprintf(stderr,
+                 "kvpark-proxy: /v1/messages field \"%s\" is ignored, as llama-server's own "
+                 "/v1/messages ignores it (said once)\n",
+                 name.c_str());
+  }
+}
+
 // The client's body as the Chat Completions body it renders as (turn.request), for
 // Responses kept as sent too (turn.client_request: forwarded as is). false: answered
 // with the client's error.
@@ -673,6 +689,7 @@ bool read_request(Turn& turn, const std::string& body, httplib::Response& res) {
       turn.client_request.Swap(doc);
       break;
     case Api::messages:
+      note_ignored_fields(doc);
       converted = messages_to_chat(doc, turn.proxy->options.normalize_billing_header,
                                    turn.request, &normalized, &why);
       turn.proxy->counters.billing_headers_normalized += uint64_t(std::max(0, normalized));

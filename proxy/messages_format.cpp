@@ -4,10 +4,7 @@
 #include <rapidjson/writer.h>
 
 #include <algorithm>
-#include <charconv>
 #include <climits>
-#include <cmath>
-#include <cstdio>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -386,6 +383,21 @@ bool messages_to_chat(const Value& body, bool normalize_billing_header,
   ret_chat.Swap(chat);
   if (ret_normalized != nullptr) *ret_normalized = normalized;
   return true;
+}
+
+std::vector<std::string> messages_ignored_fields(const Value& body) {
+  // What the converter reads ("model" routes the request).
+  static constexpr std::string_view read[] = {
+      "model",       "system",      "messages", "tools",  "tool_choice",          "stop_sequences",
+      "max_tokens",  "temperature", "top_p",    "top_k",  "chat_template_kwargs", "stream",
+      "thinking",    "metadata"};
+  std::vector<std::string> ignored;
+  if (!body.IsObject()) return ignored;
+  for (const auto& m : body.GetObject()) {
+    if (std::find(std::begin(read), std::end(read), view_of(m.name)) == std::end(read))
+      ignored.emplace_back(view_of(m.name));
+  }
+  return ignored;
 }
 
 bool chat_answer_to_message(const Value& chat, const MessagesUsage& usage, std::string* ret_body) {

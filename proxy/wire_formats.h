@@ -74,6 +74,11 @@ bool messages_to_chat(const rapidjson::Value& body, bool normalize_billing_heade
                       rapidjson::Document& ret_chat, int* ret_normalized,
                       std::string* ret_error);
 
+// The top-level members of a /v1/messages body that llama-server's converter, and so
+// the proxy's, leaves out ("service_tier", "mcp_servers", ...): said once each in the
+// log rather than dropped in silence.
+std::vector<std::string> messages_ignored_fields(const rapidjson::Value& body);
+
 // What a Messages answer reports of its prompt. The three input figures add up to the
 // prompt's tokens.
 struct MessagesUsage {

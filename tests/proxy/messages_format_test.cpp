@@ -457,5 +457,16 @@ TEST(ApiString, NamesEachApi) {
   EXPECT_STREQ(api_string(Api::messages), "messages");
 }
 
+TEST(MessagesIgnoredFields, NamesWhatTheConverterLeavesOut) {
+  rapidjson::Document body;
+  body.Parse(R"({"model":"m","max_tokens":8,"messages":[],"service_tier":"auto",)"
+             R"("system":"s","mcp_servers":[],"stream":true})");
+  EXPECT_EQ(messages_ignored_fields(body),
+            (std::vector<std::string>{"service_tier", "mcp_servers"}));
+  rapidjson::Document plain;
+  plain.Parse(R"({"model":"m","messages":[],"metadata":{"user_id":"u"},"thinking":{}})");
+  EXPECT_TRUE(messages_ignored_fields(plain).empty());
+}
+
 }  // namespace
 }  // namespace kvpark::proxy
