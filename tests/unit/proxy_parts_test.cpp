@@ -36,7 +36,7 @@ TEST(ProxyOptions, FlagsSetUpstreamsStateAndListen) {
   std::string error;
   ASSERT_TRUE(parse({"--listen", "0.0.0.0:9000", "--upstream", "a=http://127.0.0.1:8081/",
                      "--upstream", "b=http://127.0.0.1:8082", "--state", "b=-ctk q8_0",
-                     "--slot-dir", "/run/x/", "--no-system-candidate"},
+                     "--slot-dir", "/run/x/", "--no-system-candidate", "--keep-billing-header"},
                     o, error))
       << error;
   EXPECT_EQ(o.listen_host, "0.0.0.0");
@@ -46,6 +46,8 @@ TEST(ProxyOptions, FlagsSetUpstreamsStateAndListen) {
   EXPECT_EQ(o.upstreams[1].settings, "-ctk q8_0");
   EXPECT_EQ(o.slot_dir, "/run/x");
   EXPECT_FALSE(o.system_candidate);
+  EXPECT_FALSE(o.normalize_billing_header);
+  EXPECT_TRUE(default_options().normalize_billing_header);
 }
 
 TEST(ProxyOptions, BadValuesAreRefusedWithTheirFlag) {
@@ -85,12 +87,14 @@ TEST(ProxyOptions, FileErrorsNameTheLineAndRepeatableKeysRepeat) {
   ProxyOptions o = default_options();
   std::string error;
   ASSERT_TRUE(apply_config_text("# comment\n; another\n\nupstream = a=http://h:1\n"
-                                "upstream = b=http://h:2\nstate = a=-fa on\nsystem_candidate = no\n",
+                                "upstream = b=http://h:2\nstate = a=-fa on\nsystem_candidate = no\n"
+                                "normalize_billing_header = false\n",
                                 "p.conf", o, error))
       << error;
   EXPECT_EQ(o.upstreams.size(), 2u);
   EXPECT_EQ(o.upstreams[0].settings, "-fa on");
   EXPECT_FALSE(o.system_candidate);
+  EXPECT_FALSE(o.normalize_billing_header);
 
   ProxyOptions twice = default_options();
   EXPECT_FALSE(apply_config_text("listen = 127.0.0.1:1\nlisten = 127.0.0.1:2\n", "p.conf", twice,
