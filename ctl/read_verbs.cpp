@@ -69,6 +69,13 @@ int verb_status(ReadSource& source, const ReadOptions& o) {
            text_of(s, "disk_directory").c_str(), flag_of(s, "disk_read_only") ? " (read-only)" : "",
            format_bytes(number_of(s, "disk_written_today_bytes")).c_str(),
            format_bytes(number_of(s, "disk_write_budget_bytes_per_day")).c_str());
+    if (number_of(s, "spill_failures") > 0)
+      printf("             spills failed: %s (no space %s, I/O error %s, read-only %s, damaged "
+             "header %s): those entries stay in memory\n",
+             count(s, "spill_failures").c_str(), count(s, "spill_failures_no_space").c_str(),
+             count(s, "spill_failures_io_error").c_str(),
+             count(s, "spill_failures_read_only").c_str(),
+             count(s, "spill_failures_damaged_header").c_str());
   } else {
     printf("       Disk: off\n");
   }

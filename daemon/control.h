@@ -72,6 +72,11 @@ struct StatusInfo {
   uint64_t corrupt_payloads = 0;  // host payloads engines found altered, dropped
   uint64_t corrupt_reports_refuted = 0;  // reports of payloads that were intact: kept
   uint64_t disk_io_errors = 0;
+  uint64_t spill_failures = 0;  // all causes; by cause below (SpillFailure, counters.h)
+  uint64_t spill_failures_no_space = 0;
+  uint64_t spill_failures_io_error = 0;
+  uint64_t spill_failures_read_only = 0;
+  uint64_t spill_failures_damaged_header = 0;
   // The host tier's start (docs/operations.md, "Restarts"): adopted from the
   // previous instance through the service manager's fd store, or made new.
   bool arena_adopted = false;

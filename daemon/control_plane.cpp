@@ -61,6 +61,12 @@ StatusInfo ControlPlane::status_in_loop() const {
   s.seal_corrupt = c.seal_corrupt;
   s.spills = c.spills;
   s.spill_bytes = c.spill_bytes;
+  s.spill_failures = c.spill_failures;
+  s.spill_failures_no_space = c.spill_failures_by_cause[size_t(SpillFailure::no_space)];
+  s.spill_failures_io_error = c.spill_failures_by_cause[size_t(SpillFailure::io_error)];
+  s.spill_failures_read_only = c.spill_failures_by_cause[size_t(SpillFailure::read_only)];
+  s.spill_failures_damaged_header =
+      c.spill_failures_by_cause[size_t(SpillFailure::damaged_header)];
   s.restores = c.promotions;
   s.restore_bytes = c.promotion_bytes;
   s.checksum_failures = c.checksum_failures;

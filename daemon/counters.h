@@ -2,12 +2,36 @@
 // the verbs' counters and the disk plumbing's.
 #pragma once
 
+#include <cerrno>
+#include <cstddef>
 #include <cstdint>
 
 #include "daemon/control.h"
 #include "proto/types.h"
 
 namespace kvpark::daemon {
+
+// Why a spill failed, for operators: a full file system, a device error, a file system
+// mounted read-only under the daemon, or an arena header the daemon no longer trusts.
+enum class SpillFailure { no_space, io_error, read_only, damaged_header, count };
+
+inline const char* spill_failure_name(SpillFailure cause) {
+  switch (cause) {
+    case SpillFailure::no_space: return "no_space";
+    case SpillFailure::io_error: return "io_error";
+    case SpillFailure::read_only: return "read_only";
+    case SpillFailure::damaged_header: return "damaged_header";
+    case SpillFailure::count: break;
+  }
+  return "?";
+}
+
+// The cause of a spill that failed with errno `err`.
+inline SpillFailure spill_failure_of_errno(int err) {
+  if (err == ENOSPC || err == EDQUOT) return SpillFailure::no_space;
+  if (err == EROFS) return SpillFailure::read_only;
+  return SpillFailure::io_error;
+}
 
 struct Counters {
   uint64_t lookups = 0;
@@ -20,7 +44,12 @@ struct Counters {
   uint64_t reuse[reuse_kind_max + 1] = {};
   uint64_t spills = 0;           // completed
   uint64_t spill_bytes = 0;
-  uint64_t spill_failures = 0;
+  uint64_t spill_failures = 0;  // all causes
+  uint64_t spill_failures_by_cause[size_t(SpillFailure::count)] = {};
+  void count_spill_failure(SpillFailure cause) {
+    ++spill_failures;
+    ++spill_failures_by_cause[size_t(cause)];
+  }
   uint64_t promotions = 0;       // completed disk -> host restores
   uint64_t promotion_bytes = 0;
   uint64_t promotion_failures = 0;

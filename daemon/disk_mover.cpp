@@ -77,7 +77,7 @@ bool DiskMover::start_spill(EntrySlot slot, uint64_t flush_job, bool budget_exem
   }
   if (h.magic != shm::entry_magic || h.key_hash != e.key_hash ||
       uint64_t{h.payload_offset} + h.payload_bytes > e.extent_bytes) {
-    ++counters_.spill_failures;
+    counters_.count_spill_failure(SpillFailure::damaged_header);
     log_warning_limited("kvparkd: not spilling entry %llx: its arena header is damaged",
                         static_cast<unsigned long long>(table_.entry_id(slot)));
     return false;
@@ -224,7 +224,7 @@ void DiskMover::finish_spill(const DiskJob& job, Status status, uint64_t bytes, 
     table_.release_disk_predecessor(job.slot);  // no record leads from it after all
   }
   if (status != Status::Ok && status != Status::NotFound) {
-    ++counters_.spill_failures;
+    counters_.count_spill_failure(spill_failure_of_errno(err));
     log_warning_limited("kvparkd: spill of entry %llx failed: %s (%s); it stays in memory",
                         static_cast<unsigned long long>(job.entry_id),
                         std::string(status_name(status)).c_str(), strerror(err));

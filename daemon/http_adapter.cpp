@@ -155,6 +155,11 @@ void write_status(JsonWriter& w, const StatusInfo& s) {
       {"corrupt_payloads", s.corrupt_payloads},
       {"corrupt_reports_refuted", s.corrupt_reports_refuted},
       {"disk_io_errors", s.disk_io_errors},
+      {"spill_failures", s.spill_failures},
+      {"spill_failures_no_space", s.spill_failures_no_space},
+      {"spill_failures_io_error", s.spill_failures_io_error},
+      {"spill_failures_read_only", s.spill_failures_read_only},
+      {"spill_failures_damaged_header", s.spill_failures_damaged_header},
       {"adopted_entries", s.adopted_entries},
       {"adopted_bytes", s.adopted_bytes},
       {"adoption_usec", s.adoption_usec},
@@ -442,6 +447,14 @@ std::string render_metrics(const StatusInfo& s, const std::vector<NamespaceSumma
         "Engine reports of an altered payload that the daemon found intact (entry kept).",
         s.corrupt_reports_refuted);
   m.one("kvpark_disk_io_errors_total", "counter", "Disk tier I/O errors.", s.disk_io_errors);
+  m.family("kvpark_spill_failures_total", "counter",
+           "Spills that failed (the entry stays in memory), by cause: no_space (the file "
+           "system is full), io_error, read_only (mounted read-only under the daemon), "
+           "damaged_header (the entry's arena header failed its check).");
+  m.sample(s.spill_failures_no_space, label("cause", "no_space"));
+  m.sample(s.spill_failures_io_error, label("cause", "io_error"));
+  m.sample(s.spill_failures_read_only, label("cause", "read_only"));
+  m.sample(s.spill_failures_damaged_header, label("cause", "damaged_header"));
   if (s.remote_enabled) {
     m.one("kvpark_remote_up", "gauge", "1 when the remote store answered the last job.",
           s.remote_up ? 1 : 0);

@@ -135,5 +135,21 @@ TEST_F(DiskMoverTest, DemotingABlockSpillsItsPredecessorAndNeverEvictsItUnderThe
   EXPECT_TRUE(table_->entry(second_slot).on_disk);
 }
 
+// What operators read in kvpark_spill_failures_total{cause}: the errno of a failed
+// write named for what to do about it.
+TEST(SpillFailureCause, ErrnosAreNamedForWhatToDo) {
+  EXPECT_EQ(spill_failure_of_errno(ENOSPC), SpillFailure::no_space);
+  EXPECT_EQ(spill_failure_of_errno(EDQUOT), SpillFailure::no_space);
+  EXPECT_EQ(spill_failure_of_errno(EROFS), SpillFailure::read_only);
+  EXPECT_EQ(spill_failure_of_errno(EIO), SpillFailure::io_error);
+  EXPECT_EQ(spill_failure_of_errno(0), SpillFailure::io_error);  // a short write, say
+  Counters counters;
+  counters.count_spill_failure(SpillFailure::read_only);
+  counters.count_spill_failure(SpillFailure::no_space);
+  EXPECT_EQ(counters.spill_failures, 2u);
+  EXPECT_EQ(counters.spill_failures_by_cause[size_t(SpillFailure::read_only)], 1u);
+  EXPECT_STREQ(spill_failure_name(SpillFailure::damaged_header), "damaged_header");
+}
+
 }  // namespace
 }  // namespace kvpark::daemon
