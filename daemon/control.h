@@ -60,6 +60,11 @@ struct StatusInfo {
   uint64_t reuse_shared_stable_prefix = 0;
   uint64_t reuse_private_turn_closure = 0;
   uint64_t evictions = 0;
+  // By cause: making room for a new extent (a reservation or a promotion; and the
+  // bytes those freed), or keeping the arena above its low-water mark.
+  uint64_t evictions_for_room = 0;
+  uint64_t evictions_for_room_bytes = 0;
+  uint64_t evictions_for_low_water = 0;
   uint64_t dedup_hits = 0;
   uint64_t protocol_errors = 0;
   uint64_t handshake_timeouts = 0;  // connections closed for no HELLO in time

@@ -55,6 +55,9 @@ StatusInfo ControlPlane::status_in_loop() const {
   s.reuse_shared_stable_prefix = c.reuse[static_cast<size_t>(ReuseKind::SharedStablePrefix)];
   s.reuse_private_turn_closure = c.reuse[static_cast<size_t>(ReuseKind::PrivateTurnClosure)];
   s.evictions = table_.evictions();
+  s.evictions_for_room = table_.room_evictions();
+  s.evictions_for_room_bytes = table_.room_eviction_bytes();
+  s.evictions_for_low_water = table_.evictions() - table_.room_evictions();
   s.dedup_hits = c.dedup_hits;
   s.protocol_errors = c.protocol_errors;
   s.handshake_timeouts = c.handshake_timeouts;

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "daemon/clock.h"
+#include "daemon/eviction_run.h"
 #include "proto/limits.h"
 #include "shm/arena_format.h"
 
@@ -119,10 +120,58 @@ Status EntryTable::allocate_extent(uint64_t bytes, uint64_t& ret_offset) {
   assert(bytes > 0 && bytes % allocator_.granularity_bytes() == 0);
   if (bytes > allocator_.bytes_free() + order_.evictable_bytes()) return Status::ArenaFull;
   while (!allocator_.allocate(bytes, ret_offset)) {
-    // Free space is fragmented: evict until a run is large enough.
-    if (!evict_lru()) return Status::ArenaFull;
+    // The policy's victim frees a run at least as long as its own extent: room for an
+    // extent no larger (blocks of one size never need more). A larger extent takes the
+    // cheapest stretch that holds it, not whatever the policy's order frees until
+    // some run happens to be long enough (twice the need, or more, on a fragmented
+    // arena).
+    const EntrySlot victim = order_.host_tail() == no_slot ? no_slot
+                             : victim_policy_ != nullptr ? victim_policy_(*this)
+                                                         : order_.host_tail();
+    if (victim == no_slot) return Status::ArenaFull;
+    if (slots_[victim].extent_bytes >= bytes) {
+      evict_for_room(victim);
+    } else if (!evict_cheapest_run(bytes)) {
+      return Status::ArenaFull;  // entries that may not go split every stretch
+    }
   }
   return Status::Ok;
+}
+
+void EntryTable::evict_for_room(EntrySlot slot) {
+  ++room_evictions_;
+  room_eviction_bytes_ += slots_[slot].extent_bytes;
+  evict_host(slot);
+}
+
+bool EntryTable::evict_cheapest_run(uint64_t bytes) {
+  std::vector<ArenaPiece> pieces;
+  allocator_.for_each_free_run([&](uint64_t offset, uint64_t run_bytes) {
+    pieces.push_back(ArenaPiece{.offset = offset, .bytes = run_bytes});
+  });
+  for (EntrySlot slot = 0; slot < slots_.size(); ++slot) {
+    const Entry& e = slots_[slot];
+    if (!e.in_use || !e.on_host) continue;
+    const bool evictable = e.on_lru;
+    pieces.push_back(ArenaPiece{
+        .offset = e.extent_offset,
+        .bytes = e.extent_bytes,
+        .slot = slot,
+        .evictable = evictable,
+        .cost = !evictable               ? 0.0
+                : eviction_cost_ != nullptr ? eviction_cost_(*this, slot)
+                                            : double(e.extent_bytes)});
+  }
+  std::sort(pieces.begin(), pieces.end(),
+            [](const ArenaPiece& a, const ArenaPiece& b) { return a.offset < b.offset; });
+  size_t first = 0, end = 0;
+  if (!cheapest_run(pieces, bytes, &first, &end)) return false;
+  for (size_t i = first; i < end; ++i) {
+    if (pieces[i].slot == no_slot) continue;
+    ++run_evictions_;
+    evict_for_room(pieces[i].slot);
+  }
+  return true;
 }
 
 EntrySlot EntryTable::new_slot(const NewEntry& n, uint64_t last_use_usec) {

@@ -53,6 +53,9 @@ class EntryTable;
 // Chooses the entry host eviction takes, from the table's eviction order; no_slot
 // only when nothing is evictable (eviction_policy.h).
 using HostVictimPolicy = EntrySlot (*)(const EntryTable& table);
+// What host-evicting an entry costs, for choosing which stretch of entries to evict
+// when a large extent needs contiguous room (eviction_run.h).
+using HostEvictionCost = double (*)(const EntryTable& table, EntrySlot slot);
 
 class EntryTable {
  public:
@@ -159,6 +162,13 @@ class EntryTable {
   // none is set); false if nothing is evictable.
   bool evict_lru();
   void set_host_victim_policy(HostVictimPolicy policy) { victim_policy_ = policy; }
+  // Unset: an entry costs its extent's bytes (fewest bytes evicted).
+  void set_host_eviction_cost(HostEvictionCost cost) { eviction_cost_ = cost; }
+  // Host evictions that made room for a new extent, and the bytes they freed; of
+  // those, the evictions of the cheapest stretch for an extent larger than the victim.
+  uint64_t room_evictions() const { return room_evictions_; }
+  uint64_t room_eviction_bytes() const { return room_eviction_bytes_; }
+  uint64_t run_evictions() const { return run_evictions_; }
   void evict_host(EntrySlot slot);  // host-evicts this evictable entry
   EntrySlot host_lru_tail() const { return order_.host_tail(); }
   EntrySlot host_lru_prev(EntrySlot slot) const { return order_.host_prev(slot); }
@@ -220,6 +230,10 @@ class EntryTable {
     order_.sync(slot, host_evictable(e), disk_evictable(e), to_front);
   }
   Status allocate_extent(uint64_t bytes, uint64_t& ret_offset);
+  // Evicts the cheapest contiguous stretch of free space and evictable entries that
+  // holds `bytes` (eviction_run.h); false, nothing evicted, when no stretch does.
+  bool evict_cheapest_run(uint64_t bytes);
+  void evict_for_room(EntrySlot slot);  // evict_host, counted as making room
   void drop_host_copy(EntrySlot slot);
   void forget_disk_copy(EntrySlot slot);
   // Replaces the entry's tail tokens with a copy of `tail` (none: frees them).
@@ -244,6 +258,10 @@ class EntryTable {
   void forget_record(EntrySlot slot);
 
   HostVictimPolicy victim_policy_ = nullptr;
+  HostEvictionCost eviction_cost_ = nullptr;
+  uint64_t room_evictions_ = 0;
+  uint64_t room_eviction_bytes_ = 0;
+  uint64_t run_evictions_ = 0;
   EntryState* state_ = nullptr;
   uint64_t held_bytes_ = 0;
   uint64_t held_reservations_ = 0;

@@ -27,4 +27,10 @@ EntrySlot least_valuable_of_coldest(const EntryTable& table) {
   return victim;
 }
 
+double host_eviction_value(const EntryTable& table, EntrySlot slot) {
+  const Entry& e = table.entry(slot);
+  return value_density(e, table.namespace_info(e.ns), coarse_monotonic_usec()) *
+         double(e.extent_bytes);
+}
+
 }  // namespace kvpark::daemon

@@ -20,4 +20,8 @@ inline constexpr size_t eviction_sample_entries = 8;
 // when nothing is evictable. A HostVictimPolicy.
 EntrySlot least_valuable_of_coldest(const EntryTable& table);
 
+// What evicting a host entry gives up: its value density times its bytes (value_model.h).
+// A HostEvictionCost.
+double host_eviction_value(const EntryTable& table, EntrySlot slot);
+
 }  // namespace kvpark::daemon

@@ -143,6 +143,9 @@ void write_status(JsonWriter& w, const StatusInfo& s) {
       {"reuse_shared_stable_prefix", s.reuse_shared_stable_prefix},
       {"reuse_private_turn_closure", s.reuse_private_turn_closure},
       {"evictions", s.evictions},
+      {"evictions_for_room", s.evictions_for_room},
+      {"evictions_for_room_bytes", s.evictions_for_room_bytes},
+      {"evictions_for_low_water", s.evictions_for_low_water},
       {"dedup_hits", s.dedup_hits},
       {"protocol_errors", s.protocol_errors},
       {"handshake_timeouts", s.handshake_timeouts},
@@ -419,6 +422,14 @@ std::string render_metrics(const StatusInfo& s, const std::vector<NamespaceSumma
         "saved).",
         s.restored_tokens);
   m.one("kvpark_evictions_total", "counter", "Entries evicted from the host arena.", s.evictions);
+  m.family("kvpark_evictions_by_cause_total", "counter",
+           "Host evictions by cause: room (a new extent needed it; a large one takes the "
+           "cheapest contiguous stretch), low_water (keeping the arena above its mark).");
+  m.sample(s.evictions_for_room, label("cause", "room"));
+  m.sample(s.evictions_for_low_water, label("cause", "low_water"));
+  m.one("kvpark_eviction_room_bytes_total", "counter",
+        "Bytes the evictions for room freed (at most each extent's size plus one entry).",
+        s.evictions_for_room_bytes);
   m.one("kvpark_dedup_hits_total", "counter", "Reservations answered 'already parked'.",
         s.dedup_hits);
   m.one("kvpark_protocol_errors_total", "counter", "Malformed frames (connection closed).",

@@ -29,6 +29,7 @@ Park::Park(const ParkOptions& options, EntryTable& table)
             table, counters_) {
   assert(options.arena_data != nullptr && options.reservation_bytes_max > 0);
   table_.set_host_victim_policy(&least_valuable_of_coldest);
+  table_.set_host_eviction_cost(&host_eviction_value);
 }
 
 Status Park::open(ConnectionId id, uint32_t peer_pid) {

@@ -64,6 +64,11 @@ class ExtentAllocator {
   uint64_t bytes_used() const { return capacity_bytes_ - bytes_free_; }
   uint64_t largest_free_bytes() const;
   size_t free_runs() const { return by_offset_.size(); }
+  // Calls f(offset, bytes) for each free run, in offset order.
+  template <typename F>
+  void for_each_free_run(F&& f) const {
+    for (const auto& [offset, bytes] : by_offset_) f(offset, bytes);
+  }
   uint64_t granularity_bytes() const { return granularity_bytes_; }
 
  private:

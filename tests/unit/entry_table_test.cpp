@@ -171,6 +171,43 @@ TEST_F(EntryTableTest, EvictsUntilAContiguousRunFits) {
   EXPECT_EQ(table_.evictions(), 1u);
 }
 
+// A large extent on a fragmented arena whose LRU order runs against the offsets: the
+// cheapest stretch goes (here, of the fewest bytes), at most the need plus one entry,
+// where evicting in LRU order until some run fits would empty half the arena.
+class EntryTableLargeTest : public EntryTableTest {
+ protected:
+  EntryTableLargeTest() : EntryTableTest(64) {}
+};
+
+TEST_F(EntryTableLargeTest, ALargeExtentEvictsOnlyWhatItNeeds) {
+  for (uint64_t k = 0; k < 64; ++k) insert_sealed(k);
+  for (uint64_t k = 1; k < 64; k += 2) table_.erase(table_.find_block(ns_, {k, 0}));
+  // Most recent first from the low offsets: the LRU tail is the highest offset.
+  for (uint64_t k = 0; k < 64; k += 2) table_.touch(table_.find_block(ns_, {k, 0}));
+  ASSERT_EQ(table_.bytes_free(), 32 * granule);
+  ASSERT_EQ(table_.largest_free_bytes(), granule);
+  const uint64_t free_before = table_.bytes_free();
+  ASSERT_NE(insert(1000, 8), no_slot);
+  const uint64_t freed = table_.room_eviction_bytes();
+  EXPECT_LE(freed, 8 * granule + granule) << "at most the need plus one entry";
+  EXPECT_EQ(freed, 4 * granule) << "four entries between four holes";
+  EXPECT_EQ(table_.evictions(), 4u);
+  EXPECT_EQ(table_.run_evictions(), 4u);
+  EXPECT_EQ(table_.bytes_free(), free_before + freed - 8 * granule);
+}
+
+TEST_F(EntryTableLargeTest, AStretchOfLowValueGoesBeforeOneOfHighValue) {
+  for (uint64_t k = 0; k < 64; ++k) insert_sealed(k);
+  for (uint64_t k = 1; k < 64; k += 2) table_.erase(table_.find_block(ns_, {k, 0}));
+  // Keys below 32 are worth a lot; the stretch taken lies above them.
+  table_.set_host_eviction_cost([](const EntryTable& t, EntrySlot slot) {
+    return t.entry(slot).key_hash.low < 32 ? 1000.0 : 1.0;
+  });
+  ASSERT_NE(insert(1000, 4), no_slot);
+  for (uint64_t k = 0; k < 32; k += 2) EXPECT_TRUE(present(k)) << k;
+  EXPECT_EQ(table_.evictions(), 2u);
+}
+
 TEST_F(EntryTableTest, EraseReturnsBytesAndSlots) {
   const EntrySlot a = insert(1, 3);
   const EntrySlot b = insert_sealed(2, 2);
