@@ -5,9 +5,12 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cassert>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "proto/limits.h"
 
@@ -53,11 +56,23 @@ Status Channel::connect(Attachment& ret_attachment) {
 }
 
 Status Channel::connect_locked() {
-  try {
-    return connect_once_locked();
-  } catch (...) {  // an allocation failed: leave no half-greeted socket behind
-    drop_locked();
-    throw;
+  const auto give_up = std::chrono::steady_clock::now() +
+                       std::chrono::milliseconds(std::min(admission_retry_msec_max,
+                                                          reply_timeout_msec_));
+  int backoff_msec = admission_backoff_msec_first;
+  for (;;) {
+    Status s = Status::Ok;
+    try {
+      s = connect_once_locked();
+    } catch (...) {  // an allocation failed: leave no half-greeted socket behind
+      drop_locked();
+      throw;
+    }
+    if (s != Status::LimitExceeded ||
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(backoff_msec) > give_up)
+      return s;
+    std::this_thread::sleep_for(std::chrono::milliseconds(backoff_msec));
+    backoff_msec = std::min(2 * backoff_msec, admission_backoff_msec_last);
   }
 }
 

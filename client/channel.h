@@ -29,6 +29,13 @@ inline constexpr int reply_timeout_msec_min = 1'000;
 // once for this long instead of each waiting the timeout out again, one after another
 // behind the channel's lock. A daemon that is down fails fast anyway (no backoff).
 inline constexpr int silent_daemon_backoff_msec = 5'000;
+// A connect the daemon refuses for its connection caps (LimitExceeded: the uid's share
+// is busy, or the daemon is full) is tried again, backing off from the first to the
+// last interval, for at most this long (and never past the reply timeout): a slot
+// freed by another process's churn is taken instead of failing the engine's request.
+inline constexpr int admission_retry_msec_max = 2'000;
+inline constexpr int admission_backoff_msec_first = 2;
+inline constexpr int admission_backoff_msec_last = 100;
 
 struct Attachment {  // what one HELLO gave us
   wire::HelloReply hello;

@@ -68,6 +68,9 @@ struct StatusInfo {
   uint64_t dedup_hits = 0;
   uint64_t protocol_errors = 0;
   uint64_t handshake_timeouts = 0;  // connections closed for no HELLO in time
+  // Idle connections of a process over its share closed to admit another process of
+  // the same uid at its cap (fair share, server.h).
+  uint64_t connections_displaced = 0;
   uint64_t seal_corrupt = 0;
   uint64_t spills = 0;
   uint64_t spill_bytes = 0;

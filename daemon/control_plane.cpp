@@ -61,6 +61,7 @@ StatusInfo ControlPlane::status_in_loop() const {
   s.dedup_hits = c.dedup_hits;
   s.protocol_errors = c.protocol_errors;
   s.handshake_timeouts = c.handshake_timeouts;
+  s.connections_displaced = c.connections_displaced;
   s.seal_corrupt = c.seal_corrupt;
   s.spills = c.spills;
   s.spill_bytes = c.spill_bytes;

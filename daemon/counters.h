@@ -40,6 +40,7 @@ struct Counters {
   uint64_t dedup_hits = 0;
   uint64_t protocol_errors = 0;
   uint64_t handshake_timeouts = 0;
+  uint64_t connections_displaced = 0;  // closed, idle, to admit another process of the uid
   uint64_t seal_corrupt = 0;
   uint64_t reuse[reuse_kind_max + 1] = {};
   uint64_t spills = 0;           // completed

@@ -105,6 +105,7 @@ Dict status_dict(const StatusInfo& s) {
       {"dedup_hits", sdbus::Variant(s.dedup_hits)},
       {"protocol_errors", sdbus::Variant(s.protocol_errors)},
       {"handshake_timeouts", sdbus::Variant(s.handshake_timeouts)},
+      {"connections_displaced", sdbus::Variant(s.connections_displaced)},
       {"seal_corrupt", sdbus::Variant(s.seal_corrupt)},
       {"spills", sdbus::Variant(s.spills)},
       {"spill_bytes", sdbus::Variant(s.spill_bytes)},

@@ -149,6 +149,7 @@ void write_status(JsonWriter& w, const StatusInfo& s) {
       {"dedup_hits", s.dedup_hits},
       {"protocol_errors", s.protocol_errors},
       {"handshake_timeouts", s.handshake_timeouts},
+      {"connections_displaced", s.connections_displaced},
       {"seal_corrupt", s.seal_corrupt},
       {"spills", s.spills},
       {"spill_bytes", s.spill_bytes},
@@ -436,6 +437,10 @@ std::string render_metrics(const StatusInfo& s, const std::vector<NamespaceSumma
         s.protocol_errors);
   m.one("kvpark_handshake_timeouts_total", "counter",
         "Engine connections closed for sending no HELLO in time.", s.handshake_timeouts);
+  m.one("kvpark_connections_displaced_total", "counter",
+        "Idle connections of a process over its share closed to admit another process of "
+        "the same uid at its connection cap.",
+        s.connections_displaced);
   m.one("kvpark_disk_read_only", "gauge", "1 when the disk tier is served read-only.",
         s.disk_read_only ? 1 : 0);
   m.one("kvpark_seal_corrupt_total", "counter", "Seals refused for a damaged entry header.",

@@ -135,6 +135,15 @@ class Park {
   uint64_t reservations_open() const { return reservations_open_; }
   void count_protocol_error() { ++counters_.protocol_errors; }
   void count_handshake_timeout() { ++counters_.handshake_timeouts; }
+  // Whether the connection holds nothing: no lease (so no WAIT either), no
+  // reservation. Closing such a connection loses its peer nothing but the socket.
+  bool idle(ConnectionId id) const {
+    const auto it = connections_.find(id);
+    return it == connections_.end() ||
+           (it->second.leases.empty() && it->second.reservations.empty());
+  }
+  // A connection closed to admit another process of its uid (Server::displace_for).
+  void count_displaced() { ++counters_.connections_displaced; }
 
  private:
   struct Reservation {

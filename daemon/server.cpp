@@ -255,8 +255,9 @@ void Server::accept_all() {
     const ConnectionId id =
         take_connection_id(next_id_, [this](ConnectionId c) { return connections_.contains(c); });
     if (refusal == Status::Ok &&
-        (per_uid_[cred.uid] >= limits::connections_per_uid_max ||
-         per_pid_[cred.pid] >= limits::connections_per_process_max)) {
+        (per_pid_[cred.pid] >= limits::connections_per_process_max ||
+         (per_uid_[cred.uid] >= limits::connections_per_uid_max &&
+          !displace_for(cred.uid, cred.pid)))) {
       refusal = Status::LimitExceeded;  // this user's share is taken; others still get in
     }
     if (refusal == Status::Ok) refusal = park_.open(id, static_cast<uint32_t>(cred.pid));
@@ -282,6 +283,32 @@ void Server::accept_all() {
     ev.data.u64 = id;
     epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
   }
+}
+
+bool Server::displace_for(uid_t uid, pid_t pid) {
+  const size_t newcomer = per_pid_.contains(pid) ? per_pid_.at(pid) : 0;
+  // The uid's process holding the most connections, and its oldest idle one.
+  pid_t largest = 0;
+  size_t largest_count = 0;
+  for (const auto& [id, c] : connections_) {
+    if (c.uid != uid || c.pid == pid) continue;
+    const size_t count = per_pid_.at(c.pid);
+    if (count > largest_count) largest = c.pid, largest_count = count;
+  }
+  if (largest_count <= newcomer + 1) return false;  // pid would hold as many: its share
+  ConnectionId oldest = 0;
+  uint64_t oldest_usec = UINT64_MAX;
+  for (const auto& [id, c] : connections_) {
+    if (c.pid != largest || c.closing || !c.outbox.empty() || !park_.idle(id)) continue;
+    if (c.accepted_usec < oldest_usec) oldest = id, oldest_usec = c.accepted_usec;
+  }
+  if (oldest_usec == UINT64_MAX) return false;
+  log_warning_limited("kvparkd: uid %u at its %zu connections: closing the oldest idle one of "
+                      "pid %d (%zu held) for pid %d",
+                      uid, limits::connections_per_uid_max, largest, largest_count, pid);
+  park_.count_displaced();
+  close_connection(oldest);
+  return true;
 }
 
 void Server::update_interest(ConnectionId id) {

@@ -11,9 +11,13 @@
 // either means AlreadyPresent, and the socket file is left alone. The daemon only
 // ever unlinks the socket file it bound itself (same inode).
 //
-// Admission: a peer past limits::connections_per_uid_max or
-// connections_per_process_max is refused at accept; one that has not completed
-// HELLO within limits::hello_timeout_usec is closed (Park counts it).
+// Admission: a peer past limits::connections_per_process_max is refused at accept. A
+// uid at limits::connections_per_uid_max shares it fairly among its processes: a
+// process holding fewer connections than another of the same uid is admitted in
+// place of that other's oldest idle connection (no reply pending, nothing leased or
+// reserved), so a process churning or leaking connections cannot lock a sibling
+// engine out; only when there is none to displace is the peer refused. One that has
+// not completed HELLO within limits::hello_timeout_usec is closed (Park counts it).
 #pragma once
 
 #include <sys/socket.h>
@@ -85,6 +89,10 @@ class Server {
   };
 
   void accept_all();
+  // Makes room for a connection of (uid, pid) when its uid is at its cap: closes the
+  // oldest idle connection of the uid's process that holds the most, if that holds
+  // more than pid would with this one. Whether one was displaced.
+  bool displace_for(uid_t uid, pid_t pid);
   bool peer_allowed(const ::ucred& cred) const;
   void on_readable(ConnectionId id);
   void on_writable(ConnectionId id);

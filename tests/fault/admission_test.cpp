@@ -4,19 +4,26 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <gtest/gtest.h>
+#include <rapidjson/document.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <atomic>
+#include <chrono>
 #include <memory>
 #include <string>
+#include <thread>
+#include <utility>
+#include <vector>
 
 #include "proto/limits.h"
 #include "shm/arena_format.h"
 #include "tests/fault/observer.h"
 #include "tests/testing/daemon_process.h"
+#include "tests/testing/openai_http.h"
 #include "tests/testing/wait.h"
 #include "tests/testing/raw_client.h"
 
@@ -48,12 +55,22 @@ kvpark_status try_connect(const std::string& socket, const kvpark_namespace& ns)
   return s;
 }
 
-// A child process holding `count` connections (greeted or silent), optionally as
-// another user. It reports how many HELLOs were answered Ok, then holds its sockets
-// until the parent lets go of it.
+// What a Holder's connections do once open.
+enum class Hold {
+  silent,    // no HELLO
+  greeted,   // HELLO, then nothing: idle
+  reserved,  // HELLO and one reservation never sealed: busy, never displaced
+};
+
+// A child process holding `count` connections, optionally as another user. It
+// reports how many HELLOs were answered Ok, then holds its sockets until the parent
+// lets go of it.
 class Holder {
  public:
   Holder(const std::string& socket, size_t count, bool greet, uid_t uid = geteuid(),
+         gid_t gid = nogroup_gid)
+      : Holder(socket, count, greet ? Hold::greeted : Hold::silent, uid, gid) {}
+  Holder(const std::string& socket, size_t count, Hold mode, uid_t uid = geteuid(),
          gid_t gid = nogroup_gid) {
     int report[2], hold[2];
     if (pipe(report) != 0 || pipe(hold) != 0) return;
@@ -66,10 +83,16 @@ class Holder {
         _exit(100);
       }
       std::vector<RawClient> peers;
+      std::vector<kvpark_client*> clients;
+      std::vector<kvpark_reservation*> reservations;
       uint32_t ok = 0;
       for (size_t i = 0; i < count; ++i) {
+        if (mode == Hold::reserved) {
+          ok += hold_reservation(socket, i, &clients, &reservations);
+          continue;
+        }
         peers.emplace_back(socket);
-        if (!greet) {
+        if (mode == Hold::silent) {
           ok += peers.back().connected() ? 1 : 0;
           continue;
         }
@@ -94,9 +117,85 @@ class Holder {
   uint32_t answered() const { return answered_; }  // UINT32_MAX: the child failed
 
  private:
+  // A greeted connection with one block reserved and never sealed; whether both worked.
+  static bool hold_reservation(const std::string& socket, size_t i,
+                               std::vector<kvpark_client*>* clients,
+                               std::vector<kvpark_reservation*>* reservations) {
+    const kvpark_namespace ns = {.id = {0x401e, 0},
+                                 .block_tokens = 16,
+                                 .block_payload_bytes = 4096,
+                                 .snapshot_required = 0,
+                                 .prefill_tokens_per_second = 0,
+                                 .client_name = "admission"};
+    kvpark_client* c = nullptr;
+    if (kvpark_connect(socket.c_str(), &ns, &c) != KVPARK_OK) return false;
+    clients->push_back(c);
+    std::vector<int32_t> tokens(16, int32_t(i));
+    tokens[0] = getpid();
+    const kvpark_publish_options options{};
+    kvpark_reservation* r = nullptr;
+    if (kvpark_reserve_blocks(c, &options, tokens.data(), tokens.size(), 0, 1, &r) != KVPARK_OK)
+      return false;
+    reservations->push_back(r);
+    return true;
+  }
+
   pid_t pid_ = -1;
   int hold_fd_ = -1;
   uint32_t answered_ = UINT32_MAX;
+};
+
+constexpr int churn_processes = 4;
+constexpr int churn_threads = 50;
+constexpr int churn_msec = 5'000;
+constexpr int churn_ramp_msec = 1'000;   // before the engine's first attempt
+constexpr int churn_engine_attempts = 30;
+constexpr int churn_engine_spacing_msec = 50;
+
+// A child process whose threads each connect (HELLO) and disconnect in a loop for
+// `msec`; counts() then says how many connects were answered Ok and how many refused.
+// (A deadline, not a pipe to stop on: later children would hold its write end too.)
+class Churner {
+ public:
+  Churner(const std::string& socket, int threads, int msec) {
+    int report[2];
+    if (pipe(report) != 0) return;
+    pid_ = fork();
+    if (pid_ == 0) {
+      close(report[0]);
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(msec);
+      std::atomic<uint64_t> ok{0}, refused{0};
+      std::vector<std::thread> workers;
+      for (int t = 0; t < threads; ++t) {
+        workers.emplace_back([&, t] {
+          const kvpark_namespace ns = make_ns(0xc4a2 + uint64_t(t), 16, 4096);
+          while (std::chrono::steady_clock::now() < deadline)
+            (try_connect(socket, ns) == KVPARK_OK ? ok : refused) += 1;
+        });
+      }
+      for (std::thread& w : workers) w.join();
+      const uint64_t counts[2] = {ok.load(), refused.load()};
+      (void)!write(report[1], counts, sizeof counts);
+      _exit(0);
+    }
+    close(report[1]);
+    report_fd_ = report[0];
+  }
+  ~Churner() { (void)counts(); }
+  // Waits for the churn to end.
+  std::pair<uint64_t, uint64_t> counts() {
+    if (pid_ <= 0) return {0, 0};
+    uint64_t c[2] = {0, 0};
+    (void)!read(report_fd_, c, sizeof c);
+    close(report_fd_);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+    return {c[0], c[1]};
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int report_fd_ = -1;
 };
 
 class Admission : public ::testing::Test {
@@ -105,6 +204,7 @@ class Admission : public ::testing::Test {
     if (built_binary("KVPARKD").empty()) GTEST_SKIP() << "KVPARKD not set; run through meson test";
   }
   void start(std::vector<std::string> extra = {}) {
+    extra.insert(extra.end(), {"--http-listen", "127.0.0.1:0"});  // for displaced()
     daemon_ = std::make_unique<DaemonProcess>(DaemonConfig{.extra_args = std::move(extra)});
     ASSERT_TRUE(daemon_->start()) << read_file(daemon_->log_path());
     ASSERT_EQ(observer_.connect(daemon_->socket_path()), KVPARK_OK);
@@ -117,6 +217,16 @@ class Admission : public ::testing::Test {
     ASSERT_EQ(chmod(dir.c_str(), 0711), 0);
   }
   uint64_t connections() { return observer_.stats().connections; }
+  // Connections closed to admit another process of their uid (/v1/status).
+  uint64_t displaced() {
+    const HttpResult r =
+        http_get("http://127.0.0.1:" + std::to_string(daemon_->http_port()), "/v1/status");
+    rapidjson::Document d;
+    d.Parse(r.body.c_str());
+    return !d.HasParseError() && d.HasMember("connections_displaced")
+               ? d["connections_displaced"].GetUint64()
+               : UINT64_MAX;
+  }
   bool wait_connections(uint64_t n, int timeout_msec = 5000) {
     return wait_until([&] { return connections() == n; }, timeout_msec);
   }
@@ -212,7 +322,10 @@ TEST_F(Admission, SilentPeerIsClosedAtTheHandshakeDeadline) {
   EXPECT_EQ(daemon_->stop(), 0);
 }
 
-TEST_F(Admission, SilentFloodOfOneUserEndsAtTheDeadline) {
+// A silent flood of one user fills its share: a real engine of the same uid is
+// admitted at once in place of the flood's oldest silent connection, and the rest
+// of the flood is closed at the handshake deadline.
+TEST_F(Admission, SilentFloodOfOneUserCannotLockOutAnEngine) {
   start();
   // This uid's whole share, silent: the observer holds one slot of it.
   Holder a(daemon_->socket_path(), limits::connections_per_process_max, false);
@@ -222,33 +335,84 @@ TEST_F(Admission, SilentFloodOfOneUserEndsAtTheDeadline) {
   ASSERT_NE(b.answered(), UINT32_MAX);
   ASSERT_TRUE(wait_connections(limits::connections_per_uid_max));
   const kvpark_namespace ns = make_ns(0xf100d, 16, 4096);
-  EXPECT_EQ(try_connect(daemon_->socket_path(), ns), KVPARK_LIMIT_EXCEEDED);
-  // The flood sent no HELLO: the deadline closes it and a real engine gets in.
-  kvpark_status s = KVPARK_LIMIT_EXCEEDED;
-  EXPECT_TRUE(wait_until([&] { return (s = try_connect(daemon_->socket_path(), ns)) == KVPARK_OK; },
-                         static_cast<int>(3 * limits::hello_timeout_usec / 1000)));
-  EXPECT_EQ(s, KVPARK_OK);
-  EXPECT_TRUE(wait_connections(1));
+  EXPECT_EQ(try_connect(daemon_->socket_path(), ns), KVPARK_OK);
+  EXPECT_EQ(displaced(), 1u);
+  // The flood sent no HELLO: the deadline closes the rest of it.
+  EXPECT_TRUE(wait_connections(1, static_cast<int>(3 * limits::hello_timeout_usec / 1000)));
   EXPECT_EQ(daemon_->stop(), 0);
 }
 
+// N and N+1: a uid's share held by busy connections (each with a reservation open)
+// of two processes and the observer; one more from this uid finds nothing idle to
+// displace and is refused, clearly; another user still gets in.
 TEST_F(Admission, ConnectionsPerUidAtCapAndCapPlusOne) {
   start({"--attach-group", "nogroup"});
-  // N: the observer plus two processes of this uid.
-  Holder a(daemon_->socket_path(), limits::connections_per_process_max, true);
-  Holder b(daemon_->socket_path(), limits::connections_per_uid_max - 1 -
-                                       limits::connections_per_process_max, true);
+  Holder a(daemon_->socket_path(), limits::connections_per_process_max, Hold::reserved);
+  Holder b(daemon_->socket_path(),
+           limits::connections_per_uid_max - 1 - limits::connections_per_process_max,
+           Hold::reserved);
   EXPECT_EQ(a.answered(), limits::connections_per_process_max);
   EXPECT_EQ(b.answered(), limits::connections_per_uid_max - 1 - limits::connections_per_process_max);
   EXPECT_EQ(connections(), limits::connections_per_uid_max);
-  // N+1 from the same uid: refused, clearly.
   EXPECT_EQ(try_connect(daemon_->socket_path(), make_ns(0x1, 16, 4096)), KVPARK_LIMIT_EXCEEDED);
+  EXPECT_EQ(displaced(), 0u);
   observer_.publish_and_verify();
   if (geteuid() != 0) GTEST_SKIP() << "another user's connection needs root to set it up";
-  // Another user still gets in.
   open_socket_to_attach_group();
   Holder other(daemon_->socket_path(), 1, true, nobody_uid);
   EXPECT_EQ(other.answered(), 1u);
+  EXPECT_EQ(daemon_->stop(), 0);
+}
+
+// libkvpark tries a refused connect again, backing off, for up to
+// client::admission_retry_msec_max: a busy process that lets go of its connections
+// meanwhile makes room, and the engine's connect succeeds instead of failing.
+TEST_F(Admission, ARefusedConnectIsRetriedUntilASlotFrees) {
+  start();
+  Holder a(daemon_->socket_path(), limits::connections_per_process_max, Hold::reserved);
+  auto b = std::make_unique<Holder>(
+      daemon_->socket_path(),
+      limits::connections_per_uid_max - 1 - limits::connections_per_process_max,
+      Hold::reserved);
+  ASSERT_EQ(connections(), limits::connections_per_uid_max);
+  std::thread release([&b] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    b.reset();  // the process exits: its connections close
+  });
+  EXPECT_EQ(try_connect(daemon_->socket_path(), make_ns(0x2, 16, 4096)), KVPARK_OK);
+  release.join();
+  EXPECT_EQ(daemon_->stop(), 0);
+}
+
+// Processes of one uid connecting and disconnecting in a loop, more than the uid's
+// share at once: an engine of another process of that uid is admitted every time.
+TEST_F(Admission, ChurnOfOneUidNeverLocksOutAnotherProcess) {
+  start();
+  std::vector<std::unique_ptr<Churner>> churners;
+  for (int i = 0; i < churn_processes; ++i)
+    churners.push_back(
+        std::make_unique<Churner>(daemon_->socket_path(), churn_threads, churn_msec));
+  std::this_thread::sleep_for(std::chrono::milliseconds(churn_ramp_msec));  // churn under way
+  const kvpark_namespace ns = make_ns(0xe9, 16, 4096);
+  int admitted = 0;
+  for (int attempt = 0; attempt < churn_engine_attempts; ++attempt) {
+    admitted += try_connect(daemon_->socket_path(), ns) == KVPARK_OK;
+    std::this_thread::sleep_for(std::chrono::milliseconds(churn_engine_spacing_msec));
+  }
+  uint64_t churn_connects = 0, churn_refused = 0;
+  for (auto& churner : churners) {
+    const auto [connects, refused] = churner->counts();
+    churn_connects += connects;
+    churn_refused += refused;
+  }
+  std::printf("churn of %d processes x %d threads: %llu connects, %llu refused; the engine "
+              "admitted %d of %d; %llu connections displaced\n",
+              churn_processes, churn_threads, static_cast<unsigned long long>(churn_connects),
+              static_cast<unsigned long long>(churn_refused), admitted, churn_engine_attempts,
+              static_cast<unsigned long long>(displaced()));
+  EXPECT_EQ(admitted, churn_engine_attempts);
+  EXPECT_GT(churn_refused + displaced(), 0u)
+      << "the churn never reached the uid's cap: the test proved nothing";
   EXPECT_EQ(daemon_->stop(), 0);
 }
 
