@@ -45,6 +45,8 @@ constexpr KeyInfo config_keys[] = {
     {"arena_name", false},
     {"huge_pages", false},
     {"reservation_max", true},
+    {"unsealed_per_connection", false},
+    {"unsealed_per_uid", false},
     {"arena_low_water", true},
     {"attach_group", false},
     {"admin_group", false},
@@ -256,6 +258,12 @@ bool set_config_value(DaemonOptions& o, std::string_view key, std::string_view v
   } else if (key == "reservation_max") {
     if (!set_size(value, limits::extent_align_bytes, o.reservation_bytes_max, error))
       return bad(error);
+  } else if (key == "unsealed_per_connection") {
+    if (!set_size(value, limits::extent_align_bytes, o.unsealed_connection_bytes_max, error))
+      return bad(error);
+  } else if (key == "unsealed_per_uid") {
+    if (!set_size(value, limits::extent_align_bytes, o.unsealed_uid_bytes_max, error))
+      return bad(error);
   } else if (key == "arena_low_water") {
     if (!set_size(value, 0, o.arena_low_water_bytes, error)) return bad(error);
     o.arena_low_water_set = true;
@@ -380,6 +388,10 @@ bool apply_config_file(const std::string& path, bool required, DaemonOptions& o,
 
 bool finish_options(DaemonOptions& o, std::string& ret_error) {
   if (o.reservation_bytes_max == 0) o.reservation_bytes_max = o.arena_bytes / 2;
+  if (o.unsealed_connection_bytes_max == 0)
+    o.unsealed_connection_bytes_max = o.arena_bytes / limits::unsealed_connection_share;
+  if (o.unsealed_uid_bytes_max == 0)
+    o.unsealed_uid_bytes_max = o.arena_bytes / limits::unsealed_uid_share;
   if (!o.arena_low_water_set) {
     o.arena_low_water_bytes =
         o.disk_directory.empty() ? 0 : o.arena_bytes / arena_low_water_divisor_with_disk;
@@ -522,6 +534,8 @@ std::string format_config(const DaemonOptions& o) {
                      : o.huge_pages == shm::HugePages::On ? "on"
                                                           : "off");
   line("reservation_max", format_size(o.reservation_bytes_max));
+  line("unsealed_per_connection", format_size(o.unsealed_connection_bytes_max));
+  line("unsealed_per_uid", format_size(o.unsealed_uid_bytes_max));
   line("arena_low_water", format_size(o.arena_low_water_bytes));
   line("attach_group", o.attach_group);
   line("admin_group", o.admin_group);

@@ -71,6 +71,12 @@ struct StatusInfo {
   // Idle connections of a process over its share closed to admit another process of
   // the same uid at its cap (fair share, server.h).
   uint64_t connections_displaced = 0;
+  // Reservations refused for a connection's or uid's unsealed quota, and those aborted
+  // for staying unsealed past limits::unsealed_deadline_usec; the quotas.
+  uint64_t unsealed_quota_refusals = 0;
+  uint64_t reservations_expired = 0;
+  uint64_t unsealed_connection_bytes_max = 0;
+  uint64_t unsealed_uid_bytes_max = 0;
   uint64_t seal_corrupt = 0;
   uint64_t spills = 0;
   uint64_t spill_bytes = 0;

@@ -62,6 +62,10 @@ StatusInfo ControlPlane::status_in_loop() const {
   s.protocol_errors = c.protocol_errors;
   s.handshake_timeouts = c.handshake_timeouts;
   s.connections_displaced = c.connections_displaced;
+  s.unsealed_quota_refusals = c.unsealed_quota_refusals;
+  s.reservations_expired = c.reservations_expired;
+  s.unsealed_connection_bytes_max = park_.unsealed_connection_bytes_max();
+  s.unsealed_uid_bytes_max = park_.unsealed_uid_bytes_max();
   s.seal_corrupt = c.seal_corrupt;
   s.spills = c.spills;
   s.spill_bytes = c.spill_bytes;

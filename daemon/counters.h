@@ -41,6 +41,8 @@ struct Counters {
   uint64_t protocol_errors = 0;
   uint64_t handshake_timeouts = 0;
   uint64_t connections_displaced = 0;  // closed, idle, to admit another process of the uid
+  uint64_t unsealed_quota_refusals = 0;  // reservations past a connection's or uid's quota
+  uint64_t reservations_expired = 0;     // aborted, unsealed past limits::unsealed_deadline_usec
   uint64_t seal_corrupt = 0;
   uint64_t reuse[reuse_kind_max + 1] = {};
   uint64_t spills = 0;           // completed

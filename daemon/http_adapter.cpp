@@ -150,6 +150,10 @@ void write_status(JsonWriter& w, const StatusInfo& s) {
       {"protocol_errors", s.protocol_errors},
       {"handshake_timeouts", s.handshake_timeouts},
       {"connections_displaced", s.connections_displaced},
+      {"unsealed_quota_refusals", s.unsealed_quota_refusals},
+      {"reservations_expired", s.reservations_expired},
+      {"unsealed_connection_bytes_max", s.unsealed_connection_bytes_max},
+      {"unsealed_uid_bytes_max", s.unsealed_uid_bytes_max},
       {"seal_corrupt", s.seal_corrupt},
       {"spills", s.spills},
       {"spill_bytes", s.spill_bytes},
@@ -437,6 +441,13 @@ std::string render_metrics(const StatusInfo& s, const std::vector<NamespaceSumma
         s.protocol_errors);
   m.one("kvpark_handshake_timeouts_total", "counter",
         "Engine connections closed for sending no HELLO in time.", s.handshake_timeouts);
+  m.one("kvpark_unsealed_quota_refusals_total", "counter",
+        "Reservations refused (LIMIT_EXCEEDED) for a connection's or a uid's quota of "
+        "reserved, unsealed bytes.",
+        s.unsealed_quota_refusals);
+  m.one("kvpark_reservations_expired_total", "counter",
+        "Reservations left unsealed past the deadline: aborted, their space given back.",
+        s.reservations_expired);
   m.one("kvpark_connections_displaced_total", "counter",
         "Idle connections of a process over its share closed to admit another process of "
         "the same uid at its connection cap.",

@@ -108,6 +108,8 @@ int main(int argc, char** argv) {
                      .arena_page_bytes = arena->page_bytes(),
                      .incarnation = arena->header().incarnation,
                      .reservation_bytes_max = options.reservation_bytes_max,
+                     .unsealed_connection_bytes_max = options.unsealed_connection_bytes_max,
+                     .unsealed_uid_bytes_max = options.unsealed_uid_bytes_max,
                      .connections_max = limits::connections_max,
                      .disk = disk.get(),
                      .remote = remote.get(),

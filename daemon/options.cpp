@@ -46,6 +46,8 @@ void print_usage(FILE* out) {
           "  --arena-name NAME                arena memfd name, shown in /proc (default /kvpark-arena-$EUID)\n"
           "  --huge-pages try|on|off          huge pages for the arena (default try)\n"
           "  --reservation-max SIZE           largest single reservation (default half the arena: %s)\n"
+          "  --unsealed-per-connection SIZE   reserved and unsealed, one connection (default 1/4 arena)\n"
+          "  --unsealed-per-uid SIZE          reserved and unsealed, one uid (default 1/2 arena)\n"
           "  --arena-low-water SIZE           evict to keep this much of the arena free\n"
           "                                   (default %s; with a disk tier 1/8 of the arena: %s)\n"
           "  --attach-group GROUP             members of GROUP may attach (default kvpark)\n"
@@ -76,7 +78,8 @@ void print_usage(FILE* out) {
 
 // Flags that are config keys: "--arena-size" sets "arena_size".
 constexpr const char* key_flags[] = {
-    "socket", "arena-size", "arena-name", "huge-pages", "reservation-max", "arena-low-water", "attach-group",
+    "socket", "arena-size", "arena-name", "huge-pages", "reservation-max", "unsealed-per-connection",
+    "unsealed-per-uid", "arena-low-water", "attach-group",
     "admin-group", "http-listen", "http-allow-remote", "dbus", "disk-dir", "disk-capacity",
     "disk-write-budget-per-day", "spill-on-shutdown", "state-dir", "kept-memory-dir", "remote", "remote-user",
     "remote-password-file", "remote-write",

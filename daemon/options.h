@@ -23,6 +23,10 @@ struct DaemonOptions {
   uint64_t arena_bytes = 0;            // data region; default limits::arena_bytes_default
   shm::HugePages huge_pages = shm::HugePages::Try;  // try | on | off, as PostgreSQL's
   uint64_t reservation_bytes_max = 0;  // default: half the arena
+  // Unsealed bytes one connection, one uid may hold (0: finish_options sets a quarter,
+  // a half of the arena: limits::unsealed_connection_share, unsealed_uid_share).
+  uint64_t unsealed_connection_bytes_max = 0;
+  uint64_t unsealed_uid_bytes_max = 0;
   std::string attach_group = "kvpark"; // members may attach; ignored if the group is missing
   std::string admin_group = "kvpark-admin";  // members may mutate over D-Bus (root always may)
   uint64_t arena_low_water_bytes = 0;  // evict (LRU) to keep this many bytes free

@@ -32,11 +32,12 @@ Park::Park(const ParkOptions& options, EntryTable& table)
   table_.set_host_eviction_cost(&host_eviction_value);
 }
 
-Status Park::open(ConnectionId id, uint32_t peer_pid) {
+Status Park::open(ConnectionId id, uint32_t peer_pid, uint32_t peer_uid) {
   if (connections_.size() >= options_.connections_max) return Status::LimitExceeded;
   auto [it, inserted] = connections_.try_emplace(id);
   assert(inserted && "connection ids are never reused while open");
   it->second.peer_pid = peer_pid;
+  it->second.peer_uid = peer_uid;
   if (options_.state != nullptr) it->second.state_slot = options_.state->add_connection(peer_pid);
   return Status::Ok;
 }
@@ -66,7 +67,7 @@ void Park::close(ConnectionId id) {
   Connection& c = it->second;
   for (auto& [reservation_id, r] : c.reservations) drop_reservation(r);
   for (auto& [lease_id, lease] : c.leases) drop_lease(lease);
-  reservations_open_ -= c.reservations.size();
+  while (!c.reservations.empty()) forget_reservation(c, c.reservations.begin());
   leases_open_ -= c.leases.size();
   single_flight_.forget(id);
   if (options_.state != nullptr) options_.state->remove_connection(c.state_slot);
@@ -223,7 +224,8 @@ Status Park::reserve_blocks(ConnectionId id, const wire::ReserveBlocksRequest& r
       wanted.push_back(i);
     }
   }
-  if (wanted.size() * info.block_extent_bytes > options_.reservation_bytes_max) {
+  if (wanted.size() * info.block_extent_bytes > options_.reservation_bytes_max ||
+      !unsealed_quota_allows(*c, wanted.size() * info.block_extent_bytes)) {
     return Status::LimitExceeded;
   }
   // Present blocks are part of this chain: keep them from being evicted for it. A
@@ -285,9 +287,7 @@ Status Park::reserve_blocks(ConnectionId id, const wire::ReserveBlocksRequest& r
     }
     r.headers.push_back(h);
   }
-  ret.reservation_id = next_reservation_id_++;
-  c->reservations.emplace(ret.reservation_id, std::move(r));
-  ++reservations_open_;
+  ret.reservation_id = keep_reservation(*c, std::move(r));
   return Status::Ok;
 }
 
@@ -325,7 +325,8 @@ Status Park::reserve_snapshot(ConnectionId id, const wire::ReserveSnapshotReques
   }
   const uint32_t tail = static_cast<uint32_t>(req.tail_tokens.size());
   const uint64_t extent_bytes = shm::extent_bytes_for(tail, req.payload_bytes);
-  if (extent_bytes > options_.reservation_bytes_max) return Status::LimitExceeded;
+  if (extent_bytes > options_.reservation_bytes_max || !unsealed_quota_allows(*c, extent_bytes))
+    return Status::LimitExceeded;
   NewEntry n{.ns = c->ns,
              .kind = EntryKind::Snapshot,
              .key_hash = req.anchor_hash,
@@ -355,13 +356,11 @@ Status Park::reserve_snapshot(ConnectionId id, const wire::ReserveSnapshotReques
     return Status::IoError;
   }
   r.headers.push_back(h);
-  ret.reservation_id = next_reservation_id_++;
   ret.extent_offset = e.extent_offset;
   ret.extent_bytes = e.extent_bytes;
   ret.payload_offset = h.payload_offset;
   ret.disposition = static_cast<uint32_t>(wire::Disposition::Reserved);
-  c->reservations.emplace(ret.reservation_id, std::move(r));
-  ++reservations_open_;
+  ret.reservation_id = keep_reservation(*c, std::move(r));
   return Status::Ok;
 }
 
@@ -395,8 +394,7 @@ Status Park::seal(ConnectionId id, const wire::ReservationRequest& req) {
     drop_reservation(r);
     status = Status::Corrupt;
   }
-  c->reservations.erase(it);
-  --reservations_open_;
+  forget_reservation(*c, it);
   answer_waiters(false);  // followers waiting for these entries
   return status;
 }
@@ -444,10 +442,73 @@ Status Park::abort(ConnectionId id, const wire::ReservationRequest& req) {
   auto it = c->reservations.find(req.reservation_id);
   if (it == c->reservations.end()) return Status::NotFound;
   drop_reservation(it->second);
-  c->reservations.erase(it);
-  --reservations_open_;
+  forget_reservation(*c, it);
   answer_waiters(false);
   return Status::Ok;
+}
+
+bool Park::unsealed_quota_allows(const Connection& c, uint64_t bytes) {
+  const auto held = unsealed_by_uid_.find(c.peer_uid);
+  const uint64_t uid_bytes = held == unsealed_by_uid_.end() ? 0 : held->second;
+  const uint64_t connection_max = options_.unsealed_connection_bytes_max;
+  const uint64_t uid_max = options_.unsealed_uid_bytes_max;
+  const bool connection_over = connection_max != 0 && c.unsealed_bytes + bytes > connection_max;
+  const bool uid_over = uid_max != 0 && uid_bytes + bytes > uid_max;
+  if (!connection_over && !uid_over) return true;
+  ++counters_.unsealed_quota_refusals;
+  log_warning_limited(
+      "kvparkd: pid %u: reservation of %llu bytes refused (LIMIT_EXCEEDED): its %s would hold "
+      "%llu bytes reserved and unsealed, past unsealed_per_%s (%llu)",
+      c.peer_pid, static_cast<unsigned long long>(bytes),
+      connection_over ? "connection" : "uid",
+      static_cast<unsigned long long>((connection_over ? c.unsealed_bytes : uid_bytes) + bytes),
+      connection_over ? "connection" : "uid",
+      static_cast<unsigned long long>(connection_over ? connection_max : uid_max));
+  return false;
+}
+
+uint64_t Park::keep_reservation(Connection& c, Reservation&& r) {
+  r.bytes = 0;
+  for (EntrySlot slot : r.slots) r.bytes += table_.entry(slot).extent_bytes;
+  r.created_usec = monotonic_usec();
+  c.unsealed_bytes += r.bytes;
+  unsealed_by_uid_[c.peer_uid] += r.bytes;
+  const uint64_t id = next_reservation_id_++;
+  c.reservations.emplace(id, std::move(r));
+  ++reservations_open_;
+  return id;
+}
+
+void Park::forget_reservation(Connection& c, std::map<uint64_t, Reservation>::iterator it) {
+  const uint64_t bytes = it->second.bytes;
+  c.unsealed_bytes -= bytes;
+  auto held = unsealed_by_uid_.find(c.peer_uid);
+  assert(held != unsealed_by_uid_.end() && held->second >= bytes);
+  if ((held->second -= bytes) == 0) unsealed_by_uid_.erase(held);
+  c.reservations.erase(it);
+  --reservations_open_;
+}
+
+void Park::expire_reservations(uint64_t now_usec) {
+  bool expired = false;
+  for (auto& [id, c] : connections_) {
+    for (auto it = c.reservations.begin(); it != c.reservations.end();) {
+      auto next = std::next(it);
+      if (now_usec - it->second.created_usec >= limits::unsealed_deadline_usec) {
+        log_warning_limited("kvparkd: pid %u left a reservation of %llu bytes unsealed for %llu s: "
+                            "aborted, its space given back",
+                            c.peer_pid, static_cast<unsigned long long>(it->second.bytes),
+                            static_cast<unsigned long long>(limits::unsealed_deadline_usec /
+                                                            1'000'000));
+        drop_reservation(it->second);
+        forget_reservation(c, it);
+        ++counters_.reservations_expired;
+        expired = true;
+      }
+      it = next;
+    }
+  }
+  if (expired) answer_waiters(false);  // followers of what was never sealed go alone
 }
 
 Status Park::evict_entry(EntrySlot slot) {
@@ -501,6 +562,7 @@ void Park::tick_at(uint64_t now_usec) {
     }
   }
   expire_remote_probes();
+  expire_reservations(now_usec);
   answer_waiters(true);
   keep_low_water();
   disk_.enforce_disk_capacity();

@@ -50,6 +50,9 @@ struct ParkOptions {
   uint32_t arena_page_bytes = 0;
   uint64_t incarnation = 0;
   uint64_t reservation_bytes_max = 0;  // one reservation's extents, bytes
+  // Unsealed extents one connection, one uid may hold (0: no quota).
+  uint64_t unsealed_connection_bytes_max = 0;
+  uint64_t unsealed_uid_bytes_max = 0;
   size_t connections_max = 0;
   DiskTier* disk = nullptr;            // null: host tier only
   RemoteTier* remote = nullptr;        // null: no remote tier (park_remote.cpp)
@@ -64,7 +67,8 @@ class Park {
   Park(const Park&) = delete;
   Park& operator=(const Park&) = delete;
 
-  Status open(ConnectionId id, uint32_t peer_pid);
+  // peer_uid: whose unsealed quota (ParkOptions::unsealed_uid_bytes_max) it draws on.
+  Status open(ConnectionId id, uint32_t peer_pid, uint32_t peer_uid = 0);
   // Aborts the connection's reservations, releases its leases, forgets its waits.
   void close(ConnectionId id);
 
@@ -95,6 +99,8 @@ class Park {
   Status drop_namespace(const NamespaceId& id, uint64_t& ret_dropped);
   void set_reservation_bytes_max(uint64_t bytes) { options_.reservation_bytes_max = bytes; }
   uint64_t reservation_bytes_max() const { return options_.reservation_bytes_max; }
+  uint64_t unsealed_connection_bytes_max() const { return options_.unsealed_connection_bytes_max; }
+  uint64_t unsealed_uid_bytes_max() const { return options_.unsealed_uid_bytes_max; }
   // Keeps at least this many arena bytes free on tick(): demotes or evicts.
   void set_low_water_bytes(uint64_t bytes) { disk_.policy().set_low_water_bytes(bytes); }
   uint64_t low_water_bytes() const { return disk_.policy().low_water_bytes(); }
@@ -149,9 +155,13 @@ class Park {
   struct Reservation {
     std::vector<EntrySlot> slots;
     std::vector<shm::EntryHeader> headers;  // as written; checked again at seal
+    uint64_t bytes = 0;         // its extents: what it draws on the unsealed quotas
+    uint64_t created_usec = 0;  // CLOCK_MONOTONIC; aborted past limits::unsealed_deadline_usec
   };
   struct Connection {
     uint32_t peer_pid = 0;
+    uint32_t peer_uid = 0;
+    uint64_t unsealed_bytes = 0;  // its open reservations' extents
     uint32_t state_slot = no_record;  // its word in the state segment
     bool greeted = false;
     // It reported an intact payload altered: its reports are not acted on again (each
@@ -166,6 +176,15 @@ class Park {
   shm::EntryHeader make_entry_header(const Entry& e, uint32_t token_count,
                                      uint64_t payload_bytes) const;
   void drop_reservation(Reservation& r);
+  // Whether `c` may reserve `bytes` more unsealed (its own and its uid's quota); when
+  // not, counts it and logs which quota, and by how much.
+  bool unsealed_quota_allows(const Connection& c, uint64_t bytes);
+  // Files a new reservation under `c`, on the quotas, and returns its id.
+  uint64_t keep_reservation(Connection& c, Reservation&& r);
+  // Takes a reservation off `c` and the quotas (its entries are the caller's).
+  void forget_reservation(Connection& c, std::map<uint64_t, Reservation>::iterator it);
+  // Aborts the reservations left unsealed past limits::unsealed_deadline_usec.
+  void expire_reservations(uint64_t now_usec);
   void drop_lease(Lease& lease);
   bool evict_entry_unpinned(EntrySlot slot);  // drop-namespace: pins do not protect
   // Answers the WAITs whose lease settled (expire_only: whose deadline passed).
@@ -277,6 +296,7 @@ class Park {
   uint64_t next_reservation_id_ = 1;
   uint64_t leases_open_ = 0;
   uint64_t reservations_open_ = 0;
+  std::unordered_map<uint32_t, uint64_t> unsealed_by_uid_;  // uid -> its open reservations' bytes
   Counters counters_;
   // The parts Park delegates to (see the top of this file).
   SingleFlight single_flight_{table_};

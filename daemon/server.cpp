@@ -260,7 +260,8 @@ void Server::accept_all() {
           !displace_for(cred.uid, cred.pid)))) {
       refusal = Status::LimitExceeded;  // this user's share is taken; others still get in
     }
-    if (refusal == Status::Ok) refusal = park_.open(id, static_cast<uint32_t>(cred.pid));
+    if (refusal == Status::Ok)
+      refusal = park_.open(id, static_cast<uint32_t>(cred.pid), static_cast<uint32_t>(cred.uid));
     if (refusal != Status::Ok) {
       // Tell the peer why before closing; its HELLO reads this reply.
       std::vector<uint8_t> frame;

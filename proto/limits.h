@@ -62,6 +62,15 @@ static_assert(connections_per_process_max <= connections_per_uid_max);
 // Per connection.
 inline constexpr size_t leases_per_connection_max = 1024;
 inline constexpr size_t reservations_per_connection_max = 256;
+// Unsealed state, by bytes: a connection may hold at most 1/unsealed_connection_share
+// of the arena reserved and not sealed, a uid at most 1/unsealed_uid_share (kvparkd's
+// unsealed_per_connection and unsealed_per_uid set other sizes), so one runaway engine
+// cannot take the arena from every other. A reservation unsealed this long is aborted
+// (a stuck engine gives its space back): longer than any prefill a reservation waits
+// out (kvpark-proxy reserves a head before prefilling it), as long as the longest WAIT.
+inline constexpr uint64_t unsealed_connection_share = 4;
+inline constexpr uint64_t unsealed_uid_share = 2;
+inline constexpr uint64_t unsealed_deadline_usec = 600'000'000;
 inline constexpr size_t reserve_blocks_max = 1024;  // blocks in one RESERVE
 
 // Waits and recurrence, all connections.

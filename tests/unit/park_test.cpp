@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "daemon/adoption.h"
+#include "daemon/clock.h"
 #include "daemon/entry_state.h"
 #include "proto/limits.h"
 #include "shm/arena_format.h"
@@ -50,7 +51,8 @@ wire::ReservationRequest sealing(const wire::ReserveSnapshotReply& reply) {
 
 class ParkTest : public ::testing::Test {
  protected:
-  void make(uint64_t data_blocks, uint64_t reservation_bytes_max = 0, size_t connections_max = 8) {
+  void make(uint64_t data_blocks, uint64_t reservation_bytes_max = 0, size_t connections_max = 8,
+            uint64_t unsealed_connection_bytes_max = 0, uint64_t unsealed_uid_bytes_max = 0) {
     arena_.assign(data_blocks * block_extent, 0);
     table_ = std::make_unique<EntryTable>(arena_.size(), granule);
     park_ = std::make_unique<Park>(
@@ -59,6 +61,8 @@ class ParkTest : public ::testing::Test {
                     .incarnation = 0x1234,
                     .reservation_bytes_max =
                         reservation_bytes_max ? reservation_bytes_max : arena_.size(),
+                    .unsealed_connection_bytes_max = unsealed_connection_bytes_max,
+                    .unsealed_uid_bytes_max = unsealed_uid_bytes_max,
                     .connections_max = connections_max},
         *table_);
   }
@@ -103,9 +107,9 @@ class ParkTest : public ::testing::Test {
   }
 
   ConnectionId connect(const NamespaceId& ns = attention_ns, uint32_t bt = block_tokens,
-                       bool snapshot_required = false) {
+                       bool snapshot_required = false, uint32_t uid = 0) {
     const ConnectionId id = next_id_++;
-    EXPECT_EQ(park_->open(id, 100 + id), Status::Ok);
+    EXPECT_EQ(park_->open(id, 100 + id, uid), Status::Ok);
     wire::HelloRequest hello;
     hello.protocol_version = limits::protocol_version;
     hello.namespace_id = ns;
@@ -717,6 +721,45 @@ TEST_F(ParkTest, ReservationsPerConnectionAtCapAndCapPlusOne) {
   ASSERT_EQ(park_->abort(a, {ids.back()}), Status::Ok);
   EXPECT_EQ(park_->abort(a, {ids.back()}), Status::NotFound);
   EXPECT_EQ(reserve(a, {chain_hash(8, 0)}, 0, r), Status::Ok);
+}
+
+// Unsealed bytes at a connection's quota and past it, then a uid's across two
+// connections: the refusal costs nothing parked, and a seal or an abort gives the
+// quota back.
+TEST_F(ParkTest, UnsealedBytesAtTheConnectionAndUidQuotasAndPast) {
+  make(16, 0, 8, /*connection=*/4 * block_extent, /*uid=*/6 * block_extent);
+  const ConnectionId a = connect(attention_ns, block_tokens, false, /*uid=*/7);
+  const ConnectionId b = connect(attention_ns, block_tokens, false, /*uid=*/7);
+  const ConnectionId other = connect(attention_ns, block_tokens, false, /*uid=*/8);
+  wire::ReserveBlocksReply r1, r2, r3;
+  ASSERT_EQ(reserve(a, chain(1, 4), 0, r1), Status::Ok);  // a: at its quota
+  EXPECT_EQ(reserve(a, chain(2, 1), 0, r2), Status::LimitExceeded);
+  ASSERT_EQ(reserve(b, chain(3, 2), 0, r2), Status::Ok);  // uid 7: at its quota
+  EXPECT_EQ(reserve(b, chain(4, 1), 0, r3), Status::LimitExceeded);
+  ASSERT_EQ(reserve(other, chain(5, 4), 0, r3), Status::Ok);  // another uid: its own
+  EXPECT_EQ(park_->counters().unsealed_quota_refusals, 2u);
+  ASSERT_EQ(park_->seal(a, sealing(r1)), Status::Ok);  // sealed: no longer unsealed
+  EXPECT_EQ(reserve(b, chain(4, 1), 0, r1), Status::Ok);
+  ASSERT_EQ(park_->abort(b, {r2.reservation_id}), Status::Ok);
+  EXPECT_EQ(reserve(a, chain(6, 2), 0, r2), Status::Ok);
+}
+
+// A reservation left unsealed past the deadline is aborted at the next tick: its
+// extents are free again, the quota given back, and sealing it later is NotFound.
+TEST_F(ParkTest, AReservationUnsealedPastTheDeadlineIsAborted) {
+  make(16, 0, 8, /*connection=*/4 * block_extent, 0);
+  const ConnectionId a = connect();
+  wire::ReserveBlocksReply r;
+  ASSERT_EQ(reserve(a, chain(1, 4), 0, r), Status::Ok);
+  const uint64_t free_reserved = park_->stats().arena_free_bytes;
+  park_->tick_at(monotonic_usec() + limits::unsealed_deadline_usec / 2);
+  EXPECT_EQ(park_->counters().reservations_expired, 0u);
+  park_->tick_at(monotonic_usec() + limits::unsealed_deadline_usec + 1);
+  EXPECT_EQ(park_->counters().reservations_expired, 1u);
+  EXPECT_EQ(park_->stats().arena_free_bytes, free_reserved + 4 * block_extent);
+  EXPECT_EQ(park_->seal(a, sealing(r)), Status::NotFound);
+  wire::ReserveBlocksReply again;
+  EXPECT_EQ(reserve(a, chain(1, 4), 0, again), Status::Ok);
 }
 
 TEST_F(ParkTest, ReservationBytesAtCapAndOneGranuleMore) {
