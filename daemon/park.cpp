@@ -452,8 +452,11 @@ bool Park::unsealed_quota_allows(const Connection& c, uint64_t bytes) {
   const uint64_t uid_bytes = held == unsealed_by_uid_.end() ? 0 : held->second;
   const uint64_t connection_max = options_.unsealed_connection_bytes_max;
   const uint64_t uid_max = options_.unsealed_uid_bytes_max;
-  const bool connection_over = connection_max != 0 && c.unsealed_bytes + bytes > connection_max;
-  const bool uid_over = uid_max != 0 && uid_bytes + bytes > uid_max;
+  // What one holds beyond a reservation of its own: a single reservation is bounded by
+  // reservation_max alone (an engine publishing one large head is no hog).
+  const bool connection_over =
+      connection_max != 0 && c.unsealed_bytes > 0 && c.unsealed_bytes + bytes > connection_max;
+  const bool uid_over = uid_max != 0 && uid_bytes > 0 && uid_bytes + bytes > uid_max;
   if (!connection_over && !uid_over) return true;
   ++counters_.unsealed_quota_refusals;
   log_warning_limited(

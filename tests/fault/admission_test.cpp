@@ -23,6 +23,7 @@
 #include "shm/arena_format.h"
 #include "tests/fault/observer.h"
 #include "tests/testing/daemon_process.h"
+#include "tests/testing/daemon_status.h"
 #include "tests/testing/openai_http.h"
 #include "tests/testing/wait.h"
 #include "tests/testing/raw_client.h"
@@ -218,15 +219,7 @@ class Admission : public ::testing::Test {
   }
   uint64_t connections() { return observer_.stats().connections; }
   // Connections closed to admit another process of their uid (/v1/status).
-  uint64_t displaced() {
-    const HttpResult r =
-        http_get("http://127.0.0.1:" + std::to_string(daemon_->http_port()), "/v1/status");
-    rapidjson::Document d;
-    d.Parse(r.body.c_str());
-    return !d.HasParseError() && d.HasMember("connections_displaced")
-               ? d["connections_displaced"].GetUint64()
-               : UINT64_MAX;
-  }
+  uint64_t displaced() { return daemon_status_number(*daemon_, "connections_displaced"); }
   bool wait_connections(uint64_t n, int timeout_msec = 5000) {
     return wait_until([&] { return connections() == n; }, timeout_msec);
   }

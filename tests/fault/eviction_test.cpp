@@ -19,6 +19,7 @@
 #include <string>
 
 #include "tests/testing/daemon_process.h"
+#include "tests/testing/daemon_status.h"
 #include "tests/testing/engine_runner.h"
 #include "tests/testing/openai_http.h"
 
@@ -32,13 +33,7 @@ constexpr uint64_t snapshot_bytes = 4ull << 20;
 constexpr int heads_max = 200;
 
 uint64_t status_number(const DaemonProcess& daemon, const char* key) {
-  const HttpResult r =
-      http_get("http://127.0.0.1:" + std::to_string(daemon.http_port()), "/v1/status");
-  rapidjson::Document d;
-  d.Parse(r.body.c_str());
-  return !d.HasParseError() && d.IsObject() && d.HasMember(key) && d[key].IsUint64()
-             ? d[key].GetUint64()
-             : 0;
+  return daemon_status_number(daemon, key);
 }
 
 EngineRun run_head(const DaemonProcess& daemon, uint64_t seed, const char* mode) {
@@ -47,17 +42,23 @@ EngineRun run_head(const DaemonProcess& daemon, uint64_t seed, const char* mode)
                              std::to_string(block_bytes), mode});
 }
 
+// Publishes heads (seeds 1, 2, ...) until the arena is full: the first eviction. How
+// many it published.
+int fill_with_heads(const DaemonProcess& daemon) {
+  int heads = 0;
+  while (heads < heads_max && status_number(daemon, "evictions") == 0) {
+    const EngineRun run = run_head(daemon, uint64_t(++heads), "publish");
+    EXPECT_EQ(run.exit_code, 0) << run.output;
+  }
+  return heads;
+}
+
 TEST(Eviction, ALargeReservationOnAFragmentedArenaTakesOnlyWhatItNeeds) {
   DaemonProcess daemon(DaemonConfig{
       .arena_bytes = arena_bytes,
       .extra_args = {"--config", "/dev/null", "--http-listen", "127.0.0.1:0"}});
   ASSERT_TRUE(daemon.start());
-  // Heads until the arena is full: the first eviction.
-  int heads = 0;
-  while (heads < heads_max && status_number(daemon, "evictions") == 0) {
-    const EngineRun run = run_head(daemon, uint64_t(++heads), "publish");
-    ASSERT_EQ(run.exit_code, 0) << run.output;
-  }
+  const int heads = fill_with_heads(daemon);
   ASSERT_GT(status_number(daemon, "evictions"), 0u) << "the arena never filled";
   // Every other head used again, newest offsets first: the coldest heads lie between
   // recent ones all over the arena.
@@ -148,11 +149,7 @@ TEST(Eviction, AHogOfUnsealedReservationsStopsAtItsQuota) {
       .arena_bytes = arena_bytes,
       .extra_args = {"--config", "/dev/null", "--http-listen", "127.0.0.1:0"}});
   ASSERT_TRUE(daemon.start());
-  int heads = 0;
-  while (heads < heads_max && status_number(daemon, "evictions") == 0) {
-    const EngineRun run = run_head(daemon, uint64_t(++heads), "publish");
-    ASSERT_EQ(run.exit_code, 0) << run.output;
-  }
+  const int heads = fill_with_heads(daemon);
   Hog hog(daemon.socket_path());
   ASSERT_GE(hog.reservations(), 0) << "the hog failed";
   // What the other engine's heads still hold, verified byte for byte.

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "tests/testing/daemon_process.h"
+#include "tests/testing/daemon_status.h"
 #include "tests/testing/engine_runner.h"
 #include "tests/testing/openai_http.h"
 #include "tests/testing/wait.h"
@@ -83,13 +84,7 @@ class LoopFileSystem {
 };
 
 uint64_t status_number(const DaemonProcess& daemon, const char* key) {
-  const HttpResult r =
-      http_get("http://127.0.0.1:" + std::to_string(daemon.http_port()), "/v1/status");
-  rapidjson::Document d;
-  d.Parse(r.body.c_str());
-  return !d.HasParseError() && d.IsObject() && d.HasMember(key) && d[key].IsUint64()
-             ? d[key].GetUint64()
-             : 0;
+  return daemon_status_number(daemon, key);
 }
 
 // The sample of kvpark_spill_failures_total for `cause` on /metrics; -1 when absent.
