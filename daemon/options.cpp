@@ -46,7 +46,7 @@ void print_usage(FILE* out) {
           "  --arena-name NAME                arena memfd name, shown in /proc (default /kvpark-arena-$EUID)\n"
           "  --huge-pages try|on|off          huge pages for the arena (default try)\n"
           "  --reservation-max SIZE           largest single reservation (default half the arena: %s)\n"
-          "  --unsealed-per-connection SIZE   reserved and unsealed, one connection (default 1/4 arena)\n"
+          "  --unsealed-per-connection SIZE   reserved, unsealed: one connection (default 1/4 arena)\n"
           "  --unsealed-per-uid SIZE          reserved and unsealed, one uid (default 1/2 arena)\n"
           "  --arena-low-water SIZE           evict to keep this much of the arena free\n"
           "                                   (default %s; with a disk tier 1/8 of the arena: %s)\n"

@@ -66,9 +66,10 @@ inline constexpr size_t reservations_per_connection_max = 256;
 // of the arena reserved and not sealed, a uid at most 1/unsealed_uid_share (kvparkd's
 // unsealed_per_connection and unsealed_per_uid set other sizes), so one runaway engine
 // cannot take the arena from every other. What is counted is what one holds beyond a
-// reservation of its own: a single reservation is bounded by reservation_max alone. A reservation unsealed this long is aborted
-// (a stuck engine gives its space back): longer than any prefill a reservation waits
-// out (kvpark-proxy reserves a head before prefilling it), as long as the longest WAIT.
+// reservation of its own: a single reservation is bounded by reservation_max alone.
+// A reservation unsealed this long is aborted (a stuck engine gives its space back):
+// longer than any prefill a reservation waits out (kvpark-proxy reserves a head before
+// prefilling it), as long as the longest WAIT.
 inline constexpr uint64_t unsealed_connection_share = 4;
 inline constexpr uint64_t unsealed_uid_share = 2;
 inline constexpr uint64_t unsealed_deadline_usec = 600'000'000;

@@ -645,7 +645,8 @@ void finish_turn(Turn& turn, int status, bool completed) {
                "restore_file_ms=%.2f restore_upstream_ms=%.2f forward_ms=%.2f path=%s\n",
                turn.client_path.c_str(), api_string(turn.api), route.name().c_str(),
                turn.slot == no_slot ? -1 : int(turn.slot), reuse_kind_string(turn.reuse), cached,
-               turn.prompt_tokens, prefilled, turn.restored, turn.ttft_msec, status, static_cast<unsigned long long>(turn.restore_bytes),
+               turn.prompt_tokens, prefilled, turn.restored, turn.ttft_msec, status,
+               static_cast<unsigned long long>(turn.restore_bytes),
                turn.restore_file_msec, turn.restore_upstream_msec, turn.forward_delay_msec,
                turn.known != nullptr ? "known_prefix" : "full");
 }

@@ -26,10 +26,10 @@
 //   restart    turn 1, llama-server restarted, turn 2 (turn 1 + reply + user 2) measured
 // TTFT is client side: request sent -> first streamed content delta. Tokens
 // prefilled: llama-server's llamacpp:prompt_tokens_total over the measured requests,
-// with what their usage said was not cached (prompt less cached) beside it. Through the proxy, a measured
-// request starts once the proxy has parked what the previous one left (as a later
-// client would find it). Exit status: 0 when every request succeeded, 1 otherwise,
-// 2 on a bad flag.
+// with what their usage said was not cached (prompt less cached) beside it. Through
+// the proxy, a measured request starts once the proxy has parked what the previous one
+// left (as a later client would find it). Exit status: 0 when every request succeeded,
+// 1 otherwise, 2 on a bad flag.
 #include <getopt.h>
 #include <unistd.h>
 
