@@ -2,7 +2,7 @@
 //  - a reservation takes what it needs: a 4 MiB snapshot on an arena full of 1 MiB
 //    heads, whose LRU order runs against their offsets, evicts at most its size plus
 //    one entry, where evicting in LRU order until some free run is long enough took far
-//    more (issue figures: 654 entries, 8.3 MB left free for a 4 MB snapshot);
+//    more (548 entries, half the arena left free, from the daemon before this rule);
 //  - a hog holding reservations it never seals stops at its connection's quota of
 //    unsealed bytes (a quarter of the arena), refused with the reason logged, and the
 //    other engine's heads keep the rest.
