@@ -728,7 +728,8 @@ void serve_cached(ProxyState& proxy, Api api, const httplib::Request& req,
   if (!read_request(*turn, req.body, res)) return;
   rapidjson::Document& doc = turn->request;
   // What llama-server renders: the client's body for chat, the converted one else.
-  const std::string chat_body = api == Api::chat_completions ? req.body : to_json(doc);
+  turn->body = api == Api::chat_completions ? req.body : to_json(doc);
+  const std::string& chat_body = turn->body;
   kvpark_request* parsed = nullptr;
   char parse_error[256] = {};
   if (kvpark_request_parse(chat_body.data(), chat_body.size(), KVPARK_REQUEST_CHAT_COMPLETIONS,
@@ -749,7 +750,6 @@ void serve_cached(ProxyState& proxy, Api api, const httplib::Request& req,
   Route& route = *turn->route;
   route.check_process();  // a no-op while the upstream is the process last checked
   turn->namespace_id = route.namespace_id();  // what its prefill timings measure
-  turn->body = chat_body;
   if (route.ready() && route.parking().connected()) {
     turn->session_id = session_of(doc);
     if (take_slot_on_known_prefix(*turn)) {

@@ -44,7 +44,7 @@ struct Turn {
   // a known prefix), that prefix until finish_turn tokenizes `body` in full.
   std::vector<int32_t> tokens;
   std::shared_ptr<const Tokens> known;
-  std::string body;
+  std::string body;  // the Chat Completions body, as serialised: what /apply-template renders
   uint64_t session_id = 0;
   uint32_t slot = no_slot;
   uint32_t head = 0;              // the head candidate's position (0: none)

@@ -149,9 +149,7 @@ class Holder {
 constexpr int churn_processes = 4;
 constexpr int churn_threads = 50;
 constexpr int churn_msec = 5'000;
-constexpr int churn_ramp_msec = 1'000;   // before the engine's first attempt
 constexpr int churn_engine_attempts = 30;
-constexpr int churn_engine_spacing_msec = 50;
 
 // A child process whose threads each connect (HELLO) and disconnect in a loop for
 // `msec`; counts() then says how many connects were answered Ok and how many refused.
@@ -368,9 +366,13 @@ TEST_F(Admission, ARefusedConnectIsRetriedUntilASlotFrees) {
       limits::connections_per_uid_max - 1 - limits::connections_per_process_max,
       Hold::reserved);
   ASSERT_EQ(connections(), limits::connections_per_uid_max);
-  std::thread release([&b] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    b.reset();  // the process exits: its connections close
+  // Once the daemon has refused the engine's connect, b's process exits: its
+  // connections close while libkvpark is still trying.
+  std::thread release([&] {
+    EXPECT_TRUE(wait_until(
+        [&] { return read_file(daemon_->log_path()).find("refused pid") != std::string::npos; },
+        10'000));
+    b.reset();
   });
   EXPECT_EQ(try_connect(daemon_->socket_path(), make_ns(0x2, 16, 4096)), KVPARK_OK);
   release.join();
@@ -385,13 +387,12 @@ TEST_F(Admission, ChurnOfOneUidNeverLocksOutAnotherProcess) {
   for (int i = 0; i < churn_processes; ++i)
     churners.push_back(
         std::make_unique<Churner>(daemon_->socket_path(), churn_threads, churn_msec));
-  std::this_thread::sleep_for(std::chrono::milliseconds(churn_ramp_msec));  // churn under way
+  // The churn has filled the uid's share once it displaces its own connections.
+  EXPECT_TRUE(wait_until([&] { return displaced() > 0; }, churn_msec));
   const kvpark_namespace ns = make_ns(0xe9, 16, 4096);
   int admitted = 0;
-  for (int attempt = 0; attempt < churn_engine_attempts; ++attempt) {
+  for (int attempt = 0; attempt < churn_engine_attempts; ++attempt)
     admitted += try_connect(daemon_->socket_path(), ns) == KVPARK_OK;
-    std::this_thread::sleep_for(std::chrono::milliseconds(churn_engine_spacing_msec));
-  }
   uint64_t churn_connects = 0, churn_refused = 0;
   for (auto& churner : churners) {
     const auto [connects, refused] = churner->counts();

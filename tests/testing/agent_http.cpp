@@ -2,7 +2,6 @@
 // read back: whole, or streamed as server-sent events.
 #include "tests/testing/agent_http.h"
 
-#include <httplib.h>
 #include <rapidjson/document.h>
 #include <rapidjson/stringbuffer.h>
 #include <rapidjson/writer.h>
@@ -289,32 +288,14 @@ AgentResult post_agent(const std::string& base_url, const AgentRequest& request,
       read_error(doc, &ret);
     return ret;
   }
-  httplib::Client client(base_url);
-  const auto timeout = std::chrono::milliseconds(timeout_msec);
-  client.set_read_timeout(timeout);
-  client.set_write_timeout(timeout);
-  httplib::Request req;
-  req.method = "POST";
-  req.path = path;
-  req.headers = {{"Content-Type", "application/json"}, {"Accept", "text/event-stream"}};
-  req.body = body;
   std::string pending;
-  req.response_handler = [&](const httplib::Response& response) {
-    ret.http.status = response.status;
-    for (const auto& [name, value] : response.headers) {
-      std::string lower = name;
-      for (char& c : lower) c = char(std::tolower(static_cast<unsigned char>(c)));
-      ret.http.headers[lower] = value;
-    }
-    return true;
-  };
-  req.content_receiver = [&](const char* data, size_t length, uint64_t, uint64_t) {
-    ret.http.body.append(data, length);
-    pending.append(data, length);
-    drain_events(request.format, &pending, start, &ret);
-    return true;
-  };
-  if (!client.send(req)) ret.http.status = 0;
+  ret.http = http_post_streamed(
+      base_url, path, body,
+      [&](const char* data, size_t length) {
+        pending.append(data, length);
+        drain_events(request.format, &pending, start, &ret);
+      },
+      timeout_msec);
   pending += "\n\n";
   drain_events(request.format, &pending, start, &ret);
   ret.total_msec = msec_since(start);

@@ -227,30 +227,43 @@ ChatResult post_chat(const std::string& base_url, const ChatRequest& request, in
     return ret;
   }
 
+  std::string pending;
+  ret.http = http_post_streamed(
+      base_url, "/v1/chat/completions", body,
+      [&](const char* data, size_t length) {
+        pending.append(data, length);
+        drain_events(&pending, start, &ret);
+      },
+      timeout_msec);
+  pending += "\n\n";
+  drain_events(&pending, start, &ret);
+  ret.total_msec = msec_since(start);
+  return ret;
+}
+
+HttpResult http_post_streamed(const std::string& base_url, const std::string& path,
+                              const std::string& body,
+                              const std::function<void(const char*, size_t)>& on_piece,
+                              int timeout_msec) {
+  HttpResult ret;
   httplib::Client client(base_url);
   set_timeouts(&client, timeout_msec);
   httplib::Request req;
   req.method = "POST";
-  req.path = "/v1/chat/completions";
+  req.path = path;
   req.headers = {{"Content-Type", "application/json"}, {"Accept", "text/event-stream"}};
   req.body = body;
-  std::string pending;
   req.response_handler = [&](const httplib::Response& response) {
-    ret.http.status = response.status;
-    copy_headers(response.headers, &ret.http.headers);
+    ret.status = response.status;
+    copy_headers(response.headers, &ret.headers);
     return true;
   };
   req.content_receiver = [&](const char* data, size_t length, uint64_t, uint64_t) {
-    ret.http.body.append(data, length);
-    pending.append(data, length);
-    drain_events(&pending, start, &ret);
+    ret.body.append(data, length);
+    on_piece(data, length);
     return true;
   };
-  auto res = client.send(req);
-  if (!res) ret.http.status = 0;
-  pending += "\n\n";
-  drain_events(&pending, start, &ret);
-  ret.total_msec = msec_since(start);
+  if (!client.send(req)) ret.status = 0;
   return ret;
 }
 

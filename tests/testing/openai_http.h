@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -26,6 +27,12 @@ HttpResult http_get(const std::string& base_url, const std::string& path,
 HttpResult http_post(const std::string& base_url, const std::string& path, const std::string& body,
                      const std::string& content_type = "application/json",
                      int timeout_msec = http_timeout_msec_default);
+// POSTs a JSON `body` asking for server-sent events; each piece of the answer's body
+// goes to on_piece as it arrives (and into the result's body). Status 0: no response.
+HttpResult http_post_streamed(const std::string& base_url, const std::string& path,
+                              const std::string& body,
+                              const std::function<void(const char*, size_t)>& on_piece,
+                              int timeout_msec = http_timeout_msec_default);
 
 struct ChatMessage {
   std::string role;  // system | user | assistant
