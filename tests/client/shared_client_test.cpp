@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdint>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -157,6 +158,73 @@ TEST(SharedClient, ThreadWaitingOnAnotherEnginesPrefillLeavesTheClientToItsOther
   shared.reset();
   leader.reset();
   EXPECT_EQ(daemon.stop(), 0);
+}
+
+// Parks `state` as the snapshot after tokens[0, position) through c.
+void park_state(kvpark_client* c, const std::vector<int32_t>& tokens, uint32_t position,
+                const std::vector<uint8_t>& state) {
+  const kvpark_publish_options options{.session_id = 1,
+                                       .entry_class = KVPARK_CLASS_SHARED,
+                                       .evidence = KVPARK_EVIDENCE_DEFAULT_AUTOMATIC};
+  kvpark_reservation* r = nullptr;
+  ASSERT_EQ(kvpark_reserve_snapshot(c, &options, tokens.data(), position, state.size(), &r),
+            KVPARK_OK);
+  ASSERT_EQ(kvpark_reservation_write_snapshot(r, 0, state.data(), state.size()), KVPARK_OK);
+  ASSERT_EQ(kvpark_seal(r), KVPARK_OK);
+}
+
+// The parked snapshot as c finds it: its address in c's mapping of the arena, and
+// its bytes (a verified copy).
+const void* find_state(kvpark_client* c, const std::vector<int32_t>& tokens,
+                       std::vector<uint8_t>* ret_bytes) {
+  kvpark_plan* plan = nullptr;
+  EXPECT_EQ(kvpark_lookup(c, 2, tokens.data(), tokens.size(), &plan), KVPARK_OK);
+  uint64_t bytes = 0;
+  const void* at = kvpark_plan_snapshot(plan, &bytes, nullptr);
+  ret_bytes->assign(bytes, 0);
+  EXPECT_EQ(kvpark_plan_copy_snapshot(plan, ret_bytes->data(), bytes), KVPARK_OK);
+  kvpark_plan_release(plan);
+  return at;
+}
+
+// Clients of one process connected to one daemon share one mapping of its arena
+// (page tables filled once: a restore through a new client takes no faults), also
+// once the client that mapped it is gone; another daemon's arena is mapped apart.
+TEST(SharedClient, ClientsOfOneProcessShareTheMappingOfTheirDaemonsArena) {
+  if (built_binary("KVPARKD").empty()) GTEST_SKIP() << "KVPARKD not set; run through meson test";
+  DaemonProcess daemon, other{{.label = "other"}};
+  ASSERT_TRUE(daemon.start()) << "kvparkd did not start; log: " << daemon.log_path();
+  ASSERT_TRUE(other.start()) << "kvparkd did not start; log: " << other.log_path();
+  const kvpark_namespace space = engine_namespace(ns_low + 1, 0, 0);  // snapshots only
+  const std::vector<int32_t> tokens = engine_prompt(3, 300);
+  std::vector<uint8_t> state(1 << 20);
+  for (size_t i = 0; i < state.size(); ++i) state[i] = uint8_t(i * 131 + 7);
+
+  ClientPtr first = connect_client(daemon.socket_path(), space);
+  ASSERT_NE(first, nullptr);
+  ASSERT_NO_FATAL_FAILURE(park_state(first.get(), tokens, 200, state));
+  std::vector<uint8_t> read;
+  const void* mapped_by_first = find_state(first.get(), tokens, &read);
+  ASSERT_NE(mapped_by_first, nullptr);
+  EXPECT_EQ(read, state);
+
+  ClientPtr second = connect_client(daemon.socket_path(), space);
+  ASSERT_NE(second, nullptr);
+  EXPECT_EQ(find_state(second.get(), tokens, &read), mapped_by_first);
+  EXPECT_EQ(read, state);
+  first.reset();  // the second client keeps the mapping
+  ClientPtr third = connect_client(daemon.socket_path(), space);
+  ASSERT_NE(third, nullptr);
+  EXPECT_EQ(find_state(third.get(), tokens, &read), mapped_by_first);
+  EXPECT_EQ(read, state);
+
+  ClientPtr elsewhere = connect_client(other.socket_path(), space);
+  ASSERT_NE(elsewhere, nullptr);
+  ASSERT_NO_FATAL_FAILURE(park_state(elsewhere.get(), tokens, 200, state));
+  const void* mapped_elsewhere = find_state(elsewhere.get(), tokens, &read);
+  EXPECT_NE(mapped_elsewhere, nullptr);
+  EXPECT_NE(mapped_elsewhere, mapped_by_first);
+  EXPECT_EQ(read, state);
 }
 
 }  // namespace
