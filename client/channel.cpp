@@ -27,21 +27,26 @@ namespace {
 // an engine may hold several clients.
 class ProcessMappings {
  public:
-  std::shared_ptr<shm::ArenaMapping> find(int header_fd, int data_fd, uint64_t incarnation,
-                                          uint64_t data_bytes) {
+  // A live mapping of the arena the fds name (same objects, incarnation and size),
+  // or a new one. Takes the fds either way.
+  Status map(int header_fd, int data_fd, uint64_t incarnation, uint64_t data_bytes,
+             std::shared_ptr<shm::ArenaMapping>& ret_mapping) {
     std::lock_guard lock(mutex_);
     std::erase_if(mappings_, [](const auto& held) { return held.expired(); });
     for (const std::weak_ptr<shm::ArenaMapping>& held : mappings_) {
       std::shared_ptr<shm::ArenaMapping> m = held.lock();
       if (m && m->header().incarnation == incarnation && m->data_bytes() == data_bytes &&
-          m->same_objects(header_fd, data_fd))
-        return m;
+          m->same_objects(header_fd, data_fd)) {
+        close(header_fd);
+        close(data_fd);
+        ret_mapping = std::move(m);
+        return Status::Ok;
+      }
     }
-    return nullptr;
-  }
-  void add(const std::shared_ptr<shm::ArenaMapping>& mapping) {
-    std::lock_guard lock(mutex_);
-    mappings_.push_back(mapping);
+    const Status s =
+        shm::ArenaMapping::attach(header_fd, data_fd, data_bytes, incarnation, ret_mapping);
+    if (s == Status::Ok) mappings_.push_back(ret_mapping);
+    return s;
   }
 
  private:
@@ -151,22 +156,14 @@ Status Channel::connect_once_locked() {
     s = Status::ProtocolError;
   }
   std::shared_ptr<shm::ArenaMapping> mapping;
-  // A daemon that adopted the arena we map passes the same objects, and so does the
-  // daemon of another client in this process: keep that mapping (no remap, no
-  // first-touch faults on the next restores).
-  if (s == Status::Ok && last_mapping_ && last_mapping_->header().incarnation == reply.incarnation &&
-      last_mapping_->data_bytes() == reply.data_bytes &&
-      last_mapping_->same_objects(arena_fds.fds[0], arena_fds.fds[1])) {
-    mapping = last_mapping_;
-  } else if (s == Status::Ok) {
-    mapping = process_mappings().find(arena_fds.fds[0], arena_fds.fds[1], reply.incarnation,
-                                      reply.data_bytes);
-    if (!mapping) {
-      s = shm::ArenaMapping::attach(arena_fds.fds[0], arena_fds.fds[1], reply.data_bytes,
-                                    reply.incarnation, mapping);
-      arena_fds.count = 0;  // attach took them
-      if (s == Status::Ok) process_mappings().add(mapping);
-    }
+  // The arena may be mapped here already: by this channel, when the daemon that
+  // answers adopted the arena of the one before (last_mapping_ keeps it until now),
+  // or by another client of this process. That mapping is kept: no remap, no
+  // first-touch faults on the next restores.
+  if (s == Status::Ok) {
+    s = process_mappings().map(arena_fds.fds[0], arena_fds.fds[1], reply.incarnation,
+                               reply.data_bytes, mapping);
+    arena_fds.count = 0;  // map took them
   }
   last_mapping_.reset();
   for (size_t i = 0; i < arena_fds.count; ++i) close(arena_fds.fds[i]);

@@ -70,27 +70,23 @@ bool parse_slot_words(Reader& r, StateImage* image, std::string* ret_reason) {
   if (layout.slot_version != slot_file_version)
     return refuse(ret_reason, "slot file version " + std::to_string(layout.slot_version));
   if (!fits(r, words, sizeof(int32_t))) return refuse(ret_reason, "truncated token list");
-  int32_t first = 0;
-  if (words > 0) Reader(r).read(&first);              // a peek
-  if (words == 0 || first != packed_tokens_marker) {  // a plain token list
-    image->tokens.resize(words);
-    for (int32_t& t : image->tokens) r.read(&t);
+  std::vector<int32_t> w(words);
+  for (int32_t& word : w) r.read(&word);
+  if (w.empty() || w[0] != packed_tokens_marker) {  // a plain token list
+    image->tokens = std::move(w);
     return true;
   }
+  // Marker, version, token count, the tokens, media key count.
   layout.packed_tokens = true;
-  uint32_t count = 0;
-  r.skip(sizeof first);
-  if (words < packed_tokens_overhead_words || !r.read(&layout.packed_version) || !r.read(&count))
+  if (words < packed_tokens_overhead_words)
     return refuse(ret_reason, "truncated packed token list");
+  layout.packed_version = uint32_t(w[1]);
   if (layout.packed_version != packed_tokens_version)
     return refuse(ret_reason, "packed token list version " + std::to_string(layout.packed_version));
-  if (count != words - packed_tokens_overhead_words)
+  if (uint32_t(w[2]) != words - packed_tokens_overhead_words)
     return refuse(ret_reason, "packed token list holds media or other words");
-  image->tokens.resize(count);
-  for (int32_t& t : image->tokens) r.read(&t);
-  uint32_t media_keys = 0;
-  r.read(&media_keys);
-  if (media_keys != 0) return refuse(ret_reason, "packed token list holds media chunks");
+  if (w.back() != 0) return refuse(ret_reason, "packed token list holds media chunks");
+  image->tokens.assign(w.begin() + 3, w.end() - 1);
   return true;
 }
 
@@ -152,15 +148,16 @@ class VectoredWriter {
     staging_.reserve(staging_bytes);
     pieces_.reserve(max_pieces);
   }
-  bool put(const void* data, size_t bytes) {
-    if (!ok_ || bytes == 0) return ok_;
+  // A refused write makes every later put a no-op; flush() says so.
+  void put(const void* data, size_t bytes) {
+    if (!ok_ || bytes == 0) return;
     if (pieces_.size() == max_pieces ||
         (bytes < copy_below_bytes && staging_.size() + bytes > staging_bytes)) {
-      if (!flush()) return false;
+      if (!flush()) return;
     }
     if (bytes >= copy_below_bytes) {
       pieces_.push_back({const_cast<void*>(data), bytes});
-      return true;
+      return;
     }
     uint8_t* at = staging_.data() + staging_.size();
     const auto* p = static_cast<const uint8_t*>(data);
@@ -170,11 +167,10 @@ class VectoredWriter {
       pieces_.back().iov_len += bytes;
     else
       pieces_.push_back({at, bytes});
-    return true;
   }
   template <typename T>
-  bool put(T value) {
-    return put(&value, sizeof value);
+  void put(T value) {
+    put(&value, sizeof value);
   }
   bool flush() {
     if (ok_ && !pieces_.empty()) ok_ = sink_(pieces_);
@@ -305,13 +301,12 @@ bool write_state_image(const StateLayout& layout, std::span<const int32_t> token
     if (layout.packed_tokens) out.put(uint32_t(0));  // no media
   }
   out.put(layout.stream_count);
-  const uint32_t runs = (cells + run_cells - 1) / run_cells;
-  auto run_length = [&](uint32_t r) { return std::min(run_cells, cells - r * run_cells); };
+  std::vector<const uint8_t*> runs((cells + run_cells - 1) / run_cells);
+  for (uint32_t r = 0; r < runs.size(); ++r) runs[r] = run(r);
   // Calls piece(run bytes, run length) for each run, in order.
-  auto each_run = [&](const std::function<bool(const uint8_t*, uint64_t)>& piece) {
-    for (uint32_t r = 0; r < runs; ++r)
-      if (!piece(run(r), run_length(r))) return false;
-    return true;
+  auto each_run = [&](auto&& piece) {
+    for (uint32_t r = 0; r < runs.size(); ++r)
+      piece(runs[r], uint64_t(std::min(run_cells, cells - r * run_cells)));
   };
   for (uint32_t s = 0; s < layout.stream_count; ++s) {
     if (s != layout.stream_index) {
@@ -331,7 +326,7 @@ bool write_state_image(const StateLayout& layout, std::span<const int32_t> token
       out.put(layer.k_type);
       out.put(layer.k_row_bytes);
       each_run([&](const uint8_t* kv, uint64_t n) {
-        return out.put(kv + n * k_before, n * layer.k_row_bytes);
+        out.put(kv + n * k_before, n * layer.k_row_bytes);
       });
       k_before += layer.k_row_bytes;
     }
@@ -344,13 +339,13 @@ bool write_state_image(const StateLayout& layout, std::span<const int32_t> token
         for (uint32_t j = 0; j < layer.v_width; ++j) {
           each_run([&](const uint8_t* kv, uint64_t n) {
             const uint64_t column = n * (k_before + v_before) + j * n * layer.v_element_bytes;
-            return out.put(kv + column, n * layer.v_element_bytes);
+            out.put(kv + column, n * layer.v_element_bytes);
           });
         }
       } else {
         out.put(layer.v_row_bytes);
         each_run([&](const uint8_t* kv, uint64_t n) {
-          return out.put(kv + n * (k_before + v_before), n * layer.v_row_bytes);
+          out.put(kv + n * (k_before + v_before), n * layer.v_row_bytes);
         });
       }
       v_before += layer.v_row_bytes;
