@@ -67,6 +67,8 @@ struct kvpark_plan {
   bool snapshot_verified = false;
   // Parts copied so far by kvpark_plan_read_snapshot(), hashed as they were copied.
   std::unique_ptr<kvpark::client::StreamingChecksum> snapshot_read;
+  // Per block, the parts copied so far by kvpark_plan_read_block() (empty until one is).
+  std::vector<std::unique_ptr<kvpark::client::StreamingChecksum>> block_reads;
   uint32_t pending_tokens = 0;      // restorable once promotions land (>= restorable)
   uint32_t inflight_tokens = 0;     // past that, what another engine is prefilling now
   uint32_t capture_hint_tokens = 0;
@@ -365,6 +367,7 @@ void truncate_at_block(kvpark_plan* plan, size_t index) {
   plan->block_extents.resize(keep);
   plan->block_checksums.resize(keep);
   plan->block_verified.resize(keep);
+  if (plan->block_reads.size() > keep) plan->block_reads.resize(keep);
   plan->snapshot = nullptr;
   plan->snapshot_bytes = 0;
   plan->snapshot_position = 0;
@@ -662,6 +665,35 @@ kvpark_status kvpark_plan_read_snapshot(kvpark_plan* plan, uint64_t offset, void
   const uint64_t checksum = plan->snapshot_read->digest();
   plan->snapshot_read.reset();
   return snapshot_verdict(plan, checksum);
+} catch (...) {
+  return status_of_current_exception();
+}
+
+kvpark_status kvpark_plan_read_block(kvpark_plan* plan, size_t index, uint64_t offset, void* dst,
+                                     uint64_t bytes) try {
+  if (plan == nullptr || index >= plan->blocks.size()) return KVPARK_INVALID_ARGUMENT;
+  const uint64_t block_bytes = plan->client->geometry.block_payload_bytes;
+  if ((dst == nullptr && bytes > 0) || offset > block_bytes || bytes > block_bytes - offset) {
+    return KVPARK_INVALID_ARGUMENT;
+  }
+  if (plan->block_reads.size() < plan->blocks.size()) plan->block_reads.resize(plan->blocks.size());
+  std::unique_ptr<kvpark::client::StreamingChecksum>& read = plan->block_reads[index];
+  if (offset == 0) {
+    read = std::make_unique<kvpark::client::StreamingChecksum>(kvpark::client::CopyStores::cached);
+  } else if (!read || read->bytes() != offset) {
+    return KVPARK_INVALID_ARGUMENT;
+  }
+  const uint8_t* src = plan->blocks[index] + offset;
+  plan->attachment.mapping->prefault(src, bytes);
+  read->copy(dst, src, bytes);
+  if (offset + bytes < block_bytes) return KVPARK_OK;
+  const uint64_t checksum = read->digest();
+  read.reset();
+  if (checksum != plan->block_checksums[index]) {
+    truncate_at_block(plan, index);
+    return KVPARK_CORRUPT;
+  }
+  return KVPARK_OK;
 } catch (...) {
   return status_of_current_exception();
 }

@@ -160,6 +160,16 @@ uint64_t kvpark_plan_snapshot_bytes(const kvpark_plan* plan, uint32_t* ret_posit
  * snapshot as kvpark_plan_copy_snapshot() does. */
 kvpark_status kvpark_plan_read_snapshot(kvpark_plan* plan, uint64_t offset, void* dst,
                                         uint64_t bytes);
+/* Copies bytes [offset, offset + bytes) of block `index` into dst, verifying as it
+ * copies, through the cache (for a staging buffer read at once). Each block is read
+ * on its own, in order: offset 0 first (which starts that block over), then each part
+ * where that block's last one ended, so a caller may interleave parts of several
+ * blocks (kvpark-proxy writes a llama.cpp image layer by layer across blocks). Any
+ * other offset is KVPARK_INVALID_ARGUMENT. The part that ends at the block's last
+ * byte checks it whole: KVPARK_CORRUPT means no byte of that block's parts may be
+ * used, and the plan shrinks as kvpark_plan_copy_block() says. */
+kvpark_status kvpark_plan_read_block(kvpark_plan* plan, size_t index, uint64_t offset, void* dst,
+                                     uint64_t bytes);
 /* Entries parked only on disk are promoted into the arena when a lookup reaches
  * them. kvpark_plan_pending_tokens() is what the plan will restore once those
  * promotions land (equal to kvpark_plan_restorable_tokens() when none are in

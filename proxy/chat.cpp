@@ -307,18 +307,22 @@ bool save_slot_file(Turn& turn, uint32_t position, bool exact, const char* purpo
 // before its prefill and the file has the size predicted) and removes the file.
 void park_saved(ProxyState& proxy, Route& route, const SavedSlot& saved,
                 Reserved* reserved = nullptr) {
+  bool other_layout = false;
+  std::string why;
   if (reserved != nullptr && reserved->reserved()) {
     std::string mismatch;
-    if (reserved->fill_and_seal(saved.path, &mismatch)) {
+    if (reserved->fill_and_seal(saved.path, &mismatch, &other_layout)) {
       unlink(saved.path.c_str());
       ++proxy.counters.publishes;
       return;
     }
     reserved->abort();  // the prediction missed: park it the ordinary way
+    if (other_layout) why = mismatch;
   }
-  std::string why;
-  const bool ok = route.parking().park_file(saved.tokens, saved.position, saved.options,
-                                            saved.path, saved.file_bytes, &why);
+  const bool ok = !other_layout && route.parking().park_file(saved.tokens, saved.position,
+                                                             saved.options, saved.path,
+                                                             saved.file_bytes, &why, &other_layout);
+  if (other_layout) route.slot_layout_changed();
   unlink(saved.path.c_str());
   if (ok)
     ++proxy.counters.publishes;
@@ -494,7 +498,10 @@ void take_slot_with_head(Turn& turn) {
   // other processes (another proxy) see it in flight and wait too.
   auto reserved = std::make_shared<Reserved>();
   if (common < turn.head) {
-    const uint64_t predicted = route.slot_file_sizes().predict(turn.head);
+    // Blocks need no prediction: their sizes are the namespace's.
+    const uint64_t predicted = route.parking().parks_blocks()
+                                   ? 1
+                                   : route.slot_file_sizes().predict(turn.head);
     const kvpark_status s =
         predicted == 0 ? KVPARK_NOT_FOUND
                        : route.parking().reserve(turn.tokens, turn.head, turn.head_options,

@@ -177,6 +177,15 @@ void serve_status(ProxyState& proxy, httplib::Response& res) {
     w.Uint(route->slots().busy());
     w.Key("namespace");
     w.String(route->namespace_hex().c_str());
+    w.Key("parking");  // "blocks", or "whole: <why>" (state_blocks.h)
+    w.String(route->parking_mode().c_str());
+    {
+      const std::shared_ptr<const BlockShape> shape = route->block_shape();
+      w.Key("block_tokens");  // 0: whole slot files
+      w.Uint(shape != nullptr ? shape->block_tokens : 0);
+      w.Key("block_bytes");
+      w.Uint64(shape != nullptr ? shape->block_bytes : 0);
+    }
     w.Key("memory");  // what the model's memory keeps: kv_cache, sliding_window, recurrent
     w.String(llama::memory_shape_string(route->memory_shape()));
     w.Key("restores_discarded");  // llama-server discarded a restore: restores are off

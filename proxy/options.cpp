@@ -22,6 +22,7 @@ constexpr const char* usage_text =
     "usage: kvpark-proxy [--config FILE] [--listen HOST:PORT] [--upstream NAME=URL]...\n"
     "                    [--state NAME=SETTINGS]... [--slot-dir DIR] [--socket PATH]\n"
     "                    [--digest-cache DIR] [--no-system-candidate]\n"
+    "                    [--park-as blocks|whole]\n"
     "                    [--keep-billing-header] [--version]\n"
     "OpenAI-compatible front for llama-server that parks slot state in kvparkd.\n"
     "See kvpark-proxy(1).\n";
@@ -119,6 +120,11 @@ bool set_value(ProxyOptions& o, const std::string& key, const std::string& value
     ret_error = "expected true or false, got '" + value + "'";
     return false;
   }
+  if (key == "park_as") {
+    if (value == "blocks" || value == "whole") return o.park_blocks = value == "blocks", true;
+    ret_error = "expected blocks or whole, got '" + value + "'";
+    return false;
+  }
   if (key == "normalize_billing_header") {
     if (value == "true" || value == "yes" || value == "1")
       return o.normalize_billing_header = true, true;
@@ -136,7 +142,7 @@ bool repeatable(const std::string& key) { return key == "upstream" || key == "st
 // Keys set_value() knows, each also a flag taking a value (--slot-dir for slot_dir).
 bool known_key(const std::string& key) {
   for (const char* k : {"listen", "upstream", "state", "slot_dir", "socket", "digest_cache",
-                        "system_candidate", "normalize_billing_header"}) {
+                        "system_candidate", "normalize_billing_header", "park_as"}) {
     if (key == k) return true;
   }
   return false;

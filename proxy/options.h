@@ -30,6 +30,9 @@ struct ProxyOptions {
   std::string socket_path;    // kvparkd's; empty: $KVPARK_SOCKET or the default
   std::string digest_cache;   // weights digests; empty: the default cache dir
   bool system_candidate = true;  // park the system/tools head without client markers
+  // Park slot files as content-addressed blocks where their layout splits
+  // (state_blocks.h); false: as whole files, one snapshot per position.
+  bool park_blocks = true;
   // Anthropic clients stamp the first system line per request ("x-anthropic-billing-
   // header: ...; cch=XXXXX;"); normalised as llama-server does, siblings share the head.
   bool normalize_billing_header = true;

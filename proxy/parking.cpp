@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "proto/limits.h"
 #include "proto/xxh3.h"
 #include "proxy/slot_file.h"
 
@@ -119,20 +120,24 @@ ClientRef Parking::connect(const kvpark_namespace& space) const {
   return ClientRef(client, kvpark_disconnect);
 }
 
-void Parking::set_namespace(kvpark_hash128 id, uint32_t prefill_tokens_per_second) {
+void Parking::set_namespace(kvpark_hash128 id, uint32_t prefill_tokens_per_second,
+                            std::shared_ptr<const BlockShape> shape) {
   {
     std::lock_guard lock(mutex_);
+    // A shape's space is its own namespace id: the same id is the same shape.
     if (has_namespace_ && namespace_.id.low == id.low && namespace_.id.high == id.high) return;
     // Other threads may still be in a call on the old client, or hold its plans: the
     // last of them disconnects it.
     client_.reset();
     has_namespace_ = true;
     namespace_ = kvpark_namespace{.id = id,
-                                  .block_tokens = 0,  // llama-server: whole-slot state only
-                                  .block_payload_bytes = 0,
-                                  .snapshot_required = 1,
+                                  .block_tokens = shape != nullptr ? shape->block_tokens : 0,
+                                  .block_payload_bytes = shape != nullptr ? shape->block_bytes : 0,
+                                  // Blocks restore on their own; a whole file is a snapshot.
+                                  .snapshot_required = shape != nullptr ? 0 : 1,
                                   .prefill_tokens_per_second = prefill_tokens_per_second,
                                   .client_name = client_name_.c_str()};
+    shape_ = std::move(shape);
     next_attempt_ = {};
     ++namespace_generation_;
   }
@@ -165,11 +170,17 @@ bool Parking::has_namespace() const {
   return has_namespace_;
 }
 
+bool Parking::parks_blocks() const {
+  std::lock_guard lock(mutex_);
+  return shape_ != nullptr;
+}
+
 // The lock is not held across the HELLO: a daemon that does not answer would hold
 // up every request for the reply timeout. Requests that come while another thread
 // connects go without kvparkd (they are uncached, not delayed).
-ClientRef Parking::client() {
+ClientRef Parking::client(std::shared_ptr<const BlockShape>* ret_shape) {
   std::unique_lock lock(mutex_);
+  if (ret_shape != nullptr) *ret_shape = shape_;
   if (client_ != nullptr || !has_namespace_ || connecting_) return client_;
   if (std::chrono::steady_clock::now() < next_attempt_) return nullptr;
   connecting_ = true;
@@ -182,6 +193,7 @@ ClientRef Parking::client() {
   next_attempt_ = std::chrono::steady_clock::now() + reconnect_interval;
   // Connected in a namespace since left: dropped (disconnected) on return.
   if (generation == namespace_generation_) client_ = std::move(client);
+  if (ret_shape != nullptr) *ret_shape = shape_;
   return client_;
 }
 
@@ -194,12 +206,27 @@ bool Parking::connected() {
 }
 
 // The payload is read (and verified) once, when its slot file is written.
-Parked::Parked(kvpark_plan* plan, ClientRef client) : client_(std::move(client)), plan_(plan) {
-  payload_bytes_ = kvpark_plan_snapshot_bytes(plan, &position_);
+Parked::Parked(kvpark_plan* plan, ClientRef client, std::shared_ptr<const BlockShape> shape,
+               const std::vector<int32_t>& tokens)
+    : client_(std::move(client)), plan_(plan), shape_(std::move(shape)) {
+  if (shape_ == nullptr) {
+    payload_bytes_ = kvpark_plan_snapshot_bytes(plan, &position_);
+  } else {
+    // Blocks from 0, then a tail snapshot where one continues them.
+    position_ = uint32_t(kvpark_plan_block_count(plan)) * shape_->block_tokens;
+    uint32_t tail_at = 0;
+    if (kvpark_plan_snapshot_bytes(plan, &tail_at) > 0 && tail_at > position_ &&
+        tail_at - position_ < shape_->block_tokens)
+      position_ = tail_at;
+    position_ = std::min<uint32_t>(position_, uint32_t(tokens.size()));
+    tokens_.assign(tokens.begin(), tokens.begin() + position_);
+  }
   reuse_kind_ = position_ > 0 ? kvpark_plan_reuse_kind(plan) : KVPARK_REUSE_ROOT;
 }
 
 uint64_t Parked::file_bytes() const {
+  if (shape_ != nullptr)
+    return position_ > 0 ? llama::state_image_bytes(shape_->layout, position_) : 0;
   return payload_bytes_ > sizeof(SealedPayloadHeader) ? payload_bytes_ - sizeof(SealedPayloadHeader)
                                                       : 0;
 }
@@ -219,12 +246,16 @@ bool Parked::write_slot_file(const std::string& path, std::string* ret_refused,
     *ret_refused = "nothing parked";
     return false;
   }
+  if (shape_ != nullptr)
+    return write_slot_file_from_blocks(plan_, *shape_, tokens_, position_, path, ret_refused,
+                                       ret_corrupt);
   return write_checked_file(plan_, payload_bytes_, position_, path, ret_refused, ret_corrupt);
 }
 
 std::unique_ptr<Parked> Parking::lookup(const std::vector<int32_t>& tokens, uint64_t session_id,
                                         uint32_t promotion_wait_msec, uint32_t inflight_wait_msec) {
-  ClientRef client = this->client();
+  std::shared_ptr<const BlockShape> shape;
+  ClientRef client = this->client(&shape);
   kvpark_plan* plan = nullptr;
   if (client == nullptr ||
       kvpark_lookup(client.get(), session_id, tokens.data(), tokens.size(), &plan) != KVPARK_OK)
@@ -234,14 +265,17 @@ std::unique_ptr<Parked> Parking::lookup(const std::vector<int32_t>& tokens, uint
     kvpark_plan_wait(plan, inflight_wait_msec);
   else if (kvpark_plan_pending_tokens(plan) > kvpark_plan_restorable_tokens(plan))
     kvpark_plan_wait(plan, promotion_wait_msec);
-  return std::make_unique<Parked>(plan, std::move(client));
+  return std::make_unique<Parked>(plan, std::move(client), std::move(shape), tokens);
 }
 
 kvpark_status Parking::reserve(const std::vector<int32_t>& tokens, uint32_t position,
                                const kvpark_publish_options& options, uint64_t file_bytes,
                                Reserved* ret_reserved) {
-  ClientRef c = client();
+  std::shared_ptr<const BlockShape> shape;
+  ClientRef c = client(&shape);
   if (c == nullptr) return KVPARK_UNAVAILABLE;
+  if (shape != nullptr) return reserve_blocks(std::move(c), std::move(shape), tokens, position,
+                                              options, ret_reserved);
   kvpark_reservation* reservation = nullptr;
   const kvpark_status s =
       kvpark_reserve_snapshot(c.get(), &options, tokens.data(), position,
@@ -262,10 +296,14 @@ Reserved::~Reserved() {
 void Reserved::abort() {
   if (reservation_ != nullptr) kvpark_abort(reservation_);
   reservation_ = nullptr;
+  for (kvpark_reservation* r : block_reservations_) kvpark_abort(r);
+  block_reservations_.clear();
 }
 
-bool Reserved::fill_and_seal(const std::string& file_path, std::string* ret_error) {
-  assert(reservation_ != nullptr);
+bool Reserved::fill_and_seal(const std::string& file_path, std::string* ret_error,
+                             bool* ret_other_layout) {
+  assert(reserved());
+  if (shape_ != nullptr) return fill_blocks_and_seal(file_path, ret_error, ret_other_layout);
   const int fd = open(file_path.c_str(), O_RDONLY | O_CLOEXEC);
   struct stat st;
   if (fd < 0 || fstat(fd, &st) != 0) {
@@ -305,9 +343,100 @@ bool Reserved::fill_and_seal(const std::string& file_path, std::string* ret_erro
   return true;
 }
 
+kvpark_status Parking::reserve_blocks(ClientRef c, std::shared_ptr<const BlockShape> shape,
+                                      const std::vector<int32_t>& tokens, uint32_t position,
+                                      const kvpark_publish_options& options,
+                                      Reserved* ret_reserved) {
+  assert(position <= tokens.size() && !ret_reserved->reserved());
+  const uint32_t block_tokens = shape->block_tokens;
+  const size_t blocks = position / block_tokens;
+  const uint32_t tail = position % block_tokens;
+  Reserved& r = *ret_reserved;
+  r.client_ = c;
+  r.position_ = position;
+  r.tokens_.assign(tokens.begin(), tokens.begin() + position);
+  bool any = false;  // a block or the tail is this reservation's to write
+  for (size_t first = 0; first < blocks; first += limits::reserve_blocks_max) {
+    const size_t count = std::min(limits::reserve_blocks_max, blocks - first);
+    kvpark_reservation* reservation = nullptr;
+    const kvpark_status s = kvpark_reserve_blocks(c.get(), &options, tokens.data(), position,
+                                                  first, count, &reservation);
+    if (s != KVPARK_OK) {
+      r.abort();
+      return s;
+    }
+    r.block_reservations_.push_back(reservation);
+    for (size_t i = 0; i < count && !any; ++i)
+      any = kvpark_reservation_block(reservation, i) != nullptr;
+  }
+  kvpark_status tail_status = KVPARK_ALREADY_PRESENT;
+  if (tail > 0) {
+    tail_status = kvpark_reserve_snapshot(c.get(), &options, tokens.data(), position,
+                                          shape->tail_payload_bytes(tail), &r.reservation_);
+    if (tail_status == KVPARK_OK) {
+      any = true;
+    } else if (tail_status != KVPARK_ALREADY_PRESENT && tail_status != KVPARK_IN_FLIGHT) {
+      r.abort();
+      return tail_status;
+    }
+  }
+  if (!any) {  // every part parked, or being parked by another
+    r.abort();
+    return tail_status;
+  }
+  r.shape_ = std::move(shape);
+  return KVPARK_OK;
+}
+
+bool Reserved::fill_blocks_and_seal(const std::string& file_path, std::string* ret_error,
+                                    bool* ret_other_layout) {
+  SlotImage image;
+  const SlotImageCheck check =
+      read_slot_image(file_path, *shape_, tokens_, position_, &image, ret_error);
+  if (ret_other_layout != nullptr) *ret_other_layout = check == SlotImageCheck::other_layout;
+  if (check != SlotImageCheck::ok) return false;  // the destructor aborts
+  const uint32_t block_tokens = shape_->block_tokens;
+  size_t block = 0;
+  for (kvpark_reservation* r : block_reservations_) {
+    for (size_t i = 0; i < kvpark_reservation_block_count(r); ++i, ++block) {
+      // Written in place: kvpark_seal checksums what the arena then holds.
+      if (void* dst = kvpark_reservation_block(r, i); dst != nullptr)
+        llama::gather_cells(image.parsed, image.bytes.get(), uint32_t(block) * block_tokens,
+                            block_tokens, static_cast<uint8_t*>(dst));
+    }
+  }
+  if (reservation_ != nullptr) {
+    const uint32_t first = uint32_t(block) * block_tokens;
+    const uint32_t tail = position_ - first;
+    auto* payload = static_cast<uint8_t*>(kvpark_reservation_snapshot(reservation_));
+    llama::gather_cells(image.parsed, image.bytes.get(), first, tail,
+                        payload + sizeof(SealedPayloadHeader));
+    sealed_payload_seal(payload, slot_tail_magic, position_,
+                        uint64_t(tail) * shape_->layout.token_kv_bytes());
+  }
+  // Blocks first: the tail continues them.
+  std::vector<kvpark_reservation*> blocks = std::move(block_reservations_);
+  block_reservations_.clear();
+  kvpark_status sealed = KVPARK_OK;
+  for (kvpark_reservation* r : blocks) {
+    const kvpark_status s = kvpark_seal(r);
+    if (sealed == KVPARK_OK) sealed = s;
+  }
+  if (reservation_ != nullptr) {
+    const kvpark_status s = sealed == KVPARK_OK ? kvpark_seal(reservation_) : kvpark_abort(reservation_);
+    reservation_ = nullptr;
+    if (sealed == KVPARK_OK) sealed = s;
+  }
+  if (sealed != KVPARK_OK) {
+    *ret_error = std::string("seal: ") + kvpark_status_string(sealed);
+    return false;
+  }
+  return true;
+}
+
 bool Parking::park_file(const std::vector<int32_t>& tokens, uint32_t position,
                         const kvpark_publish_options& options, const std::string& file_path,
-                        uint64_t file_bytes, std::string* ret_error) {
+                        uint64_t file_bytes, std::string* ret_error, bool* ret_other_layout) {
   Reserved reserved;
   const kvpark_status s = reserve(tokens, position, options, file_bytes, &reserved);
   if (s == KVPARK_ALREADY_PRESENT || s == KVPARK_IN_FLIGHT) return true;
@@ -316,7 +445,7 @@ bool Parking::park_file(const std::vector<int32_t>& tokens, uint32_t position,
                                          : std::string("reserve: ") + kvpark_status_string(s);
     return false;
   }
-  return reserved.fill_and_seal(file_path, ret_error);
+  return reserved.fill_and_seal(file_path, ret_error, ret_other_layout);
 }
 
 }  // namespace kvpark::proxy

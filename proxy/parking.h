@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "client/kvpark.h"
+#include "proxy/state_blocks.h"
 
 namespace kvpark::proxy {
 
@@ -27,14 +28,17 @@ using ClientRef = std::shared_ptr<kvpark_client>;
 class Parked {
  public:
   Parked() = default;
-  Parked(kvpark_plan* plan, ClientRef client);
+  // shape: the namespace parks blocks of that shape (tokens: the lookup's), else
+  // whole slot files.
+  Parked(kvpark_plan* plan, ClientRef client, std::shared_ptr<const BlockShape> shape,
+         const std::vector<int32_t>& tokens);
   ~Parked();
   Parked(const Parked&) = delete;
   Parked& operator=(const Parked&) = delete;
 
   uint32_t position() const { return position_; }  // tokens covered; 0: nothing
   kvpark_reuse_kind reuse_kind() const { return reuse_kind_; }
-  uint64_t file_bytes() const;  // the slot file's size, by its payload
+  uint64_t file_bytes() const;  // the slot file's size
   // Checks the parked payload and writes its slot file to path, over what the file
   // held (its pages are reused); false with why.
   // *ret_corrupt: the payload failed its checks (not an I/O error on the file).
@@ -48,29 +52,41 @@ class Parked {
   kvpark_plan* plan_ = nullptr;
   uint32_t position_ = 0;
   kvpark_reuse_kind reuse_kind_ = KVPARK_REUSE_ROOT;
-  uint64_t payload_bytes_ = 0;
+  uint64_t payload_bytes_ = 0;  // whole slot files: the snapshot's
+  std::shared_ptr<const BlockShape> shape_;
+  std::vector<int32_t> tokens_;  // blocks: [0, position_), for the slot file's token list
 };
 
-// A snapshot reserved in kvparkd, its slot file still to come: while it exists,
-// other processes' lookups see its tokens in flight and wait for them (single
-// flight across processes). Aborted unless sealed.
+// A state reserved in kvparkd (a whole slot file's snapshot, or blocks and a tail),
+// its slot file still to come: while it exists, other processes' lookups see its
+// tokens in flight and wait for them (single flight across processes). Aborted
+// unless sealed.
 class Reserved {
  public:
   Reserved() = default;
   ~Reserved();
   Reserved(const Reserved&) = delete;
   Reserved& operator=(const Reserved&) = delete;
-  bool reserved() const { return reservation_ != nullptr; }
+  bool reserved() const { return reservation_ != nullptr || !block_reservations_.empty(); }
   void abort();
-  // Copies the slot file in (it must have exactly the reserved size) and seals.
-  bool fill_and_seal(const std::string& file_path, std::string* ret_error);
+  // Copies the slot file in (a whole one must have exactly the reserved size; blocks
+  // are cut from one holding at least the reserved tokens) and seals.
+  // *ret_other_layout (optional): the file's layout is not the namespace's shape.
+  bool fill_and_seal(const std::string& file_path, std::string* ret_error,
+                     bool* ret_other_layout = nullptr);
 
  private:
   friend class Parking;
-  ClientRef client_;  // outlives the reservation
-  kvpark_reservation* reservation_ = nullptr;
+  bool fill_blocks_and_seal(const std::string& file_path, std::string* ret_error,
+                            bool* ret_other_layout);
+
+  ClientRef client_;  // outlives the reservations
+  kvpark_reservation* reservation_ = nullptr;  // the whole file, or the tail
+  std::vector<kvpark_reservation*> block_reservations_;  // at most reserve_blocks_max each
   uint32_t position_ = 0;
   uint64_t file_bytes_ = 0;
+  std::shared_ptr<const BlockShape> shape_;
+  std::vector<int32_t> tokens_;  // blocks: [0, position_)
 };
 
 class Parking {
@@ -80,9 +96,12 @@ class Parking {
   Parking(const Parking&) = delete;
   Parking& operator=(const Parking&) = delete;
 
-  // A new namespace drops the connection; the next call connects in it.
-  void set_namespace(kvpark_hash128 id, uint32_t prefill_tokens_per_second);
+  // A new namespace drops the connection; the next call connects in it. With a
+  // shape, the namespace parks blocks of it (id is then the shape's space).
+  void set_namespace(kvpark_hash128 id, uint32_t prefill_tokens_per_second,
+                     std::shared_ptr<const BlockShape> shape = nullptr);
   bool has_namespace() const;
+  bool parks_blocks() const;
   // Declares the namespace's prefill rate anew (kvparkd's value model weighs what a
   // parked state saves by it): a new connection says it in its HELLO, and replaces the
   // old one once it is made, so no request goes uncached meanwhile. Blocks for that
@@ -97,8 +116,9 @@ class Parking {
   // (any process) is prefilling. Nothing found when the daemon is away.
   std::unique_ptr<Parked> lookup(const std::vector<int32_t>& tokens, uint64_t session_id,
                                  uint32_t promotion_wait_msec, uint32_t inflight_wait_msec);
-  // Reserves the snapshot after tokens[0, position) for a slot file of file_bytes.
-  // KVPARK_ALREADY_PRESENT / KVPARK_IN_FLIGHT: nothing to write.
+  // Reserves the state after tokens[0, position) for a slot file of file_bytes
+  // (ignored when parking blocks). KVPARK_ALREADY_PRESENT / KVPARK_IN_FLIGHT: nothing
+  // to write.
   kvpark_status reserve(const std::vector<int32_t>& tokens, uint32_t position,
                         const kvpark_publish_options& options, uint64_t file_bytes,
                         Reserved* ret_reserved);
@@ -106,11 +126,15 @@ class Parking {
   // tokens[0, position). Already parked is success. false with a reason otherwise.
   bool park_file(const std::vector<int32_t>& tokens, uint32_t position,
                  const kvpark_publish_options& options, const std::string& file_path,
-                 uint64_t file_bytes, std::string* ret_error);
+                 uint64_t file_bytes, std::string* ret_error, bool* ret_other_layout = nullptr);
 
  private:
   // Connects when needed; nullptr if unavailable, or while another thread connects.
-  ClientRef client();
+  // *ret_shape: the namespace's block shape, as of the client returned.
+  ClientRef client(std::shared_ptr<const BlockShape>* ret_shape = nullptr);
+  kvpark_status reserve_blocks(ClientRef c, std::shared_ptr<const BlockShape> shape,
+                               const std::vector<int32_t>& tokens, uint32_t position,
+                               const kvpark_publish_options& options, Reserved* ret_reserved);
   ClientRef connect(const kvpark_namespace& space) const;  // nullptr if it cannot
 
   const std::string socket_path_;
@@ -118,6 +142,7 @@ class Parking {
   mutable std::mutex mutex_;
   bool has_namespace_ = false;
   kvpark_namespace namespace_{};
+  std::shared_ptr<const BlockShape> shape_;  // null: whole slot files
   uint64_t namespace_generation_ = 0;  // set_namespace calls
   ClientRef client_;
   bool connecting_ = false;  // a thread is saying HELLO, without the lock

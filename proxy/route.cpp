@@ -148,6 +148,7 @@ Route::Route(const UpstreamOptions& upstream, const ProxyOptions& options, size_
     : upstream_(upstream),
       parking_(options.socket_path, "kvpark-proxy/" + upstream.name),
       slot_dir_(options.slot_dir),
+      park_blocks_(options.park_blocks),
       index_(index),
       digest_cache_(options.digest_cache.empty() ? llama::default_cache_dir()
                                                  : options.digest_cache),
@@ -284,10 +285,13 @@ bool Route::refresh(bool verify_slots) {
       restores_discarded_ = false;
       slots_.forget_all();
       verified_ = false;  // another process or model: its slot directory too
+      block_shape_.reset();  // learned again by the round trip
+      whole_why_ = "not checked yet";
     }
   }
-  parking_.set_namespace(id, prefill_tokens_per_second());
+  tell_parking();
   if (!verified_) verify();
+  tell_parking();  // the round trip may have learned a block shape
   if (verified_) set_state(UpstreamState::ready, "");
   return slots_checked;
 }
@@ -339,7 +343,8 @@ void Route::note_prefill(kvpark_hash128 id, uint32_t tokens, double msec) {
   const auto rate = std::max<uint32_t>(1, static_cast<uint32_t>(measured));
   {
     std::lock_guard lock(mutex_);
-    if (id.low != namespace_id_.low || id.high != namespace_id_.high) return;
+    const kvpark_hash128 now = block_shape_ != nullptr ? block_shape_->space : namespace_id_;
+    if (id.low != now.low || id.high != now.high) return;
     if (prefill_rate_ != 0 && measured < prefill_rate_ * prefill_rate_change_factor &&
         measured * prefill_rate_change_factor > prefill_rate_)
       return;
@@ -365,8 +370,13 @@ void Route::restore_refused() {
     id = make_namespace(weights_, build_info_, upstream_.options().settings, memory_shape_.load(),
                         epoch_);
     namespace_id_ = id;
+    if (block_shape_ != nullptr) {  // the same layout, in the fresh namespace
+      auto shape = std::make_shared<BlockShape>(*block_shape_);
+      shape->space = block_namespace(id, shape->layout, shape->block_tokens);
+      block_shape_ = std::move(shape);
+    }
   }
-  parking_.set_namespace(id, prefill_tokens_per_second());  // the same model: the same rate
+  tell_parking();  // the same model: the same rate
   std::fprintf(stderr,
                "kvpark-proxy: upstream %s: %u parked states in a row refused, though slot files "
                "round-trip through %s (llama-server's cache settings differ from what the proxy "
@@ -378,7 +388,28 @@ void Route::restore_refused() {
 
 kvpark_hash128 Route::namespace_id() const {
   std::lock_guard lock(mutex_);
-  return namespace_id_;
+  return block_shape_ != nullptr ? block_shape_->space : namespace_id_;
+}
+
+std::shared_ptr<const BlockShape> Route::block_shape() const {
+  std::lock_guard lock(mutex_);
+  return block_shape_;
+}
+
+std::string Route::parking_mode() const {
+  std::lock_guard lock(mutex_);
+  return block_shape_ != nullptr ? std::string("blocks") : "whole: " + whole_why_;
+}
+
+void Route::tell_parking() {
+  std::shared_ptr<const BlockShape> shape;
+  kvpark_hash128 id;
+  {
+    std::lock_guard lock(mutex_);
+    shape = block_shape_;
+    id = shape != nullptr ? shape->space : namespace_id_;
+  }
+  parking_.set_namespace(id, prefill_tokens_per_second(), std::move(shape));
 }
 
 std::string Route::namespace_hex() const {

@@ -201,8 +201,13 @@ class Route {
   // when it declares: call it after the response.
   void note_prefill(kvpark_hash128 id, uint32_t tokens, double msec);
   uint32_t prefill_tokens_per_second() const;
+  // The namespace states are parked in: with a block shape, that shape's space.
   std::string namespace_hex() const;
   kvpark_hash128 namespace_id() const;
+  // How its slot files are parked: as blocks of this shape, or whole (nullptr).
+  std::shared_ptr<const BlockShape> block_shape() const;
+  // "blocks", or "whole: <why the self-check did not split them>".
+  std::string parking_mode() const;
 
   // The slot directory path of a file for slot_id ("save" or "restore").
   std::string slot_file_name(uint32_t slot_id, const char* purpose) const;
@@ -216,14 +221,28 @@ class Route {
   void watch();
   void verify();
   void set_state(UpstreamState state, const std::string& reason);
-  // The slot-file round trip in `slot` (held): false with what to fix.
+  // The slot-file round trip in `slot` (held): false with what to fix. It also learns
+  // whether the slot files can be parked as blocks (state_blocks.h).
   bool round_trip(uint32_t slot, std::string* ret_why);
+  // The namespace, effective (blocks) or not, told to Parking; mutex_ held by none.
+  void tell_parking();
+  kvpark_hash128 base_namespace() const;  // of whole slot files
+  void learned_shape(std::shared_ptr<const BlockShape> shape, const std::string& whole_why);
+
+ public:
+  // A slot file saved here did not have the layout the round trip learned (llama-server
+  // restarted with other cache settings): parked whole, and not ready, until checked
+  // again.
+  void slot_layout_changed();
+
+ private:
 
   Upstream upstream_;
   SlotPool slots_;
   Parking parking_;
   SlotFileSizes sizes_;
   const std::string slot_dir_;
+  const bool park_blocks_;  // --park-as blocks
   const size_t index_;
   const std::string digest_cache_;
 
@@ -233,7 +252,9 @@ class Route {
   uint32_t epoch_ = 0;             // not persisted: a restarted proxy finds out again
   uint32_t refusals_in_a_row_ = 0;
   uint32_t prefill_rate_ = 0;  // tokens per second declared to kvparkd; 0: not measured
-  kvpark_hash128 namespace_id_{};
+  kvpark_hash128 namespace_id_{};  // of whole slot files; blocks: block_shape_->space
+  std::shared_ptr<const BlockShape> block_shape_;  // learned by the round trip
+  std::string whole_why_ = "not checked yet";      // why slot files are parked whole
   std::atomic<bool> ready_{false};
   std::string model_path_;  // as /props names it
   uint32_t total_slots_ = 0;

@@ -7,6 +7,11 @@
 // which also teach SlotFileSizes the file size per token), the proxy finds both
 // files in its slot directory, writes a copy of the second under a name of its own
 // and has llama-server restore it. Every message names the upstream and what to fix.
+//
+// The same two files are the block self-check (state_blocks.h): when they split and
+// write again byte for byte, the file restored is the 1-token prefix written from the
+// 2-token file's cells, so llama-server itself accepts a recomposed prefix before any
+// state is parked as blocks. Anything else parks slot files whole, with the reason.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -77,6 +82,7 @@ bool Route::round_trip(uint32_t slot, std::string* ret_why) {
   const std::string restore_path = slot_file_path(restore_name);
   uint64_t bytes[2] = {0, 0};
   uint32_t saved_tokens[2] = {0, 0};
+  std::string first_file;  // the 1-token file, before the second save replaces it
   bool ok = true;
   for (int i = 0; ok && i < 2; ++i) {
     uint32_t prefilled = 0;
@@ -105,35 +111,98 @@ bool Route::round_trip(uint32_t slot, std::string* ret_why) {
       break;
     }
     bytes[i] = uint64_t(st.st_size);
+    if (i == 0 && !read_file(saved_path, &first_file)) break;  // said below
   }
   std::string file;
-  if (ok && !read_file(saved_path, &file)) {
+  if (ok && (!read_file(saved_path, &file) || first_file.size() != bytes[0])) {
     *ret_why = "the proxy cannot read " + saved_path + ", which " + who +
                " saved: give the proxy read access to its slot files (same group, mode g+r)";
     ok = false;
   }
-  if (ok && !write_file(restore_path, file, &error)) {
-    *ret_why = "the proxy cannot write slot files in " + slot_dir_ + " (" + error +
-               "): give it write access there";
-    ok = false;
+  std::shared_ptr<const BlockShape> shape;
+  std::string whole_why;
+  std::vector<uint8_t> prefix;
+  if (ok && !park_blocks_) {
+    whole_why = "--park-as whole";
+  } else if (ok) {
+    auto span_of = [](const std::string& f) {
+      return std::span(reinterpret_cast<const uint8_t*>(f.data()), f.size());
+    };
+    if (!learn_block_shape(span_of(first_file), span_of(file), base_namespace(), &shape, &prefix,
+                           &whole_why))
+      shape.reset();
   }
-  if (ok) {
+  // The recomposed prefix first, when there is one; the copy if llama-server refuses it.
+  for (int attempt = shape != nullptr ? 0 : 1; ok && attempt < 2; ++attempt) {
+    const bool recomposed = attempt == 0;
+    const std::string content =
+        recomposed ? std::string(prefix.begin(), prefix.end()) : file;
+    const uint32_t expected = recomposed ? 1 : saved_tokens[1];
+    if (!write_file(restore_path, content, &error)) {
+      *ret_why = "the proxy cannot write slot files in " + slot_dir_ + " (" + error +
+                 "): give it write access there";
+      ok = false;
+      break;
+    }
     uint32_t restored = 0;
     bool refused = false;
-    if (!upstream_.restore_slot(slot, restore_name, &restored, &error, &refused) ||
-        restored != saved_tokens[1]) {
-      *ret_why = who + " cannot restore a slot file the proxy wrote in " + slot_dir_ + " (" +
-                 (error.empty() ? std::to_string(restored) + " tokens restored" : error) +
-                 "): let it read files the proxy writes there (same group, mode g+r)";
-      ok = false;
+    if (upstream_.restore_slot(slot, restore_name, &restored, &error, &refused) &&
+        restored == expected)
+      break;
+    if (recomposed) {
+      shape.reset();
+      whole_why = "slot files not split: " + who + " did not restore a recomposed prefix (" +
+                  (error.empty() ? std::to_string(restored) + " tokens restored" : error) + ")";
+      continue;
     }
+    *ret_why = who + " cannot restore a slot file the proxy wrote in " + slot_dir_ + " (" +
+               (error.empty() ? std::to_string(restored) + " tokens restored" : error) +
+               "): let it read files the proxy writes there (same group, mode g+r)";
+    ok = false;
   }
   unlink(saved_path.c_str());
   unlink(restore_path.c_str());
   if (!ok) return false;
   sizes_.observe(saved_tokens[0], bytes[0]);
   sizes_.observe(saved_tokens[1], bytes[1]);
+  learned_shape(std::move(shape), whole_why);
   return true;
+}
+
+kvpark_hash128 Route::base_namespace() const {
+  std::lock_guard lock(mutex_);
+  return namespace_id_;
+}
+
+void Route::learned_shape(std::shared_ptr<const BlockShape> shape, const std::string& whole_why) {
+  {
+    std::lock_guard lock(mutex_);
+    const bool unchanged =
+        shape == nullptr ? block_shape_ == nullptr && whole_why == whole_why_
+                         : block_shape_ != nullptr && shape->space.low == block_shape_->space.low &&
+                               shape->space.high == block_shape_->space.high;
+    block_shape_ = std::move(shape);
+    whole_why_ = whole_why;
+    if (unchanged) return;
+  }
+  tell_parking();  // now: the slot files saved from here on have this layout
+  std::fprintf(stderr, "kvpark-proxy: upstream %s: slot files parked %s\n", name().c_str(),
+               parking_mode() == "blocks"
+                   ? "as blocks (a shared head is parked once; any block-aligned prefix restores)"
+                   : parking_mode().c_str());
+}
+
+void Route::slot_layout_changed() {
+  {
+    std::lock_guard lock(mutex_);
+    if (block_shape_ == nullptr) return;
+    block_shape_.reset();
+    whole_why_ = "a slot file's layout changed: checking again";
+    verified_ = false;
+  }
+  set_state(UpstreamState::verifying, upstream_.describe() +
+                                          " saved a slot file of another layout (restarted with "
+                                          "other cache settings?): checking its slot files again");
 }
 
 void Route::verify() {

@@ -72,6 +72,9 @@ struct Options {
   bool keep = false;  // keep the work directory (logs)
   bool restore_path = false;
   bool overhead = false;
+  bool capacity = false;
+  int conversations = 4;
+  int turns = 2;
   int pairs = 15;
   bool head_given = false;
   int layers = 32;
@@ -401,6 +404,8 @@ void usage(FILE* out) {
                "       kvpark-proxy-bench --restore-path [--head-tokens N] [--layers N]\n"
                "         [--embedding N]\n"
                "       kvpark-proxy-bench --overhead [--head-tokens N] [--pairs N]\n"
+               "       kvpark-proxy-bench --capacity [--conversations N] [--turns N]\n"
+               "         [--head-tokens N] [--layers N] [--embedding N]\n"
                "TTFT and tokens prefilled through kvpark-proxy vs straight to llama-server.\n\n"
                "  --quick             a %zu-token head (a smoke test)\n"
                "  --head-tokens N     system head size in tokens (default %zu)\n"
@@ -410,6 +415,9 @@ void usage(FILE* out) {
                "  --arch ARCH         the test model's family (kvpark-make-test-model --arch)\n"
                "  --restore-path      only the restore path at a realistic geometry (4096-token\n"
                "                      head, --layers 32 --embedding 1024: ~65 KB a token)\n"
+               "  --capacity          only kvparkd's arena after sibling conversations over one\n"
+               "                      head (3274 tokens, 4 x 2 by default), parked as blocks\n"
+               "                      and as whole slot files, at the realistic geometry\n"
                "  --overhead          only the same-server sibling, direct and through the proxy\n"
                "                      in turn, paired (12288-token head, 15 pairs by default)\n"
                "  -h, --help          this help\n"
@@ -455,6 +463,9 @@ bool parse(int argc, char** argv, Options* o, int* ret_exit) {
     opt_pairs,
     opt_arch,
     opt_api,
+    opt_capacity,
+    opt_conversations,
+    opt_turns,
     opt_version
   };
   static const option long_options[] = {{"quick", no_argument, nullptr, 'q'},
@@ -477,6 +488,10 @@ bool parse(int argc, char** argv, Options* o, int* ret_exit) {
                                         {"pairs", required_argument, nullptr, opt_pairs},
                                         {"arch", required_argument, nullptr, opt_arch},
                                         {"api", required_argument, nullptr, opt_api},
+                                        {"capacity", no_argument, nullptr, opt_capacity},
+                                        {"conversations", required_argument, nullptr,
+                                         opt_conversations},
+                                        {"turns", required_argument, nullptr, opt_turns},
                                         {nullptr, 0, nullptr, 0}};
   int c;
   while ((c = getopt_long(argc, argv, "h", long_options, nullptr)) != -1) {
@@ -511,6 +526,15 @@ bool parse(int argc, char** argv, Options* o, int* ret_exit) {
         break;
       case opt_overhead:
         o->overhead = true;
+        break;
+      case opt_capacity:
+        o->capacity = true;
+        break;
+      case opt_conversations:
+        o->conversations = std::atoi(optarg);
+        break;
+      case opt_turns:
+        o->turns = std::atoi(optarg);
         break;
       case opt_pairs:
         o->pairs = std::atoi(optarg);
@@ -556,7 +580,8 @@ bool parse(int argc, char** argv, Options* o, int* ret_exit) {
         return false;
     }
   }
-  if (optind != argc || o->head_tokens < 512 || o->slots < 1 || o->threads < 1 || o->fan_out < 1 || o->pairs < 1) {
+  if (optind != argc || o->head_tokens < 512 || o->slots < 1 || o->threads < 1 || o->fan_out < 1 || o->pairs < 1 ||
+      o->conversations < 1 || o->turns < 1) {
     usage(stderr);
     *ret_exit = 2;
     return false;
@@ -584,18 +609,31 @@ int main(int argc, char** argv) {
     Bench bench(options, dir);
     ok = bench.setup() && bench.overhead();
   }
+  kvpark::bench::RestorePathOptions r{.llama_server = options.llama_server,
+                                      .proxy = options.proxy,
+                                      .kvparkd = options.kvparkd,
+                                      .make_test_model = options.make_test_model};
+  r.layers = options.layers;
+  r.embedding = options.embedding;
+  r.threads = options.threads;
   if (options.restore_path) {
-    kvpark::bench::RestorePathOptions r{.llama_server = options.llama_server,
-                                        .proxy = options.proxy,
-                                        .kvparkd = options.kvparkd,
-                                        .make_test_model = options.make_test_model};
     if (options.head_given) r.head_tokens = options.head_tokens;
-    r.layers = options.layers;
-    r.embedding = options.embedding;
-    r.threads = options.threads;
-    ok = kvpark::bench::run_restore_path(r, work) && ok;
+    // Both ways of parking, in one run: the whole file for reference.
+    for (const char* park_as : {"blocks", "whole"}) {
+      r.park_as = park_as;
+      const std::string dir = work + "/restore-" + park_as;
+      std::filesystem::create_directories(dir);
+      ok = kvpark::bench::run_restore_path(r, dir) && ok;
+    }
   }
-  if (!options.restore_path && !options.overhead) {
+  if (options.capacity) {
+    r.head_tokens = options.head_given ? options.head_tokens : 3274;
+    r.arena_bytes = 4ull << 30;
+    const std::string dir = work + "/capacity";
+    std::filesystem::create_directories(dir);
+    ok = kvpark::bench::run_capacity(r, options.conversations, options.turns, dir) && ok;
+  }
+  if (!options.restore_path && !options.overhead && !options.capacity) {
     const std::vector<WireFormat> apis = options.apis;
     Bench bench(std::move(options), work);
     ok = bench.setup();

@@ -277,12 +277,16 @@ uint64_t state_image_bytes(const StateLayout& layout, uint32_t cells) {
   return bytes + cells * layout.token_kv_bytes();
 }
 
-bool write_state_image(const StateLayout& layout, std::span<const int32_t> tokens, uint32_t cells,
-                       uint32_t run_cells, const std::function<const uint8_t*(uint32_t run)>& run,
-                       const ImageSink& sink) {
+namespace {
+
+// Emits the image of cells [0, cells) to out: out.put(bytes, n) and out.put(value)
+// for the image's own bytes, out.run_part(r, offset, n) for KV bytes of run r (in
+// order of offset within each run).
+template <typename Out>
+void emit_state_image(const StateLayout& layout, std::span<const int32_t> tokens, uint32_t cells,
+                      uint32_t run_cells, Out& out) {
   assert(cells > 0 && run_cells > 0);
   assert(layout.kind == ImageKind::sequence || tokens.size() == cells);
-  VectoredWriter out(sink);
   if (layout.kind == ImageKind::sequence) {
     out.put(sequence_image_magic);
     out.put(layout.source_seq_id);
@@ -301,12 +305,10 @@ bool write_state_image(const StateLayout& layout, std::span<const int32_t> token
     if (layout.packed_tokens) out.put(uint32_t(0));  // no media
   }
   out.put(layout.stream_count);
-  std::vector<const uint8_t*> runs((cells + run_cells - 1) / run_cells);
-  for (uint32_t r = 0; r < runs.size(); ++r) runs[r] = run(r);
-  // Calls piece(run bytes, run length) for each run, in order.
+  const uint32_t runs = (cells + run_cells - 1) / run_cells;
+  // Calls piece(run, cells in it), for each run in order.
   auto each_run = [&](auto&& piece) {
-    for (uint32_t r = 0; r < runs.size(); ++r)
-      piece(runs[r], uint64_t(std::min(run_cells, cells - r * run_cells)));
+    for (uint32_t r = 0; r < runs; ++r) piece(r, uint64_t(std::min(run_cells, cells - r * run_cells)));
   };
   for (uint32_t s = 0; s < layout.stream_count; ++s) {
     if (s != layout.stream_index) {
@@ -315,9 +317,8 @@ bool write_state_image(const StateLayout& layout, std::span<const int32_t> token
     }
     out.put(cells);
     for (uint32_t i = 0; i < cells; ++i) {
-      out.put(int32_t(i));
-      out.put(uint32_t(1));
-      out.put(layout.cell_seq_id);
+      const int32_t cell[3] = {int32_t(i), 1, layout.cell_seq_id};  // position, seqs, seq id
+      out.put(cell, sizeof cell);
     }
     out.put(uint32_t(layout.v_transposed ? 1 : 0));
     out.put(uint32_t(layout.layers.size()));
@@ -325,9 +326,7 @@ bool write_state_image(const StateLayout& layout, std::span<const int32_t> token
     for (const LayerLayout& layer : layout.layers) {
       out.put(layer.k_type);
       out.put(layer.k_row_bytes);
-      each_run([&](const uint8_t* kv, uint64_t n) {
-        out.put(kv + n * k_before, n * layer.k_row_bytes);
-      });
+      each_run([&](uint32_t r, uint64_t n) { out.run_part(r, n * k_before, n * layer.k_row_bytes); });
       k_before += layer.k_row_bytes;
     }
     uint64_t v_before = 0;
@@ -337,21 +336,63 @@ bool write_state_image(const StateLayout& layout, std::span<const int32_t> token
         out.put(layer.v_element_bytes);
         out.put(layer.v_width);
         for (uint32_t j = 0; j < layer.v_width; ++j) {
-          each_run([&](const uint8_t* kv, uint64_t n) {
+          each_run([&](uint32_t r, uint64_t n) {
             const uint64_t column = n * (k_before + v_before) + j * n * layer.v_element_bytes;
-            out.put(kv + column, n * layer.v_element_bytes);
+            out.run_part(r, column, n * layer.v_element_bytes);
           });
         }
       } else {
         out.put(layer.v_row_bytes);
-        each_run([&](const uint8_t* kv, uint64_t n) {
-          out.put(kv + n * (k_before + v_before), n * layer.v_row_bytes);
+        each_run([&](uint32_t r, uint64_t n) {
+          out.run_part(r, n * (k_before + v_before), n * layer.v_row_bytes);
         });
       }
       v_before += layer.v_row_bytes;
     }
   }
+}
+
+// The runs in memory, as iovecs through an ImageSink.
+struct RunPointerWriter : VectoredWriter {
+  RunPointerWriter(const ImageSink& sink, std::vector<const uint8_t*> runs)
+      : VectoredWriter(sink), runs(std::move(runs)) {}
+  void run_part(uint32_t r, uint64_t offset, uint64_t bytes) { put(runs[r] + offset, bytes); }
+  std::vector<const uint8_t*> runs;
+};
+
+// The runs fetched by the caller, through ImageParts; a refusal ends the image.
+struct PartsWriter {
+  ImageParts& parts;
+  bool ok = true;
+  void put(const void* data, size_t bytes) {
+    if (ok && bytes > 0) ok = parts.own(static_cast<const uint8_t*>(data), bytes);
+  }
+  template <typename T>
+  void put(T value) {
+    put(&value, sizeof value);
+  }
+  void run_part(uint32_t r, uint64_t offset, uint64_t bytes) {
+    if (ok && bytes > 0) ok = parts.run_part(r, offset, bytes);
+  }
+};
+
+}  // namespace
+
+bool write_state_image(const StateLayout& layout, std::span<const int32_t> tokens, uint32_t cells,
+                       uint32_t run_cells, const std::function<const uint8_t*(uint32_t run)>& run,
+                       const ImageSink& sink) {
+  std::vector<const uint8_t*> runs((cells + run_cells - 1) / run_cells);
+  for (uint32_t r = 0; r < runs.size(); ++r) runs[r] = run(r);
+  RunPointerWriter out(sink, std::move(runs));
+  emit_state_image(layout, tokens, cells, run_cells, out);
   return out.flush();
+}
+
+bool write_state_image(const StateLayout& layout, std::span<const int32_t> tokens, uint32_t cells,
+                       uint32_t run_cells, ImageParts& parts) {
+  PartsWriter out{parts};
+  emit_state_image(layout, tokens, cells, run_cells, out);
+  return out.ok;
 }
 
 }  // namespace kvpark::llama

@@ -89,4 +89,21 @@ bool write_state_image(const StateLayout& layout, std::span<const int32_t> token
                        uint32_t run_cells, const std::function<const uint8_t*(uint32_t run)>& run,
                        const ImageSink& sink);
 
+// The image's parts, for a writer that fetches the runs' KV itself (kvpark-proxy
+// reads each run from kvparkd's arena, verifying as it copies): own() gets the
+// image's own bytes (headers, cell metadata, tokens; valid during the call only),
+// run_part() asks for bytes [offset, offset + bytes) of run r's KV, laid out as
+// gather_cells lays it. Parts come in image order, so each run's parts come in order
+// of offset, from 0 to its end. false from either ends the image.
+class ImageParts {
+ public:
+  virtual bool own(const uint8_t* bytes, size_t count) = 0;
+  virtual bool run_part(uint32_t run, uint64_t offset, uint64_t bytes) = 0;
+
+ protected:
+  ~ImageParts() = default;
+};
+bool write_state_image(const StateLayout& layout, std::span<const int32_t> tokens, uint32_t cells,
+                       uint32_t run_cells, ImageParts& parts);
+
 }  // namespace kvpark::llama

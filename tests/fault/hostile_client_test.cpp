@@ -296,6 +296,48 @@ TEST_F(HostileClient, RawPointerAccessRefusesAlteredPayloads) {
   kvpark_plan_release(plan);
 }
 
+// kvpark_plan_read_block(): the same check for a reader that copies every block out
+// in parts, interleaved across blocks (kvpark-proxy writing a slot file layer by
+// layer): each block in order on its own, and the part that ends a block says whether
+// any of that block may be used.
+TEST_F(HostileClient, BlocksReadInInterleavedPartsFailAtTheirLastPart) {
+  constexpr size_t intact = 3;
+  const int altered = in_child([&] {
+    HostileAttachment a = attach_hostile(daemon_.socket_path());
+    if (!a.ok) return 255;
+    void* m = mmap(nullptr, a.data_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, a.data_fd, 0);
+    if (m == MAP_FAILED) return 254;
+    return static_cast<int>(alter_foreign_payloads(static_cast<uint8_t*>(m), a.data_bytes, intact,
+                                                   [](uint8_t* p, uint64_t) { p[100] ^= 1; }));
+  });
+  ASSERT_EQ(altered, static_cast<int>(victim_blocks - intact));
+  kvpark_plan* plan = nullptr;
+  ASSERT_EQ(kvpark_lookup(victim_.get(), 3, tokens_.data(), tokens_.size(), &plan), KVPARK_OK);
+  ASSERT_EQ(kvpark_plan_block_count(plan), victim_blocks) << "nothing is checked at lookup";
+  std::vector<std::vector<uint8_t>> out(victim_blocks, std::vector<uint8_t>(block_bytes));
+  EXPECT_EQ(kvpark_plan_read_block(plan, 0, 8, out[0].data(), 8), KVPARK_INVALID_ARGUMENT)
+      << "a block's parts come in order from 0";
+  const uint64_t part = block_bytes / 3 + 1;  // parts that end off every stripe
+  std::vector<kvpark_status> last(victim_blocks, KVPARK_OK);
+  for (uint64_t at = 0; at < block_bytes; at += part) {
+    const uint64_t n = std::min<uint64_t>(part, block_bytes - at);
+    for (size_t i = 0; i < victim_blocks && i < kvpark_plan_block_count(plan); ++i)
+      last[i] = kvpark_plan_read_block(plan, i, at, out[i].data() + at, n);
+  }
+  const auto hashes = block_hashes(victim_ns, tokens_, block_tokens);
+  for (size_t i = 0; i < intact; ++i) {
+    EXPECT_EQ(last[i], KVPARK_OK) << "block " << i;
+    EXPECT_TRUE(payload_matches(payload_key(hashes[i]), out[i].data(), block_bytes)) << i;
+  }
+  EXPECT_EQ(last[intact], KVPARK_CORRUPT);
+  EXPECT_EQ(kvpark_plan_block_count(plan), intact) << "the plan ends before the altered block";
+  EXPECT_EQ(kvpark_plan_restorable_tokens(plan), intact * block_tokens);
+  EXPECT_EQ(kvpark_plan_read_block(plan, intact, 0, out[0].data(), 1), KVPARK_INVALID_ARGUMENT);
+  EXPECT_EQ(kvpark_plan_read_block(plan, 0, block_bytes, out[0].data(), 1), KVPARK_INVALID_ARGUMENT)
+      << "past the end";
+  kvpark_plan_release(plan);
+}
+
 TEST_F(HostileClient, PunchedHolesRestoreAsMissesAndTheDaemonKeepsServing) {
   const int punched = in_child([&] {
     HostileAttachment a = attach_hostile(daemon_.socket_path());

@@ -1,6 +1,7 @@
 // The state-image reader/writer (integrations/llama/state_image.h) on real images of
 // the pinned llama.cpp, made here from the project's test models: flash attention on
-// and off, f16 and q8_0 KV, one and two streams, sequence images and slot files.
+// and off, f16 and q8_0 KV, one and two streams, sequence images and slot files; and
+// kvpark-proxy's self-check on such slot files (proxy/state_blocks.h).
 //   - An image written again from its cells' KV, in runs of any length, is the image.
 //   - The image of a prefix written from runs is byte for byte what llama.cpp holds
 //     after loading the whole image and removing the rest (llama-server's way of
@@ -22,6 +23,7 @@
 
 #include "integrations/llama/gguf_writer.h"
 #include "integrations/llama/state_image.h"
+#include "proxy/state_blocks.h"
 
 namespace kvpark::llama {
 namespace {
@@ -136,6 +138,29 @@ Bytes write_image(const StateLayout& layout, const std::vector<int32_t>& tokens,
       });
   EXPECT_TRUE(ok);
   EXPECT_EQ(out.size(), state_image_bytes(layout, cells));
+  // The same image through ImageParts (the writer that fetches runs itself) asks for
+  // each run's bytes once, in order of offset, and writes the same bytes.
+  struct Parts : ImageParts {
+    const std::vector<Bytes>& blocks;
+    std::vector<uint64_t> read;  // per run, bytes asked for so far
+    Bytes image;
+    explicit Parts(const std::vector<Bytes>& b) : blocks(b), read(b.size(), 0) {}
+    bool own(const uint8_t* bytes, size_t count) override {
+      image.insert(image.end(), bytes, bytes + count);
+      return true;
+    }
+    bool run_part(uint32_t run, uint64_t offset, uint64_t bytes) override {
+      EXPECT_EQ(offset, read[run]) << "run " << run;
+      read[run] = offset + bytes;
+      image.insert(image.end(), blocks[run].begin() + offset, blocks[run].begin() + offset + bytes);
+      return true;
+    }
+  } parts(blocks);
+  EXPECT_TRUE(write_state_image(
+      layout, std::span(tokens.data(), layout.kind == ImageKind::slot_file ? cells : 0), cells,
+      block_tokens, parts));
+  for (size_t r = 0; r < blocks.size(); ++r) EXPECT_EQ(parts.read[r], blocks[r].size()) << r;
+  EXPECT_TRUE(parts.image == out);
   return out;
 }
 
@@ -296,6 +321,49 @@ TEST_P(StateImageTest, TruncatedImagesAreRefused) {
   }
   EXPECT_FALSE(parse_state_image(std::span(image_.data(), image_.size() - 1), ImageKind::sequence,
                                  &parsed, &why));
+}
+
+// kvpark-proxy's self-check (proxy/state_blocks.h) on the slot files an upstream saves
+// of one slot at 2 and then 1 tokens: it learns the layout and hands back the 1-token
+// file written from the 2-token one, which is the upstream's own; any difference, or
+// a file it cannot read, keeps slot files whole with the reason.
+TEST_P(StateImageTest, TheProxysSelfCheckLearnsTheLayoutOrSaysWhyNot) {
+  Engine engine(model_, GetParam());
+  ASSERT_TRUE(engine.ready());
+  const std::vector<llama_token> tokens = prompt(2);
+  ASSERT_TRUE(engine.prefill(tokens));
+  const std::string path = "/tmp/kvpark-state-image." + std::to_string(getpid()) + ".check";
+  auto save = [&](size_t n) {
+    EXPECT_GT(llama_state_seq_save_file(engine.ctx(), path.c_str(), engine.seq(), tokens.data(), n),
+              0u);
+    Bytes file = read_file(path);
+    std::remove(path.c_str());
+    return file;
+  };
+  const Bytes two = save(2);
+  engine.keep_first(1);
+  const Bytes one = save(1);
+  const kvpark_hash128 base{.low = 1, .high = 2};
+  std::shared_ptr<const proxy::BlockShape> shape;
+  Bytes prefix;
+  std::string why;
+  ASSERT_TRUE(proxy::learn_block_shape(one, two, base, &shape, &prefix, &why)) << why;
+  EXPECT_EQ(prefix, one);
+  EXPECT_EQ(shape->block_bytes, proxy::state_block_tokens * shape->layout.token_kv_bytes());
+  EXPECT_FALSE(shape->space.low == base.low && shape->space.high == base.high);
+  EXPECT_EQ(shape->space.low, proxy::block_namespace(base, shape->layout, 64).low);
+
+  Bytes altered = one;
+  altered[altered.size() - 1] ^= 0x01;  // the last V byte of the one cell
+  shape.reset();
+  EXPECT_FALSE(proxy::learn_block_shape(altered, two, base, &shape, &prefix, &why));
+  EXPECT_EQ(shape, nullptr);
+  EXPECT_NE(why.find("differs"), std::string::npos) << why;
+  EXPECT_FALSE(proxy::learn_block_shape(
+      one, std::span<const uint8_t>(two.data(), two.size() - 1), base, &shape, &prefix, &why));
+  EXPECT_EQ(why.rfind("slot files not split: ", 0), 0u) << why;
+  EXPECT_FALSE(proxy::learn_block_shape(two, one, base, &shape, &prefix, &why));
+  EXPECT_NE(why.find("do not agree"), std::string::npos) << why;
 }
 
 INSTANTIATE_TEST_SUITE_P(Caches, StateImageTest, ::testing::ValuesIn(caches),

@@ -132,7 +132,10 @@ TEST_P(AgentFormatsE2E, SiblingsShareTheHeadAndARestartedServerPrefillsOnlyTheDe
   EXPECT_EQ(direct.content, c.result.content);
 
   const char* api = api_name(format);
-  EXPECT_EQ(api_figure(proxy.url(), api, "answered"), 4);
+  // Counted once a request finishes, after its response (its turn parked first).
+  EXPECT_TRUE(wait_until([&] { return api_figure(proxy.url(), api, "answered") == 4; },
+                         publish_wait_msec_max))
+      << api_figure(proxy.url(), api, "answered");
   EXPECT_GE(api_figure(proxy.url(), api, "cached_tokens"), 2 * head_tokens);
   const HttpResult metrics = http_get(proxy.url(), "/metrics");
   EXPECT_NE(metrics.body.find("kvpark_proxy_api_requests_total{api=\"" + std::string(api) +
@@ -259,10 +262,13 @@ TEST_F(MessagesE2E, RequestsDifferingOnlyInTheBillingStampShareTheHead) {
 
 // With the automatic head candidate off, a client's cache_control on its system block
 // is what parks the head: a sibling after a restart restores it. An unmarked head
-// beside it is not parked, and its sibling prefills it all again.
+// beside it is not parked, and its sibling prefills it all again. (Whole slot files:
+// parked as blocks, the unmarked sibling would restore the blocks of the head that the
+// other conversation's turn holds, ProxyBlocks.AConversationCutBackRestoresTheBlocksItShares.)
 TEST_F(MessagesE2E, CacheControlOnTheSystemBlockParksTheHead) {
   LlamaServerProcess& server = start_server();
-  ProxyProcess& proxy = start_proxy({}, "kvpark-proxy: ready", {"--no-system-candidate"});
+  ProxyProcess& proxy = start_proxy({}, "kvpark-proxy: ready",
+                                    {"--no-system-candidate", "--park-as", "whole"});
   const std::string marked_system = head_text(70);
   const std::string plain_system = head_text(71);
   const int64_t marked_tokens = count_tokens(server.url(), marked_system);

@@ -302,7 +302,8 @@ TEST_F(ProxyE2E, AClientHangingUpOnAnAnswerNotStreamedAbandonsItsUpstreamRequest
 // shared head. The head is parked alone now, and restores as such.
 TEST_F(ProxyE2E, SharedHeadIsParkedAloneFromASlotHoldingAnotherConversation) {
   LlamaServerProcess& server = start_server();
-  ProxyProcess& proxy = start_proxy();
+  // Whole slot files: what is parked is the file llama-server saved, to compare.
+  ProxyProcess& proxy = start_proxy({}, "kvpark-proxy: ready", {"--park-as", "whole"});
   const std::string system = head_text(34);
   std::vector<int32_t> rendered;
   const std::vector<int32_t> head = head_of(server.url(), system, &rendered);

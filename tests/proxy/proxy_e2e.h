@@ -125,15 +125,17 @@ inline std::string prompt_of(const std::string& apply_template_body) {
              : "";
 }
 
-// The proxy's snapshot-only namespace `space_hex` (as /kvpark/status prints it), for
-// a test client that reads or writes what the proxy parks there.
-inline kvpark_namespace proxy_namespace(const std::string& space_hex, const char* client_name) {
+// The proxy's namespace `space_hex` (as /kvpark/status prints it), for a test client
+// that reads or writes what the proxy parks there: snapshot-only (--park-as whole), or
+// of blocks of block_tokens, block_bytes each (/kvpark/status says them).
+inline kvpark_namespace proxy_namespace(const std::string& space_hex, const char* client_name,
+                                        uint32_t block_tokens = 0, uint64_t block_bytes = 0) {
   Hash128 id;
   EXPECT_TRUE(parse_hex128(space_hex, id)) << space_hex;
   return {.id = {.low = id.low, .high = id.high},
-          .block_tokens = 0,
-          .block_payload_bytes = 0,
-          .snapshot_required = 1,
+          .block_tokens = block_tokens,
+          .block_payload_bytes = block_bytes,
+          .snapshot_required = block_tokens == 0 ? 1 : 0,
           .prefill_tokens_per_second = 0,
           .client_name = client_name};
 }
@@ -221,17 +223,17 @@ class ProxyE2E : public ::testing::Test {
     ASSERT_TRUE(daemon_.start());
   }
 
-  // The prefill rate kvparkd holds for the proxy's namespace (the one without blocks,
-  // from /v1/namespaces); -1 when there is none.
+  // The prefill rate kvparkd holds for the proxy's namespaces (the highest of those in
+  // /v1/namespaces: only proxies connect here); -1 when there is none.
   int64_t kvparkd_proxy_prefill_rate() const {
     const HttpResult r =
         http_get("http://127.0.0.1:" + std::to_string(daemon_.http_port()), "/v1/namespaces");
     rapidjson::Document doc;
     if (r.status != 200 || doc.Parse(r.body.c_str()).HasParseError()) return -1;
-    for (const auto& n : doc["namespaces"].GetArray()) {
-      if (n["block_tokens"].GetUint() == 0) return n["prefill_tokens_per_second"].GetUint();
-    }
-    return -1;
+    int64_t rate = -1;
+    for (const auto& n : doc["namespaces"].GetArray())
+      rate = std::max<int64_t>(rate, n["prefill_tokens_per_second"].GetUint());
+    return rate;
   }
 
   void TearDown() override {

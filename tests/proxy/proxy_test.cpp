@@ -308,7 +308,9 @@ TEST_F(ProxyE2E, UpstreamDownGets502) {
 
 TEST_F(ProxyE2E, RefusedRestoreFallsBackToPrefill) {
   LlamaServerProcess& server = start_server({"-ctk", "f16", "-ctv", "f16"}, wide_model_path());
-  ProxyProcess& proxy = start_proxy();
+  // Whole slot files: parked as blocks, a slot file of the new layout would tell the
+  // proxy (BlocksTest.AnUpstreamRestartedWithAnotherCacheTypeIsCheckedAgain).
+  ProxyProcess& proxy = start_proxy({}, "kvpark-proxy: ready", {"--park-as", "whole"});
   const std::string system = head_text(7);
   std::vector<ChatMessage> messages = conversation(system, user_text(100));
   const ChatResult turn1 = post_chat(proxy.url(), chat(messages));
@@ -343,7 +345,8 @@ TEST_F(ProxyE2E, RefusedRestoreFallsBackToPrefill) {
 // prefilled and answered as llama-server answers it directly.
 TEST_F(ProxyE2E, CorruptParkedStateIsRefusedAndPrefilled) {
   LlamaServerProcess& server = start_server();
-  ProxyProcess& proxy = start_proxy();
+  // Whole slot files (a corrupt block: BlocksTest.ACorruptBlockIsRefusedAndPrefilled).
+  ProxyProcess& proxy = start_proxy({}, "kvpark-proxy: ready", {"--park-as", "whole"});
   const std::string system = head_text(9);
   // The proxy's head: what renderings with two stand-in user turns share.
   auto render = [&](const char* standin) {

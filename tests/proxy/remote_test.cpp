@@ -65,7 +65,10 @@ size_t snapshot_manifests(const RedisProcess& redis) {
   return n;
 }
 
-class ProxyRemoteE2E : public ::testing::Test {
+// Parked as blocks (the default; the store holds the head's blocks, and B restores it
+// to its last whole block: a tail snapshot of an attention-only namespace stays on its
+// host) or as whole slot files (one shared snapshot).
+class ProxyRemoteE2E : public ::testing::TestWithParam<const char*> {
  protected:
   static bool available() {
     return executable("KVPARK_PROXY") && executable("KVPARK_LLAMA_SERVER") &&
@@ -128,24 +131,51 @@ class ProxyRemoteE2E : public ::testing::Test {
         ProxyConfig{.binary = built_binary("KVPARK_PROXY"),
                     .upstreams = {{.name = "m", .url = s.server->url()}},
                     .slot_dir = s.slot_dir,
-                    .kvparkd_socket = s.daemon->socket_path()},
+                    .kvparkd_socket = s.daemon->socket_path(),
+                    .extra_args = {"--park-as", GetParam()}},
         test_dir_ + "/proxy-" + name + ".log");
     ASSERT_TRUE(s.proxy->start()) << s.proxy->log_tail();
   }
 
+  bool blocks() const { return std::string(GetParam()) == "blocks"; }
+
+  // The proxy's head for `system`: what renderings with two stand-in user turns share.
+  int64_t proxy_head_tokens(const std::string& system) {
+    auto render = [&](const char* standin) {
+      const HttpResult prompt = http_post(b_.server->url(), "/apply-template",
+                                          chat_request_json(chat(conversation(system, standin))));
+      std::vector<int32_t> tokens;
+      tokenize(b_.server->url(), prompt_of(prompt.body), /*special=*/true, &tokens);
+      return tokens;
+    };
+    const std::vector<int32_t> a = render("a"), b = render("b");
+    size_t n = 0;
+    while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
+    return int64_t(n);
+  }
+  // What B restores of the head from the store: all of it, or its whole blocks.
+  int64_t restorable_head(const std::string& system) {
+    const int64_t head = proxy_head_tokens(system);
+    return blocks() ? head / 64 * 64 : head;
+  }
+
   // A request with `system`'s head through A's proxy; returns once the store holds
-  // the head's snapshot A wrote behind (and only it: the turn is private).
+  // what A wrote behind of the head (and only that: the turn is private): its
+  // snapshot, or its whole blocks.
   ChatResult park_head_on_a(const std::string& system, uint64_t user) {
     const ChatResult a = post_chat(a_.proxy->url(), chat(conversation(system, user_text(user))));
     EXPECT_EQ(a.http.status, 200) << describe(a);
     (void)wait_until([&] { return get_proxy_status(a_.proxy->url()).publishes >= 2; },
                      publish_wait_msec_max);  // the head and the turn
-    EXPECT_TRUE(eventually("A wrote the head's snapshot to the store", [&] {
-      return daemon_status(*a_.daemon, "remote_writes") >= 1 && snapshot_manifests(redis_) >= 1;
+    const int64_t writes = blocks() ? proxy_head_tokens(system) / 64 : 1;
+    EXPECT_TRUE(eventually("A wrote the head to the store", [&] {
+      return daemon_status(*a_.daemon, "remote_writes") >= writes &&
+             (blocks() || snapshot_manifests(redis_) >= 1);
     }));
     EXPECT_EQ(get_proxy_status(a_.proxy->url()).publishes, 2);
-    EXPECT_EQ(daemon_status(*a_.daemon, "remote_writes"), 1) << "the private turn is not written";
-    EXPECT_EQ(snapshot_manifests(redis_), 1u);
+    EXPECT_EQ(daemon_status(*a_.daemon, "remote_writes"), writes)
+        << "the private turn is not written";
+    EXPECT_EQ(snapshot_manifests(redis_), blocks() ? 0u : 1u);
     return a;
   }
 
@@ -156,7 +186,7 @@ class ProxyRemoteE2E : public ::testing::Test {
   Stack b_;
 };
 
-TEST_F(ProxyRemoteE2E, ASiblingOnBIsServedWithTheHeadAParkedRestoredFromTheStore) {
+TEST_P(ProxyRemoteE2E, ASiblingOnBIsServedWithTheHeadAParkedRestoredFromTheStore) {
   const std::string system = head_text(41);
   const int64_t head_tokens = count_tokens(b_.server->url(), system);
   ASSERT_GT(head_tokens, 1000);
@@ -168,19 +198,23 @@ TEST_F(ProxyRemoteE2E, ASiblingOnBIsServedWithTheHeadAParkedRestoredFromTheStore
   const ChatResult b = post_chat(b_.proxy->url(), sibling);
   const int64_t prefilled = prompt_tokens_total(b_.server->url()) - before;
   ASSERT_EQ(b.http.status, 200) << describe(b);
-  const int64_t b_delta_max = b.prompt_tokens - head_tokens + token_slack;
+  const int64_t restorable = restorable_head(system);
+  const int64_t b_delta_max = b.prompt_tokens - std::min(head_tokens, restorable) + token_slack;
   EXPECT_EQ(b.http.header("x-kvpark-reuse"), "shared_stable_prefix") << describe(b);
-  EXPECT_GE(b.header_int("x-kvpark-restored-tokens"), head_tokens) << describe(b);
-  EXPECT_GE(b.cached_tokens, head_tokens) << describe(b);
+  EXPECT_GE(b.header_int("x-kvpark-restored-tokens"), restorable) << describe(b);
+  EXPECT_GE(b.cached_tokens, std::min(head_tokens, restorable)) << describe(b);
   EXPECT_EQ(b.cached_tokens, expected_cached_tokens(b)) << describe(b);
   EXPECT_LE(b.prompt_n, b_delta_max) << describe(b);
   EXPECT_LE(prefilled, b_delta_max) << "llama-server prompt_tokens_total delta over B";
   const ProxyStatus status = get_proxy_status(b_.proxy->url());
-  EXPECT_EQ(status.head_prefills, 0) << status.body;
+  // As blocks, B restores the head's whole blocks and leads the prefill of the few
+  // tokens past them, so that it parks the head itself (exact, for its siblings).
+  EXPECT_EQ(status.head_prefills, blocks() && restorable < proxy_head_tokens(system) ? 1 : 0)
+      << status.body;
   EXPECT_EQ(status.restore_failures, 0) << status.body;
-  // It came from the store: B's kvparkd promoted one snapshot from the remote tier,
-  // every check passed.
-  EXPECT_EQ(daemon_status(*b_.daemon, "remote_hits"), 1);
+  // It came from the store: B's kvparkd promoted the head's snapshot, or its blocks,
+  // from the remote tier, every check passed.
+  EXPECT_EQ(daemon_status(*b_.daemon, "remote_hits"), blocks() ? restorable / 64 : 1);
   EXPECT_GT(daemon_status(*b_.daemon, "remote_bytes_in"), 0);
   EXPECT_EQ(daemon_status(*b_.daemon, "remote_corrupt"), 0);
   EXPECT_EQ(daemon_status(*b_.daemon, "remote_rejected"), 0);
@@ -201,7 +235,7 @@ TEST_F(ProxyRemoteE2E, ASiblingOnBIsServedWithTheHeadAParkedRestoredFromTheStore
       (long long)daemon_status(*b_.daemon, "remote_probe_usec_mean"), direct.total_msec);
 }
 
-TEST_F(ProxyRemoteE2E, WithTheStoreGoneBPrefillsTheSiblingAndAnswersTheSame) {
+TEST_P(ProxyRemoteE2E, WithTheStoreGoneBPrefillsTheSiblingAndAnswersTheSame) {
   const std::string system = head_text(42);
   ASSERT_GT(count_tokens(b_.server->url(), system), 1000);
   park_head_on_a(system, 3);
@@ -235,6 +269,9 @@ TEST_F(ProxyRemoteE2E, WithTheStoreGoneBPrefillsTheSiblingAndAnswersTheSame) {
       (long long)b.cached_tokens, (long long)b.prompt_tokens, (long long)prefilled, b.total_msec,
       direct.total_msec);
 }
+
+INSTANTIATE_TEST_SUITE_P(ParkedAs, ProxyRemoteE2E, ::testing::Values("blocks", "whole"),
+                         [](const auto& param_info) { return std::string(param_info.param); });
 
 }  // namespace
 }  // namespace kvpark::testing

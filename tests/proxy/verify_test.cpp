@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "client/kvpark.h"
+#include "integrations/llama/state_image.h"
 #include "proxy/slot_file.h"
 #include "tests/proxy/proxy_e2e.h"
 #include "tests/proxy/proxy_metrics.h"
@@ -138,10 +139,15 @@ TEST_F(ProxyE2E, UpstreamWithAnotherSlotDirectoryIsNotReadyAndKeepsItsNamespace)
   server.config().slot_dir = slot_dir_;
   ASSERT_TRUE(server.start()) << server.log_tail();
   ASSERT_EQ(wait_for_health(proxy.url(), 200).status, 200) << proxy.log_tail();
-  // The namespace any proxy computes for this upstream: parked state is shared.
-  EXPECT_EQ(upstream_view(proxy.url()).space, view.space);
+  // The namespace any proxy computes for this upstream: parked state is shared. (Once
+  // verified, the proxy parks blocks of the slot files' layout, in that layout's own
+  // namespace.)
+  const std::string ready_space = upstream_view(proxy.url()).space;
+  if (get_proxy_status(proxy.url()).upstreams.at(0).parking != "blocks") {
+    EXPECT_EQ(ready_space, view.space);
+  }
   ProxyProcess& other = start_proxy();
-  EXPECT_EQ(upstream_view(other.url()).space, view.space);
+  EXPECT_EQ(upstream_view(other.url()).space, ready_space);
   const ChatResult a = post_chat(proxy.url(), chat(conversation(system, user_text(213))));
   ASSERT_EQ(a.http.status, 200) << describe(a);
   wait_for_publishes(proxy, 2);
@@ -307,11 +313,17 @@ std::string read_whole(const std::string& path) {
   return out.str();
 }
 
-// The slot file bytes kvparkd holds for the longest parked prefix of `tokens` in
-// namespace `space_hex` (the payload after its header); "" if none.
-std::string parked_slot_file(const std::string& socket, const std::string& space_hex,
-                             const std::vector<int32_t>& tokens, uint32_t* ret_position) {
-  const kvpark_namespace ns = proxy_namespace(space_hex, "reading-test");
+// The slot file kvparkd holds for the longest parked prefix of `tokens` in the
+// upstream's namespace (position in *ret_position); "" if none. Whole slot files: the
+// payload after its header. Blocks: the file written again from kvparkd's blocks and
+// tail in the layout of `like_file` (a slot file of this upstream), by the test's own
+// call of the state-image writer.
+std::string parked_slot_file(const std::string& socket, const ProxyUpstreamStatus& upstream,
+                             const std::vector<int32_t>& tokens, const std::string& like_file,
+                             uint32_t* ret_position) {
+  const uint32_t block_tokens = uint32_t(std::max<int64_t>(0, upstream.block_tokens));
+  const kvpark_namespace ns = proxy_namespace(upstream.space, "reading-test", block_tokens,
+                                              uint64_t(std::max<int64_t>(0, upstream.block_bytes)));
   kvpark_client* client = nullptr;
   if (kvpark_connect(socket.c_str(), &ns, &client) != KVPARK_OK) return "";
   std::string bytes;
@@ -319,9 +331,37 @@ std::string parked_slot_file(const std::string& socket, const std::string& space
   if (kvpark_lookup(client, 7, tokens.data(), tokens.size(), &plan) == KVPARK_OK) {
     uint64_t payload_bytes = 0;
     const void* payload = kvpark_plan_snapshot(plan, &payload_bytes, ret_position);
-    if (payload != nullptr && payload_bytes > sizeof(SealedPayloadHeader))
-      bytes.assign(static_cast<const char*>(payload) + sizeof(SealedPayloadHeader),
-                   payload_bytes - sizeof(SealedPayloadHeader));
+    if (block_tokens == 0) {
+      if (payload != nullptr && payload_bytes > sizeof(SealedPayloadHeader))
+        bytes.assign(static_cast<const char*>(payload) + sizeof(SealedPayloadHeader),
+                     payload_bytes - sizeof(SealedPayloadHeader));
+    } else {
+      llama::StateImage like;
+      std::string why;
+      EXPECT_TRUE(llama::parse_state_image(
+          std::span(reinterpret_cast<const uint8_t*>(like_file.data()), like_file.size()),
+          llama::ImageKind::slot_file, &like, &why))
+          << why;
+      std::vector<std::vector<uint8_t>> runs;
+      for (size_t i = 0; i < kvpark_plan_block_count(plan); ++i) {
+        runs.emplace_back(ns.block_payload_bytes);
+        EXPECT_EQ(kvpark_plan_copy_block(plan, i, runs.back().data()), KVPARK_OK);
+      }
+      *ret_position = kvpark_plan_restorable_tokens(plan);
+      if (payload != nullptr) {  // the tail
+        const auto* body = static_cast<const uint8_t*>(payload) + sizeof(SealedPayloadHeader);
+        runs.emplace_back(body, body + payload_bytes - sizeof(SealedPayloadHeader));
+      }
+      if (*ret_position > 0)
+        llama::write_state_image(
+            like.layout, std::span(tokens.data(), *ret_position), *ret_position, block_tokens,
+            [&](uint32_t r) { return runs.at(r).data(); },
+            [&](std::span<const iovec> pieces) {
+              for (const iovec& p : pieces)
+                bytes.append(static_cast<const char*>(p.iov_base), p.iov_len);
+              return true;
+            });
+    }
     kvpark_plan_release(plan);
   }
   kvpark_disconnect(client);
@@ -355,9 +395,13 @@ std::string content_of(const HttpResult& r) {
 // same length (the head prefilled alone, then the request). Not: equal to a
 // one-shot prefill of the whole prompt, whose batch shapes differ (at realistic
 // sizes the floating-point sums then differ too, with or without the proxy).
-TEST_F(ProxyE2E, RestoredStateIsTheParkedBytesAndAnswersAsLlamaServersOwnContinuation) {
+class RestoredState : public ProxyE2E, public ::testing::WithParamInterface<const char*> {};
+
+TEST_P(RestoredState, IsTheParkedBytesAndAnswersAsLlamaServersOwnContinuation) {
   LlamaServerProcess& server = start_server();
-  ProxyProcess& proxy = start_proxy();
+  ProxyProcess& proxy = start_proxy({}, "kvpark-proxy: ready", {"--park-as", GetParam()});
+  EXPECT_EQ(get_proxy_status(proxy.url()).upstreams.at(0).parking.substr(0, 5),
+            std::string(GetParam()).substr(0, 5));
   const std::string system = head_text(26);
   const ChatResult a = post_chat(proxy.url(), chat(conversation(system, user_text(260))));
   ASSERT_EQ(a.http.status, 200) << describe(a);
@@ -388,13 +432,15 @@ TEST_F(ProxyE2E, RestoredStateIsTheParkedBytesAndAnswersAsLlamaServersOwnContinu
   std::vector<int32_t> tokens;
   ASSERT_TRUE(tokenize(server.url(), prompt_of(rendered.body), /*special=*/true, &tokens));
   uint32_t position = 0;
-  // B's whole prompt: a lookup leaves at least its last token to prefill, so the
-  // longest parked prefix it finds is the head (B's own turn covers all of it).
-  const std::string parked =
-      parked_slot_file(daemon_.socket_path(), upstream_view(proxy.url()).space, tokens, &position);
+  // The head and one token: the longest parked prefix of that is the head (B's own
+  // turn, parked since, covers more of B's prompt).
+  tokens.resize(size_t(head) + 1);
+  const std::string restored = read_whole(restore_file);
+  const std::string parked = parked_slot_file(
+      daemon_.socket_path(), get_proxy_status(proxy.url()).upstreams.at(0), tokens, restored,
+      &position);
   ASSERT_EQ(position, uint32_t(head));
   ASSERT_FALSE(parked.empty());
-  const std::string restored = read_whole(restore_file);
   EXPECT_EQ(restored.size(), parked.size());
   EXPECT_TRUE(restored == parked) << "the restored slot file differs from the parked one";
 
@@ -412,6 +458,9 @@ TEST_F(ProxyE2E, RestoredStateIsTheParkedBytesAndAnswersAsLlamaServersOwnContinu
   EXPECT_EQ(b.content, content_of(own));
   EXPECT_FALSE(b.content.empty());
 }
+
+INSTANTIATE_TEST_SUITE_P(ParkedAs, RestoredState, ::testing::Values("blocks", "whole"),
+                         [](const auto& param_info) { return std::string(param_info.param); });
 
 TEST(ProxyBinary, PrintsItsVersion) {
   const std::string proxy = built_binary("KVPARK_PROXY");

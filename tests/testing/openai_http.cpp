@@ -337,6 +337,9 @@ ProxyStatus get_proxy_status(const std::string& proxy_url) {
                                .url = string_member(u, "url"),
                                .space = string_member(u, "namespace"),
                                .memory = string_member(u, "memory"),
+                               .parking = string_member(u, "parking"),
+                               .block_tokens = int_member(u, "block_tokens"),
+                               .block_bytes = int_member(u, "block_bytes"),
                                .slots = int_member(u, "slots"),
                                .busy_slots = int_member(u, "busy_slots"),
                                .restores_discarded = u.HasMember("restores_discarded") &&

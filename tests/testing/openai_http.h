@@ -88,6 +88,9 @@ bool tokenize(const std::string& llama_server_url, const std::string& text, bool
 struct ProxyUpstreamStatus {
   std::string name, url, space;  // space: the namespace, 32 hex digits
   std::string memory;            // kv_cache, sliding_window, recurrent
+  std::string parking;           // "blocks", or "whole: <why>"
+  int64_t block_tokens = -1;     // 0: whole slot files
+  int64_t block_bytes = -1;
   int64_t slots = -1;
   int64_t busy_slots = -1;  // taken by the proxy now
   bool restores_discarded = false;

@@ -1,0 +1,79 @@
+// llama-server slot files parked as blocks: the KV of every block_tokens tokens is
+// one content-addressed block (kvparkd's chain hash over its tokens), so a head that
+// many conversations share is parked once, and any block-aligned prefix of anything
+// parked restores. What a block does not cover (the tokens past a position's last
+// whole block) is a small tail snapshot at that exact position. A restore writes the
+// slot file again from them (integrations/llama/state_image.h), straight from the
+// arena, verifying each block as it copies.
+//
+// Only layouts the reader splits are parked so (a plain KV cache); any other memory
+// (iSWA windows, recurrent state) or anything the self-check finds wrong keeps the
+// whole-file path, with the reason shown in /status.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "client/kvpark.h"
+#include "integrations/llama/state_image.h"
+
+namespace kvpark::proxy {
+
+// Tokens per block: small enough that a conversation repeats little of the head's
+// last partial block, large enough that an image's pieces stay tens of kilobytes.
+inline constexpr uint32_t state_block_tokens = 64;
+// The tail snapshot: a sealed payload (proto/sealed_payload.h) whose body is the KV
+// of the cells past the last whole block, laid out as llama::gather_cells lays it.
+inline constexpr uint64_t slot_tail_magic = 0x314c544b5241504bull;  // "KPARKTL1"
+
+struct BlockShape {
+  llama::StateLayout layout;  // of the upstream's slot files
+  uint32_t block_tokens = state_block_tokens;
+  uint64_t block_bytes = 0;  // one block's KV, every layer
+  kvpark_hash128 space{};    // the namespace blocks are parked in
+  uint64_t tail_payload_bytes(uint32_t tail_cells) const;
+};
+
+// The namespace of blocks of `layout` under the proxy's namespace `base`: another
+// layout or block size is another namespace.
+kvpark_hash128 block_namespace(kvpark_hash128 base, const llama::StateLayout& layout,
+                               uint32_t block_tokens);
+
+// The self-check, on two slot files the upstream saved of one slot at 1 and 2 tokens
+// (the first token's KV computed once, so both hold it alike): both parse alike,
+// splitting and writing each again gives it byte for byte, and the 1-token file
+// written from the 2-token one's first cell is the 1-token file. On success
+// *ret_shape is set and *ret_prefix holds that 1-token file, for the upstream to
+// restore (the round trip checks llama-server takes a recomposed prefix). false with
+// why the slot files stay whole.
+bool learn_block_shape(std::span<const uint8_t> one, std::span<const uint8_t> two,
+                       kvpark_hash128 base, std::shared_ptr<const BlockShape>* ret_shape,
+                       std::vector<uint8_t>* ret_prefix, std::string* ret_why);
+
+// Writes the slot file of tokens[0, position) to path from a plan's blocks and, past
+// them, its tail snapshot (when position is not block-aligned). Every part comes out
+// of the arena once, through libkvpark's verified reads into a staging buffer, and
+// goes to the file from there. false with why; *ret_corrupt when a payload failed its
+// check (the file is removed either way).
+bool write_slot_file_from_blocks(kvpark_plan* plan, const BlockShape& shape,
+                                 std::span<const int32_t> tokens, uint32_t position,
+                                 const std::string& path, std::string* ret_refused,
+                                 bool* ret_corrupt);
+
+// A slot file read in, checked against the shape and the tokens it must hold.
+struct SlotImage {
+  std::unique_ptr<uint8_t[]> bytes;
+  uint64_t size = 0;
+  llama::StateImage parsed;
+};
+enum class SlotImageCheck { ok, unreadable, not_split, other_layout, other_tokens };
+// Reads path and checks it holds at least tokens[0, position) in shape's layout; why
+// in *ret_why when not ok.
+SlotImageCheck read_slot_image(const std::string& path, const BlockShape& shape,
+                               std::span<const int32_t> tokens, uint32_t position,
+                               SlotImage* ret_image, std::string* ret_why);
+
+}  // namespace kvpark::proxy
