@@ -307,22 +307,25 @@ bool save_slot_file(Turn& turn, uint32_t position, bool exact, const char* purpo
 // before its prefill and the file has the size predicted) and removes the file.
 void park_saved(ProxyState& proxy, Route& route, const SavedSlot& saved,
                 Reserved* reserved = nullptr) {
-  bool other_layout = false;
+  // A slot file that fails the block shape's checks fails them again: not retried.
+  SlotImageCheck check = SlotImageCheck::ok;
   std::string why;
   if (reserved != nullptr && reserved->reserved()) {
     std::string mismatch;
-    if (reserved->fill_and_seal(saved.path, &mismatch, &other_layout)) {
+    if (reserved->fill_and_seal(saved.path, &mismatch, &check)) {
       unlink(saved.path.c_str());
       ++proxy.counters.publishes;
       return;
     }
     reserved->abort();  // the prediction missed: park it the ordinary way
-    if (other_layout) why = mismatch;
+    if (check != SlotImageCheck::ok) why = mismatch;
   }
-  const bool ok = !other_layout && route.parking().park_file(saved.tokens, saved.position,
-                                                             saved.options, saved.path,
-                                                             saved.file_bytes, &why, &other_layout);
-  if (other_layout) route.slot_layout_changed();
+  const bool ok = check == SlotImageCheck::ok &&
+                  route.parking().park_file(saved.tokens, saved.position, saved.options,
+                                            saved.path, saved.file_bytes, &why, &check);
+  if (check == SlotImageCheck::other_layout) route.slot_layout_changed();
+  if (check == SlotImageCheck::not_split || check == SlotImageCheck::other_tokens)
+    ++proxy.counters.slot_files_not_split;
   unlink(saved.path.c_str());
   if (ok)
     ++proxy.counters.publishes;

@@ -130,7 +130,8 @@ void serve_status(ProxyState& proxy, httplib::Response& res) {
       {"requests", &c.requests},           {"uncached_requests", &c.uncached_requests},
       {"head_prefills", &c.head_prefills}, {"head_waits", &c.head_waits},
       {"restores", &c.restores},           {"restore_failures", &c.restore_failures},
-      {"publishes", &c.publishes},         {"abandoned", &c.abandoned}};
+      {"publishes", &c.publishes},         {"abandoned", &c.abandoned},
+      {"slot_files_not_split", &c.slot_files_not_split}};
   for (const auto& [name, value] : counters) {
     w.Key(name);
     w.Uint64(value->load());

@@ -136,6 +136,10 @@ std::string metrics_text(ProxyState& proxy) {
   w.sample("kvpark_proxy_billing_headers_normalized_total", "", c.billing_headers_normalized);
   w.family("kvpark_proxy_publishes_total", "counter", "Slot states parked in kvparkd.");
   w.sample("kvpark_proxy_publishes_total", "", c.publishes);
+  w.family("kvpark_proxy_slot_files_not_split_total", "counter",
+           "Saved slot files not parked: they failed the checks for parking as blocks "
+           "(layout, token list; logged each).");
+  w.sample("kvpark_proxy_slot_files_not_split_total", "", c.slot_files_not_split);
   w.family("kvpark_proxy_abandoned_requests_total", "counter",
            "Requests (chat, or passed through) whose client hung up before the whole "
            "answer: the upstream's request was abandoned.");

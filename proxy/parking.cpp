@@ -301,9 +301,10 @@ void Reserved::abort() {
 }
 
 bool Reserved::fill_and_seal(const std::string& file_path, std::string* ret_error,
-                             bool* ret_other_layout) {
+                             SlotImageCheck* ret_check) {
   assert(reserved());
-  if (shape_ != nullptr) return fill_blocks_and_seal(file_path, ret_error, ret_other_layout);
+  if (ret_check != nullptr) *ret_check = SlotImageCheck::ok;
+  if (shape_ != nullptr) return fill_blocks_and_seal(file_path, ret_error, ret_check);
   const int fd = open(file_path.c_str(), O_RDONLY | O_CLOEXEC);
   struct stat st;
   if (fd < 0 || fstat(fd, &st) != 0) {
@@ -389,11 +390,11 @@ kvpark_status Parking::reserve_blocks(ClientRef c, std::shared_ptr<const BlockSh
 }
 
 bool Reserved::fill_blocks_and_seal(const std::string& file_path, std::string* ret_error,
-                                    bool* ret_other_layout) {
+                                    SlotImageCheck* ret_check) {
   SlotImage image;
   const SlotImageCheck check =
       read_slot_image(file_path, *shape_, tokens_, position_, &image, ret_error);
-  if (ret_other_layout != nullptr) *ret_other_layout = check == SlotImageCheck::other_layout;
+  if (ret_check != nullptr) *ret_check = check;
   if (check != SlotImageCheck::ok) return false;  // the destructor aborts
   const uint32_t block_tokens = shape_->block_tokens;
   size_t block = 0;
@@ -436,7 +437,8 @@ bool Reserved::fill_blocks_and_seal(const std::string& file_path, std::string* r
 
 bool Parking::park_file(const std::vector<int32_t>& tokens, uint32_t position,
                         const kvpark_publish_options& options, const std::string& file_path,
-                        uint64_t file_bytes, std::string* ret_error, bool* ret_other_layout) {
+                        uint64_t file_bytes, std::string* ret_error, SlotImageCheck* ret_check) {
+  if (ret_check != nullptr) *ret_check = SlotImageCheck::ok;
   Reserved reserved;
   const kvpark_status s = reserve(tokens, position, options, file_bytes, &reserved);
   if (s == KVPARK_ALREADY_PRESENT || s == KVPARK_IN_FLIGHT) return true;
@@ -445,7 +447,7 @@ bool Parking::park_file(const std::vector<int32_t>& tokens, uint32_t position,
                                          : std::string("reserve: ") + kvpark_status_string(s);
     return false;
   }
-  return reserved.fill_and_seal(file_path, ret_error, ret_other_layout);
+  return reserved.fill_and_seal(file_path, ret_error, ret_check);
 }
 
 }  // namespace kvpark::proxy

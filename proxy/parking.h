@@ -71,14 +71,15 @@ class Reserved {
   void abort();
   // Copies the slot file in (a whole one must have exactly the reserved size; blocks
   // are cut from one holding at least the reserved tokens) and seals.
-  // *ret_other_layout (optional): the file's layout is not the namespace's shape.
+  // *ret_check (optional): how the file fared against the namespace's block shape
+  // (ok when parking whole).
   bool fill_and_seal(const std::string& file_path, std::string* ret_error,
-                     bool* ret_other_layout = nullptr);
+                     SlotImageCheck* ret_check = nullptr);
 
  private:
   friend class Parking;
   bool fill_blocks_and_seal(const std::string& file_path, std::string* ret_error,
-                            bool* ret_other_layout);
+                            SlotImageCheck* ret_check);
 
   ClientRef client_;  // outlives the reservations
   kvpark_reservation* reservation_ = nullptr;  // the whole file, or the tail
@@ -126,7 +127,8 @@ class Parking {
   // tokens[0, position). Already parked is success. false with a reason otherwise.
   bool park_file(const std::vector<int32_t>& tokens, uint32_t position,
                  const kvpark_publish_options& options, const std::string& file_path,
-                 uint64_t file_bytes, std::string* ret_error, bool* ret_other_layout = nullptr);
+                 uint64_t file_bytes, std::string* ret_error,
+                 SlotImageCheck* ret_check = nullptr);
 
  private:
   // Connects when needed; nullptr if unavailable, or while another thread connects.

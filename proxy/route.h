@@ -67,6 +67,9 @@ struct Counters {
   std::atomic<uint64_t> forwarded_fast{0};
   std::atomic<uint64_t> forwarded_full{0};
   std::atomic<uint64_t> prefix_mismatches{0};
+  // Saved slot files not parked because they failed the block shape's checks (media
+  // chunks, a token list other than the prompt's): each logged.
+  std::atomic<uint64_t> slot_files_not_split{0};
   // By front door (Api): requests received, answered 200, and the answered ones'
   // prompt, prefilled and cached tokens (the figures above, split by wire format).
   std::atomic<uint64_t> api_requests[size_t(Api::count)] = {};

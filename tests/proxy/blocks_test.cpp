@@ -10,6 +10,7 @@
 
 #include "client/kvpark.h"
 #include "tests/proxy/proxy_e2e.h"
+#include "tests/proxy/proxy_metrics.h"
 
 namespace kvpark::testing {
 namespace {
@@ -65,7 +66,6 @@ TEST_F(ProxyBlocks, SiblingConversationsParkTheirSharedHeadOnce) {
   ASSERT_GT(head_tokens, 1000);
   constexpr int conversations = 4;
   int64_t own_tokens = 0;  // past the head, in every conversation: its turns and replies
-  int64_t publishes = 0;
   for (int c = 0; c < conversations; ++c) {
     std::vector<ChatMessage> messages = conversation(system, user_text(510 + c * 2));
     const ChatResult first = post_chat(proxy.url(), chat(messages));
@@ -76,9 +76,10 @@ TEST_F(ProxyBlocks, SiblingConversationsParkTheirSharedHeadOnce) {
     ASSERT_EQ(second.http.status, 200) << describe(second);
     // The second turn's prompt holds the first turn and its reply.
     own_tokens += second.prompt_tokens - head_tokens + 64;  // its reply, at most
-    publishes = get_proxy_status(proxy.url()).publishes;
   }
-  wait_for_publishes(proxy, publishes);
+  // The head once, and every turn's closure.
+  const int64_t publishes = 1 + 2 * conversations;
+  EXPECT_EQ(wait_for_publishes(proxy, publishes).publishes, publishes);
   const uint64_t per_token = token_bytes(proxy);
   ASSERT_GT(per_token, 0u);
   const int64_t parked = daemon_status(daemon_, "arena_used_bytes");
@@ -96,6 +97,8 @@ TEST_F(ProxyBlocks, SiblingConversationsParkTheirSharedHeadOnce) {
   const uint64_t slack = uint64_t(conversations) * 2 * 2 * 64 * per_token;
   EXPECT_LE(uint64_t(parked), unique + slack);
   EXPECT_GT(daemon_status(daemon_, "blocks"), head_tokens / 64);
+  // Every saved slot file passed the checks for parking as blocks.
+  EXPECT_EQ(metric(scrape(proxy.url()), "kvpark_proxy_slot_files_not_split_total"), 0);
 }
 
 // A conversation cut back and continued otherwise (a client that edits its last
