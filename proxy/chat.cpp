@@ -308,7 +308,7 @@ bool save_slot_file(Turn& turn, uint32_t position, bool exact, const char* purpo
 void park_saved(ProxyState& proxy, Route& route, const SavedSlot& saved,
                 Reserved* reserved = nullptr) {
   // A slot file that fails the block shape's checks fails them again: not retried.
-  SlotImageCheck check = SlotImageCheck::ok;
+  SlotCheck check;
   std::string why;
   if (reserved != nullptr && reserved->reserved()) {
     std::string mismatch;
@@ -318,13 +318,13 @@ void park_saved(ProxyState& proxy, Route& route, const SavedSlot& saved,
       return;
     }
     reserved->abort();  // the prediction missed: park it the ordinary way
-    if (check != SlotImageCheck::ok) why = mismatch;
+    if (check.result != SlotImageCheck::ok) why = mismatch;
   }
-  const bool ok = check == SlotImageCheck::ok &&
+  const bool ok = check.result == SlotImageCheck::ok &&
                   route.parking().park_file(saved.tokens, saved.position, saved.options,
                                             saved.path, saved.file_bytes, &why, &check);
-  if (check == SlotImageCheck::other_layout) route.slot_layout_changed();
-  if (check == SlotImageCheck::not_split || check == SlotImageCheck::other_tokens)
+  if (check.result == SlotImageCheck::other_layout) route.slot_layout_changed(check.space);
+  if (check.result == SlotImageCheck::not_split || check.result == SlotImageCheck::other_tokens)
     ++proxy.counters.slot_files_not_split;
   unlink(saved.path.c_str());
   if (ok)

@@ -301,9 +301,9 @@ void Reserved::abort() {
 }
 
 bool Reserved::fill_and_seal(const std::string& file_path, std::string* ret_error,
-                             SlotImageCheck* ret_check) {
+                             SlotCheck* ret_check) {
   assert(reserved());
-  if (ret_check != nullptr) *ret_check = SlotImageCheck::ok;
+  if (ret_check != nullptr) *ret_check = SlotCheck{};
   if (shape_ != nullptr) return fill_blocks_and_seal(file_path, ret_error, ret_check);
   const int fd = open(file_path.c_str(), O_RDONLY | O_CLOEXEC);
   struct stat st;
@@ -390,11 +390,11 @@ kvpark_status Parking::reserve_blocks(ClientRef c, std::shared_ptr<const BlockSh
 }
 
 bool Reserved::fill_blocks_and_seal(const std::string& file_path, std::string* ret_error,
-                                    SlotImageCheck* ret_check) {
+                                    SlotCheck* ret_check) {
   SlotImage image;
   const SlotImageCheck check =
       read_slot_image(file_path, *shape_, tokens_, position_, &image, ret_error);
-  if (ret_check != nullptr) *ret_check = check;
+  if (ret_check != nullptr) *ret_check = SlotCheck{.result = check, .space = shape_->space};
   if (check != SlotImageCheck::ok) return false;  // the destructor aborts
   const uint32_t block_tokens = shape_->block_tokens;
   size_t block = 0;
@@ -437,8 +437,8 @@ bool Reserved::fill_blocks_and_seal(const std::string& file_path, std::string* r
 
 bool Parking::park_file(const std::vector<int32_t>& tokens, uint32_t position,
                         const kvpark_publish_options& options, const std::string& file_path,
-                        uint64_t file_bytes, std::string* ret_error, SlotImageCheck* ret_check) {
-  if (ret_check != nullptr) *ret_check = SlotImageCheck::ok;
+                        uint64_t file_bytes, std::string* ret_error, SlotCheck* ret_check) {
+  if (ret_check != nullptr) *ret_check = SlotCheck{};
   Reserved reserved;
   const kvpark_status s = reserve(tokens, position, options, file_bytes, &reserved);
   if (s == KVPARK_ALREADY_PRESENT || s == KVPARK_IN_FLIGHT) return true;

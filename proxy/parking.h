@@ -61,6 +61,12 @@ class Parked {
 // its slot file still to come: while it exists, other processes' lookups see its
 // tokens in flight and wait for them (single flight across processes). Aborted
 // unless sealed.
+// How a saved slot file fared against the block shape it was to be parked in.
+struct SlotCheck {
+  SlotImageCheck result = SlotImageCheck::ok;  // ok when parking whole
+  kvpark_hash128 space{};                      // the shape's, when it was checked
+};
+
 class Reserved {
  public:
   Reserved() = default;
@@ -71,15 +77,14 @@ class Reserved {
   void abort();
   // Copies the slot file in (a whole one must have exactly the reserved size; blocks
   // are cut from one holding at least the reserved tokens) and seals.
-  // *ret_check (optional): how the file fared against the namespace's block shape
-  // (ok when parking whole).
+  // *ret_check (optional): how the file fared against the reservation's block shape.
   bool fill_and_seal(const std::string& file_path, std::string* ret_error,
-                     SlotImageCheck* ret_check = nullptr);
+                     SlotCheck* ret_check = nullptr);
 
  private:
   friend class Parking;
   bool fill_blocks_and_seal(const std::string& file_path, std::string* ret_error,
-                            SlotImageCheck* ret_check);
+                            SlotCheck* ret_check);
 
   ClientRef client_;  // outlives the reservations
   kvpark_reservation* reservation_ = nullptr;  // the whole file, or the tail
@@ -127,8 +132,7 @@ class Parking {
   // tokens[0, position). Already parked is success. false with a reason otherwise.
   bool park_file(const std::vector<int32_t>& tokens, uint32_t position,
                  const kvpark_publish_options& options, const std::string& file_path,
-                 uint64_t file_bytes, std::string* ret_error,
-                 SlotImageCheck* ret_check = nullptr);
+                 uint64_t file_bytes, std::string* ret_error, SlotCheck* ret_check = nullptr);
 
  private:
   // Connects when needed; nullptr if unavailable, or while another thread connects.

@@ -402,6 +402,9 @@ std::string Route::parking_mode() const {
 }
 
 void Route::tell_parking() {
+  // Held across set_namespace: two changes told at once reach Parking in the order
+  // they were read, the newest last.
+  std::lock_guard telling(tell_mutex_);
   std::shared_ptr<const BlockShape> shape;
   kvpark_hash128 id;
   {

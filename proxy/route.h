@@ -229,14 +229,17 @@ class Route {
   bool round_trip(uint32_t slot, std::string* ret_why);
   // The namespace, effective (blocks) or not, told to Parking; mutex_ held by none.
   void tell_parking();
-  kvpark_hash128 base_namespace() const;  // of whole slot files
+  // Installs what the round trip learned: the shape's space is derived from the
+  // namespace as it is now (an epoch moved on during the round trip counts).
   void learned_shape(std::shared_ptr<const BlockShape> shape, const std::string& whole_why);
+  kvpark_hash128 base_namespace() const;  // of whole slot files
 
  public:
-  // A slot file saved here did not have the layout the round trip learned (llama-server
-  // restarted with other cache settings): parked whole, and not ready, until checked
-  // again.
-  void slot_layout_changed();
+  // A slot file saved here did not have the layout of the block shape whose space is
+  // `checked_space` (llama-server restarted with other cache settings): while that is
+  // still the upstream's shape, the upstream is not ready (served uncached) until the
+  // round trip has checked its slot files again. A shape learned since stands.
+  void slot_layout_changed(kvpark_hash128 checked_space);
 
  private:
 
@@ -265,6 +268,7 @@ class Route {
   std::string reason_ = "not checked yet";
   std::atomic<bool> verified_{false};  // the round trip passed since last seen away
   std::mutex verify_mutex_;            // one round trip at a time
+  std::mutex tell_mutex_;  // tell_parking() calls in turn: the last one told is the newest
   std::chrono::steady_clock::time_point last_verify_{};  // under verify_mutex_
   std::function<void()> on_state_change_;
   std::atomic<uint32_t> in_progress_{0};

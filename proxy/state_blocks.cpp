@@ -8,6 +8,7 @@
 #include <cassert>
 #include <cerrno>
 #include <cstring>
+#include <new>
 
 #include "proto/sealed_payload.h"
 #include "proto/xxh3.h"
@@ -264,7 +265,13 @@ SlotImageCheck read_slot_image(const std::string& path, const BlockShape& shape,
   }
   SlotImage image;
   image.size = uint64_t(st.st_size);
-  image.bytes.reset(new uint8_t[image.size]);  // no zeroing: every byte is read over
+  // No zeroing: every byte is read over. Out of memory fails this park, not the proxy.
+  image.bytes.reset(new (std::nothrow) uint8_t[image.size]);
+  if (image.bytes == nullptr) {
+    close(fd);
+    *ret_why = path + ": cannot hold its " + std::to_string(image.size) + " bytes in memory";
+    return SlotImageCheck::unreadable;
+  }
   bool ok = true;
   for (uint64_t at = 0; at < image.size;) {
     const ssize_t n = read(fd, image.bytes.get() + at, size_t(image.size - at));

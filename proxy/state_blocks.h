@@ -8,7 +8,7 @@
 //
 // Only layouts the reader splits are parked so (a plain KV cache); any other memory
 // (iSWA windows, recurrent state) or anything the self-check finds wrong keeps the
-// whole-file path, with the reason shown in /status.
+// whole-file path, with the reason shown in /kvpark/status.
 #pragma once
 
 #include <cstdint>

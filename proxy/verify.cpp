@@ -132,9 +132,13 @@ bool Route::round_trip(uint32_t slot, std::string* ret_why) {
                            &whole_why))
       shape.reset();
   }
-  // The recomposed prefix first, when there is one; the copy if llama-server refuses it.
-  for (int attempt = shape != nullptr ? 0 : 1; ok && attempt < 2; ++attempt) {
-    const bool recomposed = attempt == 0;
+  // The recomposed prefix first, when there is one, twice (a busy or slow upstream fails
+  // a restore now and then: once parked whole, an upstream stays so until its namespace
+  // changes); the copy if llama-server refuses it.
+  constexpr int recomposed_attempts = 2;
+  for (int attempt = shape != nullptr ? 0 : recomposed_attempts;
+       ok && attempt <= recomposed_attempts; ++attempt) {
+    const bool recomposed = attempt < recomposed_attempts;
     const std::string content =
         recomposed ? std::string(prefix.begin(), prefix.end()) : file;
     const uint32_t expected = recomposed ? 1 : saved_tokens[1];
@@ -177,6 +181,11 @@ kvpark_hash128 Route::base_namespace() const {
 void Route::learned_shape(std::shared_ptr<const BlockShape> shape, const std::string& whole_why) {
   {
     std::lock_guard lock(mutex_);
+    if (shape != nullptr) {  // in the namespace as it is now: an epoch may have moved on
+      auto now = std::make_shared<BlockShape>(*shape);
+      now->space = block_namespace(namespace_id_, now->layout, now->block_tokens);
+      shape = std::move(now);
+    }
     const bool unchanged =
         shape == nullptr ? block_shape_ == nullptr && whole_why == whole_why_
                          : block_shape_ != nullptr && shape->space.low == block_shape_->space.low &&
@@ -192,14 +201,19 @@ void Route::learned_shape(std::shared_ptr<const BlockShape> shape, const std::st
                    : parking_mode().c_str());
 }
 
-void Route::slot_layout_changed() {
+void Route::slot_layout_changed(kvpark_hash128 checked_space) {
+  // Not while a round trip runs: it may be learning the new layout now.
+  std::lock_guard verifying(verify_mutex_);
   {
     std::lock_guard lock(mutex_);
-    if (block_shape_ == nullptr) return;
+    if (block_shape_ == nullptr || block_shape_->space.low != checked_space.low ||
+        block_shape_->space.high != checked_space.high)
+      return;  // a shape learned since stands
     block_shape_.reset();
     whole_why_ = "a slot file's layout changed: checking again";
     verified_ = false;
   }
+  tell_parking();
   set_state(UpstreamState::verifying, upstream_.describe() +
                                           " saved a slot file of another layout (restarted with "
                                           "other cache settings?): checking its slot files again");
