@@ -15,15 +15,6 @@
 namespace kvpark::testing {
 namespace {
 
-int64_t daemon_status(const DaemonProcess& daemon, const char* key) {
-  const HttpResult r =
-      http_get("http://127.0.0.1:" + std::to_string(daemon.http_port()), "/v1/status");
-  rapidjson::Document doc;
-  doc.Parse(r.body.c_str());
-  if (doc.HasParseError() || !doc.IsObject() || !doc.HasMember(key)) return -1;
-  return int64_t(doc[key].GetUint64());
-}
-
 // The tokens llama-server's chat endpoint makes of `request`.
 std::vector<int32_t> prompt_tokens_of(const std::string& server_url, const ChatRequest& request) {
   const HttpResult prompt = http_post(server_url, "/apply-template", chat_request_json(request));
@@ -141,9 +132,8 @@ TEST_F(ProxyBlocks, DamagedBlocksAreRefusedAndPrefilled) {
   LlamaServerProcess& server = start_server();
   ProxyProcess& proxy = start_block_proxy();
   const std::string system = head_text(53);
-  const std::vector<int32_t> a = prompt_tokens_of(server.url(), chat(conversation(system, "a")));
-  const std::vector<int32_t> b = prompt_tokens_of(server.url(), chat(conversation(system, "b")));
-  const size_t head = common_prefix(a, b);
+  std::vector<int32_t> a;
+  const size_t head = head_of(server.url(), system, &a).size();
   ASSERT_GT(head, 1000u);
 
   const ProxyUpstreamStatus u = get_proxy_status(proxy.url()).upstreams.at(0);

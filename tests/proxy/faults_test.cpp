@@ -94,23 +94,6 @@ uint64_t slot_file_bytes_of(const std::string& server_url, const std::string& sl
   return ok ? uint64_t(st.st_size) : 0;
 }
 
-// The proxy's head for `system`: what renderings with two stand-in user turns share.
-std::vector<int32_t> head_of(const std::string& server_url, const std::string& system,
-                             std::vector<int32_t>* ret_rendered) {
-  auto render = [&](const char* standin) {
-    const ChatRequest r = chat(conversation(system, standin));
-    const HttpResult prompt = http_post(server_url, "/apply-template", chat_request_json(r));
-    std::vector<int32_t> tokens;
-    tokenize(server_url, prompt_of(prompt.body), /*special=*/true, &tokens);
-    return tokens;
-  };
-  *ret_rendered = render("a");
-  const std::vector<int32_t> b = render("b");
-  size_t head = 0;
-  while (head < ret_rendered->size() && head < b.size() && (*ret_rendered)[head] == b[head]) ++head;
-  return std::vector<int32_t>(ret_rendered->begin(), ret_rendered->begin() + ptrdiff_t(head));
-}
-
 // Regression: a body of 200,000 "[" overflowed the worker thread's stack in
 // RapidJSON's recursive parser (SIGSEGV). Refused with a 400 now, at one level past
 // the limit; the limit itself is served.

@@ -37,14 +37,6 @@ bool opens(const std::vector<int32_t>& prefix, const std::vector<int32_t>& token
   return prefix.size() <= tokens.size() && std::equal(prefix.begin(), prefix.end(), tokens.begin());
 }
 
-int64_t daemon_status(const DaemonProcess& daemon, const char* key) {
-  const HttpResult r = http_get("http://127.0.0.1:" + std::to_string(daemon.http_port()), "/v1/status");
-  rapidjson::Document doc;
-  doc.Parse(r.body.c_str());
-  if (doc.HasParseError() || !doc.IsObject() || !doc.HasMember(key)) return -1;
-  return int64_t(doc[key].GetUint64());
-}
-
 class KnownPrefix : public ProxyE2E {
  protected:
   // Reference answers come from a llama-server of its own (same model, same

@@ -125,6 +125,35 @@ inline std::string prompt_of(const std::string& apply_template_body) {
              : "";
 }
 
+// The proxy's head for `system`: what renderings with two stand-in user turns share.
+inline std::vector<int32_t> head_of(const std::string& server_url, const std::string& system,
+                             std::vector<int32_t>* ret_rendered) {
+  auto render = [&](const char* standin) {
+    const ChatRequest r = chat(conversation(system, standin));
+    const HttpResult prompt = http_post(server_url, "/apply-template", chat_request_json(r));
+    std::vector<int32_t> tokens;
+    tokenize(server_url, prompt_of(prompt.body), /*special=*/true, &tokens);
+    return tokens;
+  };
+  *ret_rendered = render("a");
+  const std::vector<int32_t> b = render("b");
+  size_t head = 0;
+  while (head < ret_rendered->size() && head < b.size() && (*ret_rendered)[head] == b[head]) ++head;
+  return std::vector<int32_t>(ret_rendered->begin(), ret_rendered->begin() + ptrdiff_t(head));
+}
+
+// A number from a kvparkd's /v1/status (a bool as 0 or 1), -1 when absent.
+inline int64_t daemon_status(const DaemonProcess& daemon, const char* key) {
+  const HttpResult r =
+      http_get("http://127.0.0.1:" + std::to_string(daemon.http_port()), "/v1/status");
+  rapidjson::Document doc;
+  doc.Parse(r.body.c_str());
+  if (doc.HasParseError() || !doc.IsObject() || !doc.HasMember(key)) return -1;
+  const auto& v = doc[key];
+  if (v.IsBool()) return v.GetBool() ? 1 : 0;
+  return v.IsUint64() ? int64_t(v.GetUint64()) : -1;
+}
+
 // The proxy's namespace `space_hex` (as /kvpark/status prints it), for a test client
 // that reads or writes what the proxy parks there: snapshot-only (--park-as whole), or
 // of blocks of block_tokens, block_bytes each (/kvpark/status says them).

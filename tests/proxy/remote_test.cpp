@@ -24,18 +24,6 @@ namespace {
 // Enough for the test model's slot files (a few MiB a head).
 constexpr uint64_t stack_arena_bytes = 256ull << 20;
 
-// A number from a kvparkd's /v1/status (a bool as 0 or 1), -1 when absent.
-int64_t daemon_status(const DaemonProcess& daemon, const char* key) {
-  const HttpResult r =
-      http_get("http://127.0.0.1:" + std::to_string(daemon.http_port()), "/v1/status");
-  rapidjson::Document doc;
-  doc.Parse(r.body.c_str());
-  if (doc.HasParseError() || !doc.IsObject() || !doc.HasMember(key)) return -1;
-  const auto& v = doc[key];
-  if (v.IsBool()) return v.GetBool() ? 1 : 0;
-  return v.IsUint64() ? int64_t(v.GetUint64()) : -1;
-}
-
 // One host: kvparkd over the store at `remote` ("": no remote tier), llama-server,
 // kvpark-proxy in front of it.
 struct Stack {
@@ -139,19 +127,9 @@ class ProxyRemoteE2E : public ::testing::TestWithParam<const char*> {
 
   bool blocks() const { return std::string(GetParam()) == "blocks"; }
 
-  // The proxy's head for `system`: what renderings with two stand-in user turns share.
   int64_t proxy_head_tokens(const std::string& system) {
-    auto render = [&](const char* standin) {
-      const HttpResult prompt = http_post(b_.server->url(), "/apply-template",
-                                          chat_request_json(chat(conversation(system, standin))));
-      std::vector<int32_t> tokens;
-      tokenize(b_.server->url(), prompt_of(prompt.body), /*special=*/true, &tokens);
-      return tokens;
-    };
-    const std::vector<int32_t> a = render("a"), b = render("b");
-    size_t n = 0;
-    while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
-    return int64_t(n);
+    std::vector<int32_t> rendered;
+    return int64_t(head_of(b_.server->url(), system, &rendered).size());
   }
   // What B restores of the head from the store: all of it, or its whole blocks.
   int64_t restorable_head(const std::string& system) {
