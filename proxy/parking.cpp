@@ -212,13 +212,7 @@ Parked::Parked(kvpark_plan* plan, ClientRef client, std::shared_ptr<const BlockS
   if (shape_ == nullptr) {
     payload_bytes_ = kvpark_plan_snapshot_bytes(plan, &position_);
   } else {
-    // Blocks from 0, then a tail snapshot where one continues them.
-    position_ = uint32_t(kvpark_plan_block_count(plan)) * shape_->block_tokens;
-    uint32_t tail_at = 0;
-    if (kvpark_plan_snapshot_bytes(plan, &tail_at) > 0 && tail_at > position_ &&
-        tail_at - position_ < shape_->block_tokens)
-      position_ = tail_at;
-    position_ = std::min<uint32_t>(position_, uint32_t(tokens.size()));
+    position_ = llama::plan_block_position(plan, *shape_, uint32_t(tokens.size()));
     tokens_.assign(tokens.begin(), tokens.begin() + position_);
   }
   reuse_kind_ = position_ > 0 ? kvpark_plan_reuse_kind(plan) : KVPARK_REUSE_ROOT;
@@ -296,8 +290,7 @@ Reserved::~Reserved() {
 void Reserved::abort() {
   if (reservation_ != nullptr) kvpark_abort(reservation_);
   reservation_ = nullptr;
-  for (kvpark_reservation* r : block_reservations_) kvpark_abort(r);
-  block_reservations_.clear();
+  blocks_.abort();
 }
 
 bool Reserved::fill_and_seal(const std::string& file_path, std::string* ret_error,
@@ -349,42 +342,12 @@ kvpark_status Parking::reserve_blocks(ClientRef c, std::shared_ptr<const BlockSh
                                       const kvpark_publish_options& options,
                                       Reserved* ret_reserved) {
   assert(position <= tokens.size() && !ret_reserved->reserved());
-  const uint32_t block_tokens = shape->block_tokens;
-  const size_t blocks = position / block_tokens;
-  const uint32_t tail = position % block_tokens;
   Reserved& r = *ret_reserved;
-  r.client_ = c;
+  const kvpark_status s = r.blocks_.reserve(c.get(), shape, options, tokens.data(), position);
+  if (s != KVPARK_OK) return s;
+  r.client_ = std::move(c);
   r.position_ = position;
   r.tokens_.assign(tokens.begin(), tokens.begin() + position);
-  bool any = false;  // a block or the tail is this reservation's to write
-  for (size_t first = 0; first < blocks; first += limits::reserve_blocks_max) {
-    const size_t count = std::min(limits::reserve_blocks_max, blocks - first);
-    kvpark_reservation* reservation = nullptr;
-    const kvpark_status s = kvpark_reserve_blocks(c.get(), &options, tokens.data(), position,
-                                                  first, count, &reservation);
-    if (s != KVPARK_OK) {
-      r.abort();
-      return s;
-    }
-    r.block_reservations_.push_back(reservation);
-    for (size_t i = 0; i < count && !any; ++i)
-      any = kvpark_reservation_block(reservation, i) != nullptr;
-  }
-  kvpark_status tail_status = KVPARK_ALREADY_PRESENT;
-  if (tail > 0) {
-    tail_status = kvpark_reserve_snapshot(c.get(), &options, tokens.data(), position,
-                                          shape->tail_payload_bytes(tail), &r.reservation_);
-    if (tail_status == KVPARK_OK) {
-      any = true;
-    } else if (tail_status != KVPARK_ALREADY_PRESENT && tail_status != KVPARK_IN_FLIGHT) {
-      r.abort();
-      return tail_status;
-    }
-  }
-  if (!any) {  // every part parked, or being parked by another
-    r.abort();
-    return tail_status;
-  }
   r.shape_ = std::move(shape);
   return KVPARK_OK;
 }
@@ -396,39 +359,8 @@ bool Reserved::fill_blocks_and_seal(const std::string& file_path, std::string* r
       read_slot_image(file_path, *shape_, tokens_, position_, &image, ret_error);
   if (ret_check != nullptr) *ret_check = SlotCheck{.result = check, .space = shape_->space};
   if (check != SlotImageCheck::ok) return false;  // the destructor aborts
-  const uint32_t block_tokens = shape_->block_tokens;
-  size_t block = 0;
-  for (kvpark_reservation* r : block_reservations_) {
-    for (size_t i = 0; i < kvpark_reservation_block_count(r); ++i, ++block) {
-      // Written in place: kvpark_seal checksums what the arena then holds.
-      if (void* dst = kvpark_reservation_block(r, i); dst != nullptr)
-        llama::gather_cells(image.parsed, image.bytes.get(), uint32_t(block) * block_tokens,
-                            block_tokens, static_cast<uint8_t*>(dst));
-    }
-  }
-  if (reservation_ != nullptr) {
-    const uint32_t first = uint32_t(block) * block_tokens;
-    const uint32_t tail = position_ - first;
-    auto* payload = static_cast<uint8_t*>(kvpark_reservation_snapshot(reservation_));
-    llama::gather_cells(image.parsed, image.bytes.get(), first, tail,
-                        payload + sizeof(SealedPayloadHeader));
-    sealed_payload_seal(payload, slot_tail_magic, position_,
-                        uint64_t(tail) * shape_->layout.token_kv_bytes());
-  }
-  // Blocks first: the tail continues them.
-  std::vector<kvpark_reservation*> blocks = std::move(block_reservations_);
-  block_reservations_.clear();
-  kvpark_status sealed = KVPARK_OK;
-  for (kvpark_reservation* r : blocks) {
-    const kvpark_status s = kvpark_seal(r);
-    if (sealed == KVPARK_OK) sealed = s;
-  }
-  if (reservation_ != nullptr) {
-    const kvpark_status s = sealed == KVPARK_OK ? kvpark_seal(reservation_) : kvpark_abort(reservation_);
-    reservation_ = nullptr;
-    if (sealed == KVPARK_OK) sealed = s;
-  }
-  if (sealed != KVPARK_OK) {
+  if (const kvpark_status sealed = blocks_.fill_and_seal(image.parsed, image.bytes.get());
+      sealed != KVPARK_OK) {
     *ret_error = std::string("seal: ") + kvpark_status_string(sealed);
     return false;
   }

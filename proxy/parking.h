@@ -73,7 +73,7 @@ class Reserved {
   ~Reserved();
   Reserved(const Reserved&) = delete;
   Reserved& operator=(const Reserved&) = delete;
-  bool reserved() const { return reservation_ != nullptr || !block_reservations_.empty(); }
+  bool reserved() const { return reservation_ != nullptr || blocks_.reserved(); }
   void abort();
   // Copies the slot file in (a whole one must have exactly the reserved size; blocks
   // are cut from one holding at least the reserved tokens) and seals.
@@ -87,8 +87,8 @@ class Reserved {
                             SlotCheck* ret_check);
 
   ClientRef client_;  // outlives the reservations
-  kvpark_reservation* reservation_ = nullptr;  // the whole file, or the tail
-  std::vector<kvpark_reservation*> block_reservations_;  // at most reserve_blocks_max each
+  kvpark_reservation* reservation_ = nullptr;  // a whole file
+  llama::BlockReservation blocks_;            // or blocks and a tail
   uint32_t position_ = 0;
   uint64_t file_bytes_ = 0;
   std::shared_ptr<const BlockShape> shape_;

@@ -1,10 +1,7 @@
-// llama-server slot files parked as blocks: the KV of every block_tokens tokens is
-// one content-addressed block (kvparkd's chain hash over its tokens), so a head that
-// many conversations share is parked once, and any block-aligned prefix of anything
-// parked restores. What a block does not cover (the tokens past a position's last
-// whole block) is a small tail snapshot at that exact position. A restore writes the
-// slot file again from them (integrations/llama/state_image.h), straight from the
-// arena, verifying each block as it copies.
+// llama-server slot files parked as blocks (integrations/llama/state_blocks.h says
+// how): the slot-file side of it. The proxy learns the upstream's layout from two
+// slot files its round trip saved, writes a restore's slot file from the arena, and
+// checks each saved slot file before its blocks are cut from it.
 //
 // Only layouts the reader splits are parked so (a plain KV cache); any other memory
 // (iSWA windows, recurrent state) or anything the self-check finds wrong keeps the
@@ -18,29 +15,15 @@
 #include <vector>
 
 #include "client/kvpark.h"
+#include "integrations/llama/state_blocks.h"
 #include "integrations/llama/state_image.h"
 
 namespace kvpark::proxy {
 
-// Tokens per block: small enough that a conversation repeats little of the head's
-// last partial block, large enough that an image's pieces stay tens of kilobytes.
-inline constexpr uint32_t state_block_tokens = 64;
-// The tail snapshot: a sealed payload (proto/sealed_payload.h) whose body is the KV
-// of the cells past the last whole block, laid out as llama::gather_cells lays it.
-inline constexpr uint64_t slot_tail_magic = 0x314c544b5241504bull;  // "KPARKTL1"
-
-struct BlockShape {
-  llama::StateLayout layout;  // of the upstream's slot files
-  uint32_t block_tokens = state_block_tokens;
-  uint64_t block_bytes = 0;  // one block's KV, every layer
-  kvpark_hash128 space{};    // the namespace blocks are parked in
-  uint64_t tail_payload_bytes(uint32_t tail_cells) const;
-};
-
-// The namespace of blocks of `layout` under the proxy's namespace `base`: another
-// layout or block size is another namespace.
-kvpark_hash128 block_namespace(kvpark_hash128 base, const llama::StateLayout& layout,
-                               uint32_t block_tokens);
+using llama::block_namespace;
+using llama::BlockShape;
+using llama::state_block_tokens;
+inline constexpr uint64_t slot_tail_magic = llama::state_tail_magic;
 
 // The self-check, on two slot files the upstream saved of one slot at 1 and 2 tokens
 // (the first token's KV computed once, so both hold it alike): both parse alike,

@@ -1,17 +1,26 @@
 // kvpark_llama: parks llama.cpp sequence state in kvparkd and restores it.
 //
-// llama.cpp exposes whole-sequence state only, so this is a snapshot-only
-// namespace (DESIGN.md §2: block_tokens 0, snapshot_required 1). Every model family
-// llama.cpp loads parks the same way: a snapshot is the state at its exact position
-// (an iSWA cache's window, a hybrid's recurrent state included), so a restore is
-// exact wherever one was parked and nothing is restored anywhere else. A snapshot holds
-// the state after tokens [0, position) behind a small header carrying an XXH3-64 of
-// the state bytes; restore() verifies it on a private copy before llama.cpp sees a
-// byte, and falls back to prefill (position 0) on any mismatch.
+// Where the model's state is a plain KV cache (every position kept, nothing but K and
+// V per token), it is parked as blocks (state_blocks.h): the KV of every 64 tokens is
+// one content-addressed block, so a head many sequences share is parked once, and any
+// block-aligned prefix of anything parked restores, plus a small tail snapshot at each
+// exact position parked. A Parker decides on its first image, by a self-check (the
+// image cut and written again comes out byte for byte, and llama.cpp restores a prefix
+// written from its blocks and gives that prefix back byte for byte); then it connects
+// again in the block namespace. Anything else (an iSWA window, a hybrid's or recurrent
+// model's state, a layout the reader does not know, a failed self-check, or
+// ConnectOptions::park_blocks off) is parked whole: a snapshot of the state at its
+// exact position (DESIGN.md §2: block_tokens 0, snapshot_required 1), restored exactly
+// where it was parked and nowhere else. parking_mode() says which, and why.
+//
+// Every payload carries an XXH3 checksum, verified as it is copied out of the arena
+// onto a private buffer before llama.cpp sees a byte; a payload that fails it is a
+// miss (prefill from 0).
 //
 // The namespace fingerprint covers the weights (XXH3-128 of the model file, cached
 // by device, inode, size and mtime), llama.cpp's state format and every context
-// parameter that changes what the state bytes mean (see namespace_id()).
+// parameter that changes what the state bytes mean (see namespace_id()); the block
+// namespace adds the image layout and block size.
 //
 // Threads: a Parker is used by one thread at a time.
 #pragma once
@@ -20,11 +29,13 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "client/kvpark.h"
 #include "client/kvpark_planner.h"
+#include "integrations/llama/state_blocks.h"
 #include "integrations/llama/weights_digest.h"  // default_cache_dir()
 
 namespace kvpark::llama {
@@ -67,6 +78,7 @@ struct ConnectOptions {
   llama_context_params context_params{};
   uint32_t prefill_tokens_per_second = 0;  // 0: unknown
   const char* client_name = "kvpark-llama";
+  bool park_blocks = true;  // false: whole snapshots even where the state splits
 };
 
 struct RestoreResult {
@@ -110,14 +122,46 @@ class Parker {
                  size_t n_tokens, uint32_t position, const kvpark_write_candidate* candidates,
                  size_t n_candidates, uint64_t session_id, Status* ret_park_status = nullptr);
 
+  // The namespace parked in now: the block namespace once blocks are decided.
   kvpark_hash128 namespace_id() const { return namespace_id_; }
   kvpark_client* client() { return client_; }
+  // "blocks", "whole: <why>", or "undecided" before the first image.
+  std::string parking_mode() const;
 
  private:
-  Parker(kvpark_client* client, kvpark_hash128 id) : client_(client), namespace_id_(id) {}
+  Parker(const ConnectOptions& options, kvpark_client* client, kvpark_hash128 id);
+  // Decides how this context's state parks, once, on an image of seq_id (which holds
+  // it): the self-check, then the block namespace's connection. keep_sequence puts
+  // the image back into seq_id after the check, else seq_id is left empty.
+  Status decide(llama_context* ctx, llama_seq_id seq_id, std::span<const uint8_t> image,
+                bool keep_sequence);
+  // restore() before anything is decided: an image of the prompt's first tokens.
+  Status decide_on_prompt(llama_context* ctx, llama_seq_id seq_id, const llama_token* tokens,
+                          size_t n_tokens);
+  Status park_whole(llama_context* ctx, llama_seq_id seq_id, const llama_token* tokens,
+                    size_t n_tokens, const kvpark_publish_options& options);
+  Status park_blocks(const llama_token* tokens, size_t n_tokens,
+                     const kvpark_publish_options& options);  // the image in state_
+  // Restore plan's longest prefix short of n_tokens into seq_id (empty); a refusal
+  // is in *result, an error from kvparkd returned.
+  Status restore_whole(llama_context* ctx, llama_seq_id seq_id, kvpark_plan* plan,
+                     size_t n_tokens, RestoreResult* result);
+  Status restore_blocks(llama_context* ctx, llama_seq_id seq_id, kvpark_plan* plan,
+                        size_t n_tokens, RestoreResult* result);
+
+  enum class Mode { undecided, blocks, whole };
+
+  const std::string socket_path_;  // empty: $KVPARK_SOCKET or the default
+  const std::string client_name_;
+  const uint32_t prefill_tokens_per_second_;
+  const kvpark_hash128 base_id_;  // the whole-snapshot namespace
   kvpark_client* client_;
   kvpark_hash128 namespace_id_;
-  std::vector<uint8_t> state_;  // restore's private copy of a snapshot
+  Mode mode_;
+  std::string whole_why_;
+  std::shared_ptr<const BlockShape> shape_;  // blocks: the layout and namespace
+  std::vector<uint8_t> state_;  // a private copy of an image, parked or restored
+  std::vector<uint8_t> tail_;   // restore's private copy of a tail snapshot
 };
 
 // Decodes tokens [begin, end) of seq_id in llama_n_batch() chunks; logits for the

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cassert>
 #include <cstring>
+#include <span>
 
 #include "integrations/llama/kvpark_llama.h"
 #include "integrations/llama/snapshot_format.h"
@@ -101,18 +102,131 @@ Status Parker::connect(const ConnectOptions& options, std::unique_ptr<Parker>* r
   kvpark_client* client = nullptr;
   if (kvpark_status s = kvpark_connect(options.socket_path, &ns, &client); s != KVPARK_OK)
     return from_kvpark(s);
-  ret_parker->reset(new Parker(client, id));
+  ret_parker->reset(new Parker(options, client, id));
   return Status::ok;
 }
 
+Parker::Parker(const ConnectOptions& options, kvpark_client* client, kvpark_hash128 id)
+    : socket_path_(options.socket_path != nullptr ? options.socket_path : ""),
+      client_name_(options.client_name != nullptr ? options.client_name : "kvpark-llama"),
+      prefill_tokens_per_second_(options.prefill_tokens_per_second),
+      base_id_(id),
+      client_(client),
+      namespace_id_(id),
+      mode_(options.park_blocks ? Mode::undecided : Mode::whole),
+      whole_why_(options.park_blocks ? "" : "asked to park whole") {}
+
 Parker::~Parker() {
   kvpark_disconnect(client_);
+}
+
+std::string Parker::parking_mode() const {
+  switch (mode_) {
+    case Mode::undecided:
+      return "undecided";
+    case Mode::blocks:
+      return "blocks";
+    case Mode::whole:
+      break;
+  }
+  return "whole: " + whole_why_;
+}
+
+Status Parker::decide(llama_context* ctx, llama_seq_id seq_id, std::span<const uint8_t> image,
+                      bool keep_sequence) {
+  assert(mode_ == Mode::undecided);
+  StateImage parsed;
+  std::string why;
+  if (!check_split(image, ImageKind::sequence, &parsed, &why)) {
+    mode_ = Mode::whole;
+    whole_why_ = "state not split: " + why;
+    return Status::ok;
+  }
+  if (parsed.cells < 2) return Status::ok;  // a longer image decides
+  // llama.cpp must take a prefix written from blocks, and give it back as written.
+  const std::vector<uint8_t> prefix = recompose(parsed, image, 1, state_block_tokens);
+  llama_memory_t mem = llama_get_memory(ctx);
+  llama_memory_seq_rm(mem, seq_id, -1, -1);
+  bool accepted =
+      llama_state_seq_set_data_ext(ctx, prefix.data(), prefix.size(), seq_id, state_flags) ==
+          prefix.size() &&
+      sequence_holds(ctx, seq_id, 1) &&
+      llama_state_seq_get_size_ext(ctx, seq_id, state_flags) == prefix.size();
+  if (accepted) {
+    std::vector<uint8_t> back(prefix.size());
+    accepted = llama_state_seq_get_data_ext(ctx, back.data(), back.size(), seq_id, state_flags) ==
+                   back.size() &&
+               back == prefix;
+  }
+  llama_memory_seq_rm(mem, seq_id, -1, -1);
+  if (keep_sequence &&
+      (llama_state_seq_set_data_ext(ctx, image.data(), image.size(), seq_id, state_flags) !=
+           image.size() ||
+       !sequence_holds(ctx, seq_id, parsed.cells)))
+    return Status::engine_error;
+  if (!accepted) {
+    mode_ = Mode::whole;
+    whole_why_ = "llama.cpp did not give back a prefix written from blocks as written";
+    return Status::ok;
+  }
+  std::shared_ptr<const BlockShape> shape = make_block_shape(parsed.layout, base_id_);
+  const kvpark_namespace ns{.id = shape->space,
+                            .block_tokens = shape->block_tokens,
+                            .block_payload_bytes = shape->block_bytes,
+                            .snapshot_required = 0,  // blocks restore on their own
+                            .prefill_tokens_per_second = prefill_tokens_per_second_,
+                            .client_name = client_name_.c_str()};
+  kvpark_client* client = nullptr;
+  if (kvpark_status s = kvpark_connect(socket_path_.empty() ? nullptr : socket_path_.c_str(),
+                                       &ns, &client);
+      s != KVPARK_OK)
+    return from_kvpark(s);  // still undecided: the next image tries again
+  kvpark_disconnect(client_);
+  client_ = client;
+  namespace_id_ = shape->space;
+  shape_ = std::move(shape);
+  mode_ = Mode::blocks;
+  return Status::ok;
+}
+
+Status Parker::decide_on_prompt(llama_context* ctx, llama_seq_id seq_id,
+                                const llama_token* tokens, size_t n_tokens) {
+  if (n_tokens < 3) return Status::ok;  // a restore needs a token left to decode
+  if (Status s = decode_tokens(ctx, seq_id, tokens, 0, 2); s != Status::ok) return s;
+  const size_t bytes = llama_state_seq_get_size_ext(ctx, seq_id, state_flags);
+  state_.resize(bytes);
+  if (bytes == 0 ||
+      llama_state_seq_get_data_ext(ctx, state_.data(), bytes, seq_id, state_flags) != bytes) {
+    llama_memory_seq_rm(llama_get_memory(ctx), seq_id, -1, -1);
+    return Status::engine_error;
+  }
+  return decide(ctx, seq_id, state_, /*keep_sequence=*/false);
 }
 
 Status Parker::park(llama_context* ctx, llama_seq_id seq_id, const llama_token* tokens,
                     size_t n_tokens, const kvpark_publish_options& options) {
   if (n_tokens == 0 || n_tokens > UINT32_MAX || !sequence_holds(ctx, seq_id, n_tokens))
     return Status::invalid_argument;
+  if (mode_ == Mode::undecided && memory_keeps_a_suffix(llama_get_model(ctx))) {
+    mode_ = Mode::whole;
+    whole_why_ = "the model's memory is not per token (iSWA window or recurrent state)";
+  }
+  if (mode_ == Mode::whole) return park_whole(ctx, seq_id, tokens, n_tokens, options);
+  const size_t bytes = llama_state_seq_get_size_ext(ctx, seq_id, state_flags);
+  if (bytes == 0) return Status::engine_error;
+  state_.resize(bytes);
+  if (llama_state_seq_get_data_ext(ctx, state_.data(), bytes, seq_id, state_flags) != bytes)
+    return Status::engine_error;
+  if (mode_ == Mode::undecided) {
+    if (Status s = decide(ctx, seq_id, state_, /*keep_sequence=*/true); s != Status::ok)
+      return s;
+    if (mode_ != Mode::blocks) return park_whole(ctx, seq_id, tokens, n_tokens, options);
+  }
+  return park_blocks(tokens, n_tokens, options);
+}
+
+Status Parker::park_whole(llama_context* ctx, llama_seq_id seq_id, const llama_token* tokens,
+                          size_t n_tokens, const kvpark_publish_options& options) {
   const size_t state_bytes = llama_state_seq_get_size_ext(ctx, seq_id, state_flags);
   if (state_bytes == 0) return Status::engine_error;
   kvpark_reservation* reservation = nullptr;
@@ -135,10 +249,37 @@ Status Parker::park(llama_context* ctx, llama_seq_id seq_id, const llama_token* 
   return from_kvpark(kvpark_seal(reservation));
 }
 
+Status Parker::park_blocks(const llama_token* tokens, size_t n_tokens,
+                           const kvpark_publish_options& options) {
+  StateImage parsed;
+  std::string why;
+  // The layout checked at decision time, holding the tokens: anything else is a
+  // llama.cpp this build does not know, and is not parked.
+  if (!parse_state_image(state_, ImageKind::sequence, &parsed, &why) ||
+      !(placement_neutral(parsed.layout) == placement_neutral(shape_->layout)) ||
+      parsed.cells != n_tokens)
+    return Status::engine_error;
+  BlockReservation reservation;
+  const kvpark_status s =
+      reservation.reserve(client_, shape_, options, tokens, uint32_t(n_tokens));
+  if (s != KVPARK_OK) return from_kvpark(s);  // ALREADY_PRESENT / IN_FLIGHT: nothing to write
+  return from_kvpark(reservation.fill_and_seal(parsed, state_.data()));
+}
+
 Status Parker::restore(llama_context* ctx, llama_seq_id seq_id, const llama_token* tokens,
                        size_t n_tokens, uint64_t session_id, RestoreResult* ret_result) {
   llama_memory_t mem = llama_get_memory(ctx);
   llama_memory_seq_rm(mem, seq_id, -1, -1);
+  if (mode_ == Mode::undecided) {
+    if (memory_keeps_a_suffix(llama_get_model(ctx))) {
+      mode_ = Mode::whole;
+      whole_why_ = "the model's memory is not per token (iSWA window or recurrent state)";
+    } else if (Status s = decide_on_prompt(ctx, seq_id, tokens, n_tokens);
+               s != Status::ok && s != Status::unavailable) {
+      return s;
+    }
+    llama_memory_seq_rm(mem, seq_id, -1, -1);
+  }
   RestoreResult result;
   kvpark_plan* plan = nullptr;
   if (kvpark_status s = kvpark_lookup(client_, session_id, tokens, n_tokens, &plan); s != KVPARK_OK)
@@ -146,38 +287,96 @@ Status Parker::restore(llama_context* ctx, llama_seq_id seq_id, const llama_toke
   if (kvpark_plan_pending_tokens(plan) > kvpark_plan_restorable_tokens(plan))
     kvpark_plan_wait(plan, promotion_wait_msec_max);  // what is ready stays usable on timeout
   result.capture_hint = kvpark_plan_capture_hint(plan);
-  uint32_t position = 0;
-  const uint64_t payload_bytes = kvpark_plan_snapshot_bytes(plan, &position);
-  if (payload_bytes > 0 && position > 0 && position < n_tokens) {
-    // Copied out and verified in one pass, then checked on the private copy: the
-    // arena is shared memory, and llama.cpp must get exactly the bytes that passed.
-    state_.resize(payload_bytes);
-    const kvpark_status copied = kvpark_plan_copy_snapshot(plan, state_.data(), payload_bytes);
-    if (copied == KVPARK_CORRUPT) {
-      // A miss: libkvpark dropped the altered entry (kvparkd counts it); prefill.
-    } else if (copied != KVPARK_OK) {
-      kvpark_plan_release(plan);
-      return from_kvpark(copied);
-    } else if (sealed_payload_check(state_.data(), payload_bytes, snapshot_magic, position) !=
-               SealedPayloadCheck::ok) {
-      result.refused = Status::corrupt;
-    } else {
-      const uint8_t* state = state_.data() + sizeof(SealedPayloadHeader);
-      const size_t state_bytes = payload_bytes - sizeof(SealedPayloadHeader);
-      if (llama_state_seq_set_data_ext(ctx, state, state_bytes, seq_id, state_flags) !=
-              state_bytes ||
-          !sequence_holds(ctx, seq_id, position)) {
-        llama_memory_seq_rm(mem, seq_id, -1, -1);
-        result.refused = Status::engine_error;
-      } else {
-        result.position = position;
-        result.reuse_kind = kvpark_plan_reuse_kind(plan);
-        kvpark_plan_set_restored_tokens(plan, position);  // counted at release
-      }
-    }
+  const Status status = mode_ == Mode::blocks
+                            ? restore_blocks(ctx, seq_id, plan, n_tokens, &result)
+                            : restore_whole(ctx, seq_id, plan, n_tokens, &result);
+  if (result.position > 0) {
+    result.reuse_kind = kvpark_plan_reuse_kind(plan);
+    kvpark_plan_set_restored_tokens(plan, result.position);  // counted at release
   }
   kvpark_plan_release(plan);
-  *ret_result = result;
+  if (status == Status::ok) *ret_result = result;
+  return status;
+}
+
+Status Parker::restore_whole(llama_context* ctx, llama_seq_id seq_id, kvpark_plan* plan,
+                             size_t n_tokens, RestoreResult* result) {
+  uint32_t position = 0;
+  const uint64_t payload_bytes = kvpark_plan_snapshot_bytes(plan, &position);
+  if (payload_bytes == 0 || position == 0 || position >= n_tokens) return Status::ok;
+  // Copied out and verified in one pass, then checked on the private copy: the
+  // arena is shared memory, and llama.cpp must get exactly the bytes that passed.
+  state_.resize(payload_bytes);
+  const kvpark_status copied = kvpark_plan_copy_snapshot(plan, state_.data(), payload_bytes);
+  if (copied == KVPARK_CORRUPT) return Status::ok;  // a miss: libkvpark dropped it
+  if (copied != KVPARK_OK) return from_kvpark(copied);
+  if (sealed_payload_check(state_.data(), payload_bytes, snapshot_magic, position) !=
+      SealedPayloadCheck::ok) {
+    result->refused = Status::corrupt;
+    return Status::ok;
+  }
+  const uint8_t* state = state_.data() + sizeof(SealedPayloadHeader);
+  const size_t state_bytes = payload_bytes - sizeof(SealedPayloadHeader);
+  if (llama_state_seq_set_data_ext(ctx, state, state_bytes, seq_id, state_flags) != state_bytes ||
+      !sequence_holds(ctx, seq_id, position)) {
+    llama_memory_seq_rm(llama_get_memory(ctx), seq_id, -1, -1);
+    result->refused = Status::engine_error;
+    return Status::ok;
+  }
+  result->position = position;
+  return Status::ok;
+}
+
+Status Parker::restore_blocks(llama_context* ctx, llama_seq_id seq_id, kvpark_plan* plan,
+                              size_t n_tokens, RestoreResult* result) {
+  if (n_tokens == 0) return Status::ok;
+  uint32_t position =
+      plan_block_position(plan, *shape_, uint32_t(std::min<size_t>(n_tokens - 1, UINT32_MAX)));
+  if (position == 0) return Status::ok;
+  // The image as llama.cpp writes it for seq_id: its stream, its sequence id.
+  BlockShape placed = *shape_;
+  placed.layout.source_seq_id = seq_id;
+  placed.layout.cell_seq_id = seq_id;
+  placed.layout.stream_index = placed.layout.stream_count > 1 ? uint32_t(seq_id) : 0;
+  const uint32_t tail = position % placed.block_tokens;
+  const uint8_t* tail_body = nullptr;
+  if (tail > 0) {
+    // Small: copied out whole and verified first, as a whole snapshot is. One that
+    // fails leaves the blocks before it to restore.
+    uint32_t at = 0;
+    const uint64_t payload_bytes = kvpark_plan_snapshot_bytes(plan, &at);
+    tail_.resize(payload_bytes);
+    const kvpark_status copied = kvpark_plan_copy_snapshot(plan, tail_.data(), payload_bytes);
+    if (copied != KVPARK_OK && copied != KVPARK_CORRUPT) return from_kvpark(copied);
+    if (copied == KVPARK_OK && (payload_bytes != placed.tail_payload_bytes(tail) ||
+                                sealed_payload_check(tail_.data(), payload_bytes, state_tail_magic,
+                                                     position) != SealedPayloadCheck::ok))
+      result->refused = Status::corrupt;
+    if (copied == KVPARK_OK && result->refused == Status::ok)
+      tail_body = tail_.data() + sizeof(SealedPayloadHeader);
+    else
+      position -= tail;  // KVPARK_CORRUPT: libkvpark dropped it (kvparkd counts it)
+    if (position == 0) return Status::ok;
+  }
+  // Every block verified as it is copied into the private image: llama.cpp gets
+  // exactly the bytes that passed.
+  state_.resize(state_image_bytes(placed.layout, position));
+  MemoryOutput out(state_);
+  std::string refused;
+  bool corrupt = false;
+  if (!write_image_from_plan(plan, placed, {}, position, tail_body, out, &refused, &corrupt)) {
+    if (!corrupt) result->refused = Status::io_error;  // corrupt: a miss, dropped
+    return Status::ok;
+  }
+  assert(out.complete());
+  if (llama_state_seq_set_data_ext(ctx, state_.data(), state_.size(), seq_id, state_flags) !=
+          state_.size() ||
+      !sequence_holds(ctx, seq_id, position)) {
+    llama_memory_seq_rm(llama_get_memory(ctx), seq_id, -1, -1);
+    result->refused = Status::engine_error;
+    return Status::ok;
+  }
+  result->position = position;
   return Status::ok;
 }
 

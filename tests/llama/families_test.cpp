@@ -87,6 +87,11 @@ class LlamaFamilies : public ::testing::TestWithParam<std::tuple<TestModelArch, 
   }
 
   TestModelArch arch() const { return std::get<0>(GetParam()); }
+  // Whether the family's state is a plain KV cache, parked as blocks; an iSWA window or
+  // a hybrid's recurrent state parks whole.
+  bool parks_blocks() const {
+    return arch() != TestModelArch::gemma3 && arch() != TestModelArch::lfm2;
+  }
   std::string test_model_name() const { return llama::test_model_arch_name(arch()); }
   const KvCache& cache() const { return std::get<1>(GetParam()); }
 
@@ -120,6 +125,11 @@ TEST_P(LlamaFamilies, SiblingRestoresTheHeadExactlyAndAnswersAsACachedPrefixWoul
   const std::string sibling = run({"--tail-seed", "2"});
   ASSERT_EQ(line(sibling, "restored"), "restored " + std::to_string(head_tokens) + " 1 ok")
       << sibling;
+  if (parks_blocks()) {
+    EXPECT_EQ(line(sibling, "parking"), "parking blocks") << sibling;
+  } else {
+    EXPECT_EQ(line(sibling, "parking").rfind("parking whole: ", 0), 0u) << sibling;
+  }
   const std::string continued =
       run({"--tail-seed", "2", "--no-kvpark", "--split", std::to_string(head_tokens)});
   EXPECT_EQ(line(sibling, "state"), line(continued, "state"));
@@ -128,18 +138,51 @@ TEST_P(LlamaFamilies, SiblingRestoresTheHeadExactlyAndAnswersAsACachedPrefixWoul
   EXPECT_NE(line(sibling, "logits"), "");
 }
 
+// The same head parked whole (--park-whole) restores the same state: blocks give
+// byte for byte what a whole snapshot gives.
+TEST_P(LlamaFamilies, BlocksRestoreWhatAWholeSnapshotRestores) {
+  if (!parks_blocks()) GTEST_SKIP() << "this family parks whole snapshots only";
+  publish_head();
+  const std::string from_blocks = run({"--tail-seed", "2"});
+  ASSERT_EQ(line(from_blocks, "restored"), "restored " + std::to_string(head_tokens) + " 1 ok")
+      << from_blocks;
+  daemon_.kill_hard();
+  ASSERT_TRUE(daemon_.start());
+  const std::string published = run({"--tail-seed", "1", "--plan", "--park-whole"});
+  ASSERT_EQ(line(published, "parking"), "parking whole: asked to park whole") << published;
+  const std::string from_whole = run({"--tail-seed", "2", "--park-whole"});
+  ASSERT_EQ(line(from_whole, "restored"), "restored " + std::to_string(head_tokens) + " 1 ok")
+      << from_whole;
+  EXPECT_EQ(line(from_blocks, "state"), line(from_whole, "state"));
+  EXPECT_NE(line(from_blocks, "state"), "");
+  EXPECT_EQ(line(from_blocks, "logits"), line(from_whole, "logits"));
+}
+
 // Family traits, on one cache each: where a state may be restored, and the rotation.
 class LlamaFamilyPositions : public LlamaFamilies {};
 class LlamaFamilyRotation : public LlamaFamilies {};
 
 // The publisher parks only its whole prompt (head + tail 1); a sibling sharing the
-// head alone finds no state it may restore, for any family.
-TEST_P(LlamaFamilyPositions, PrefixShorterThanEveryParkedPositionRestoresNothing) {
+// head alone restores the head's whole blocks where the family parks blocks (960 of
+// its 1,000 tokens, exactly as an engine's own cached prefix of 960), and nothing
+// where it parks whole: a hybrid's recurrent state or an iSWA window is never
+// restored where it was not taken.
+TEST_P(LlamaFamilyPositions, PrefixShorterThanEveryParkedPositionRestoresItsBlocksOrNothing) {
   const std::string published =
       run({"--tail-seed", "1", "--park-at", std::to_string(total_tokens)});
   ASSERT_NE(published.find("parked"), std::string::npos) << published;
   const std::string sibling = run({"--tail-seed", "2"});
-  EXPECT_EQ(line(sibling, "restored"), "restored 0 0 ok") << sibling;
+  if (parks_blocks()) {
+    const size_t blocks_end = head_tokens / 64 * 64;
+    ASSERT_EQ(line(sibling, "restored"), "restored " + std::to_string(blocks_end) + " 1 ok")
+        << sibling;
+    const std::string continued =
+        run({"--tail-seed", "2", "--no-kvpark", "--split", std::to_string(blocks_end)});
+    EXPECT_EQ(line(sibling, "state"), line(continued, "state"));
+    EXPECT_EQ(line(sibling, "logits"), line(continued, "logits"));
+  } else {
+    EXPECT_EQ(line(sibling, "restored"), "restored 0 0 ok") << sibling;
+  }
   const std::string fresh = run({"--tail-seed", "2", "--no-kvpark"});
   EXPECT_EQ(line(sibling, "logits"), line(fresh, "logits"));
 }

@@ -12,7 +12,8 @@
 //   ttft_ms T                 restore + prefill, until the last logits
 // --plan parks where the write-candidate planner says for a prompt of a system
 // message (the head) and a user message (the tail): the system frontier and the
-// last content. --no-kvpark prefills everything without a daemon; --private parks as the
+// last content. "parking MODE" says how the parker parks (blocks, or whole: why);
+// --park-whole asks for whole snapshots. --no-kvpark prefills everything without a daemon; --private parks as the
 // session's own (private) state instead of shared; --split N (with --no-kvpark)
 // decodes [0, N), reloads its own state there and decodes the rest: an engine
 // continuing from its own cached prefix. --type-k/--type-v f16|q8_0 and --flash-attn pick the KV
@@ -39,7 +40,8 @@ struct Args {
   size_t head = 1000, total = 1100, split = 0;
   std::vector<uint32_t> park_at;
   uint32_t n_ctx = 4096;
-  bool kvpark = true, hold = false, private_class = false, plan = false, flash_attn = false;
+  bool kvpark = true, hold = false, private_class = false, plan = false, flash_attn = false,
+       park_whole = false;
 };
 
 void quiet_log(ggml_log_level level, const char* text, void*) {
@@ -98,6 +100,8 @@ int main(int argc, char** argv) {
       a.plan = true;
     else if (k == "--flash-attn")
       a.flash_attn = true;
+    else if (k == "--park-whole")
+      a.park_whole = true;
     else if (k == "--type-v")
       a.type_v = v, ++i;
     else if (k == "--split")
@@ -156,7 +160,8 @@ int main(int argc, char** argv) {
     kvpark::llama::ConnectOptions co{.socket_path = a.socket.empty() ? nullptr : a.socket.c_str(),
                                      .model_path = a.model,
                                      .cache_dir = a.cache_dir,
-                                     .context_params = cp};
+                                     .context_params = cp,
+                                     .park_blocks = !a.park_whole};
     if (auto s = kvpark::llama::Parker::connect(co, &parker); s != kvpark::llama::Status::ok)
       return fail("connect", s);
     kvpark::llama::RestoreResult r;
@@ -197,6 +202,7 @@ int main(int argc, char** argv) {
       return fail("prefill", s);
     if (park_status != kvpark::llama::Status::ok) return fail("park", park_status);
     if (!candidates.empty()) std::printf("parked\n");
+    std::printf("parking %s\n", parker->parking_mode().c_str());
   } else {
     const size_t split = a.split > 0 && a.split < tokens.size() ? a.split : 0;
     if (split > 0) {

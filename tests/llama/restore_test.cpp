@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -16,7 +17,9 @@
 #include <vector>
 
 #include "integrations/llama/snapshot_format.h"
+#include "integrations/llama/state_blocks.h"
 #include "tests/testing/daemon_process.h"
+#include "tests/testing/engine_runner.h"
 #include "tests/testing/eventually.h"
 
 namespace kvpark::testing {
@@ -25,6 +28,7 @@ namespace {
 constexpr int engine_timeout_msec = 60'000;
 constexpr size_t head_tokens = 1000;
 constexpr size_t total_tokens = 1100;
+constexpr size_t head_blocks_end = head_tokens / llama::state_block_tokens * llama::state_block_tokens;
 
 class LlamaRestore : public ::testing::Test {
  protected:
@@ -81,14 +85,17 @@ class LlamaRestore : public ::testing::Test {
   }
   // A publisher: prefills head + tail seed 1, parking where the write-candidate
   // planner says: the head (system frontier) and the whole prompt (last content).
-  void publish_head() {
-    const std::string out = run({"--tail-seed", "1", "--plan"});
+  void publish_head(std::vector<std::string> extra = {}) {
+    std::vector<std::string> args{"--tail-seed", "1", "--plan"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const std::string out = run(args);
     ASSERT_EQ(line(out, "restored"), "restored 0 0 ok") << out;
     ASSERT_NE(out.find("parked"), std::string::npos) << out;
   }
-  // Flips one state byte (or shrinks the recorded size) of the parked snapshot, in
-  // the daemon's shared-memory arena.
-  void damage_snapshot(bool truncate) {
+  // Flips one state byte (or shrinks the recorded size) of the snapshot parked at the
+  // head (magic: a whole one, or the tail of the head's blocks), in the daemon's
+  // shared-memory arena.
+  void damage_snapshot(bool truncate, uint64_t magic = llama::snapshot_magic) {
     // The arena is the daemon's memfd: reach it the way another process of the same
     // user can, through /proc.
     int fd = -1;
@@ -108,14 +115,13 @@ class LlamaRestore : public ::testing::Test {
         mmap(nullptr, size_t(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
     close(fd);
     ASSERT_NE(base, MAP_FAILED);
-    const uint64_t magic = llama::snapshot_magic;
     int found = 0;
     for (size_t at = 0; at + sizeof(SealedPayloadHeader) <= size_t(st.st_size); at += 8) {
       if (std::memcmp(base + at, &magic, sizeof magic) != 0) continue;
       auto* header = reinterpret_cast<SealedPayloadHeader*>(base + at);
       if (header->position_tokens != head_tokens) continue;  // the last-content one
       if (truncate)
-        header->body_bytes -= 4096;
+        header->body_bytes -= 1024;
       else
         base[at + sizeof *header + header->body_bytes / 2] ^= 0x10;
       ++found;
@@ -171,20 +177,84 @@ TEST_F(LlamaRestore, AnotherKvCacheTypeNeverRestores) {
 }
 
 TEST_F(LlamaRestore, CorruptedStateIsRefusedAndPrefilled) {
-  publish_head();
+  publish_head({"--park-whole"});
   damage_snapshot(/*truncate=*/false);
-  const std::string out = run({"--tail-seed", "2"});
+  const std::string out = run({"--tail-seed", "2", "--park-whole"});
   // libkvpark's payload checksum refuses it before llama.cpp or the parker sees it.
   EXPECT_EQ(line(out, "restored"), "restored 0 0 ok") << out;
   EXPECT_EQ(line(out, "logits"), line(run({"--tail-seed", "2", "--no-kvpark"}), "logits"));
 }
 
 TEST_F(LlamaRestore, TruncatedStateIsRefusedAndPrefilled) {
-  publish_head();
+  publish_head({"--park-whole"});
   damage_snapshot(/*truncate=*/true);
-  const std::string out = run({"--tail-seed", "2"});
+  const std::string out = run({"--tail-seed", "2", "--park-whole"});
   EXPECT_EQ(line(out, "restored"), "restored 0 0 ok") << out;
   EXPECT_EQ(line(out, "logits"), line(run({"--tail-seed", "2", "--no-kvpark"}), "logits"));
+}
+
+// The head parked as blocks and a tail snapshot: a damaged tail is refused by its
+// checksum and the head's whole blocks still restore, as an engine's own cached
+// prefix of that length would.
+TEST_F(LlamaRestore, DamagedTailLeavesTheHeadsBlocksToRestore) {
+  for (bool truncate : {false, true}) {
+    SCOPED_TRACE(truncate ? "truncated" : "flipped");
+    daemon_.kill_hard();
+    ASSERT_TRUE(daemon_.start());
+    publish_head();
+    damage_snapshot(truncate, llama::state_tail_magic);
+    const std::string out = run({"--tail-seed", "2"});
+    EXPECT_EQ(line(out, "restored"), "restored " + std::to_string(head_blocks_end) + " 1 ok")
+        << out;
+    const std::string continued =
+        run({"--tail-seed", "2", "--no-kvpark", "--split", std::to_string(head_blocks_end)});
+    EXPECT_EQ(line(out, "state"), line(continued, "state"));
+    EXPECT_EQ(line(out, "logits"), line(continued, "logits"));
+  }
+}
+
+// Three conversations over one head, each parking the head and its whole prompt:
+// as blocks the head is parked once and each conversation adds its own tokens only;
+// whole, each prompt's snapshot holds the head again. Both runs on one daemon kind,
+// sizes from kvparkd's own STATS.
+TEST_F(LlamaRestore, SiblingsParkTheHeadOnceAsBlocks) {
+  auto park_three = [&](const std::vector<std::string>& mode, kvpark_stats* ret_stats) {
+    for (const char* tail : {"1", "2", "3"}) {
+      std::vector<std::string> args{"--tail-seed", tail, "--plan"};
+      args.insert(args.end(), mode.begin(), mode.end());
+      const std::string out = run(args);
+      ASSERT_NE(out.find("parked"), std::string::npos) << out;
+      if (tail[0] != '1') {
+        EXPECT_EQ(line(out, "restored"), "restored " + std::to_string(head_tokens) + " 1 ok")
+            << out;
+      }
+    }
+    StatsClient stats(daemon_.socket_path());
+    ASSERT_TRUE(stats.ok());
+    *ret_stats = stats.get();
+    ASSERT_EQ(stats.last_status(), KVPARK_OK);
+  };
+  kvpark_stats blocks{}, whole{};
+  park_three({}, &blocks);
+  daemon_.kill_hard();
+  ASSERT_TRUE(daemon_.start());
+  park_three({"--park-whole"}, &whole);
+  const size_t block_tokens = llama::state_block_tokens;
+  // The head's 15 blocks once, then 2 blocks of each prompt's own; a tail snapshot at
+  // the head and one at each prompt's end.
+  EXPECT_EQ(blocks.blocks, head_tokens / block_tokens + 3 * (total_tokens / block_tokens -
+                                                             head_tokens / block_tokens));
+  EXPECT_EQ(blocks.snapshots, 4u);
+  EXPECT_EQ(whole.blocks, 0u);
+  EXPECT_EQ(whole.snapshots, 4u);
+  // Tokens of state held: blocks 1,000 + 3 × 100 (as blocks and tails); whole
+  // 1,000 + 3 × 1,100: 3.3 times as many. The test model's blocks are 16 KiB, so the
+  // page rounding of 25 small extents is allowed for.
+  const uint64_t blocks_used = blocks.arena_data_bytes - blocks.arena_free_bytes;
+  const uint64_t whole_used = whole.arena_data_bytes - whole.arena_free_bytes;
+  std::printf("arena bytes for 3 conversations: %llu as blocks, %llu whole\n",
+              (unsigned long long)blocks_used, (unsigned long long)whole_used);
+  EXPECT_LT(blocks_used * 2, whole_used) << blocks_used << " vs " << whole_used;
 }
 
 // Parked state that reached disk survives a daemon crash bit-exact; the same record

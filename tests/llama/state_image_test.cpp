@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "integrations/llama/gguf_writer.h"
+#include "integrations/llama/state_blocks.h"
 #include "integrations/llama/state_image.h"
 #include "proxy/state_blocks.h"
 
@@ -364,6 +365,44 @@ TEST_P(StateImageTest, TheProxysSelfCheckLearnsTheLayoutOrSaysWhyNot) {
   EXPECT_EQ(why.rfind("slot files not split: ", 0), 0u) << why;
   EXPECT_FALSE(proxy::learn_block_shape(two, one, base, &shape, &prefix, &why));
   EXPECT_NE(why.find("do not agree"), std::string::npos) << why;
+}
+
+// The parker's check of its first image (state_blocks.h): a plain image splits; one
+// cut short or with a cell of another sequence does not, with the reason.
+TEST_P(StateImageTest, TheParkersSelfCheckSplitsASequenceImageOrSaysWhyNot) {
+  StateImage parsed;
+  std::string why;
+  ASSERT_TRUE(check_split(image_, ImageKind::sequence, &parsed, &why)) << why;
+  EXPECT_EQ(parsed.cells, prompt_tokens);
+  EXPECT_FALSE(check_split(std::span<const uint8_t>(image_.data(), image_.size() - 1),
+                           ImageKind::sequence, &parsed, &why));
+  EXPECT_NE(why, "");
+  const Bytes empty = [&] {
+    engine_->keep_first(0);
+    return engine_->image();
+  }();
+  EXPECT_FALSE(check_split(empty, ImageKind::sequence, &parsed, &why));
+}
+
+// What the parker restores into a sequence is the image written for that sequence
+// (its stream, its id) from blocks another sequence parked: llama.cpp loads it there
+// and gives it back byte for byte.
+TEST_P(StateImageTest, BlocksOfOneSequenceRestoreIntoAnother) {
+  if (GetParam().sequences < 2) GTEST_SKIP() << "one sequence";
+  StateImage parsed;
+  std::string why;
+  ASSERT_TRUE(check_split(image_, ImageKind::sequence, &parsed, &why)) << why;
+  StateImage placed = parsed;
+  placed.layout.source_seq_id = 0;
+  placed.layout.cell_seq_id = 0;
+  placed.layout.stream_index = 0;
+  const Bytes image = recompose(placed, image_, 130, state_block_tokens);
+  ASSERT_EQ(llama_state_seq_set_data_ext(engine_->ctx(), image.data(), image.size(), 0, 0),
+            image.size());
+  EXPECT_EQ(llama_memory_seq_pos_max(llama_get_memory(engine_->ctx()), 0), 129);
+  Bytes back(llama_state_seq_get_size_ext(engine_->ctx(), 0, 0));
+  back.resize(llama_state_seq_get_data_ext(engine_->ctx(), back.data(), back.size(), 0, 0));
+  EXPECT_EQ(back, image);
 }
 
 INSTANTIATE_TEST_SUITE_P(Caches, StateImageTest, ::testing::ValuesIn(caches),
