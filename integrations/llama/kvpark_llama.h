@@ -124,6 +124,7 @@ class Parker {
 
   // The namespace parked in now: the block namespace once blocks are decided.
   kvpark_hash128 namespace_id() const { return namespace_id_; }
+  // The connection in that namespace: another one once blocks are decided.
   kvpark_client* client() { return client_; }
   // "blocks", "whole: <why>", or "undecided" before the first image.
   std::string parking_mode() const;

@@ -56,6 +56,19 @@ bool sequence_holds(llama_context* ctx, llama_seq_id seq_id, size_t n_tokens) {
   return starts_right && llama_memory_seq_pos_max(mem, seq_id) == llama_pos(n_tokens) - 1;
 }
 
+// Hands a checked image of [0, position) to llama.cpp: seq_id holds it after, or is
+// left empty with the refusal in *result.
+void load_image(llama_context* ctx, llama_seq_id seq_id, const uint8_t* image, size_t bytes,
+                uint32_t position, RestoreResult* result) {
+  if (llama_state_seq_set_data_ext(ctx, image, bytes, seq_id, state_flags) != bytes ||
+      !sequence_holds(ctx, seq_id, position)) {
+    llama_memory_seq_rm(llama_get_memory(ctx), seq_id, -1, -1);
+    result->refused = Status::engine_error;
+    return;
+  }
+  result->position = position;
+}
+
 }  // namespace
 
 Status decode_tokens(llama_context* ctx, llama_seq_id seq_id, const llama_token* tokens,
@@ -315,15 +328,8 @@ Status Parker::restore_whole(llama_context* ctx, llama_seq_id seq_id, kvpark_pla
     result->refused = Status::corrupt;
     return Status::ok;
   }
-  const uint8_t* state = state_.data() + sizeof(SealedPayloadHeader);
-  const size_t state_bytes = payload_bytes - sizeof(SealedPayloadHeader);
-  if (llama_state_seq_set_data_ext(ctx, state, state_bytes, seq_id, state_flags) != state_bytes ||
-      !sequence_holds(ctx, seq_id, position)) {
-    llama_memory_seq_rm(llama_get_memory(ctx), seq_id, -1, -1);
-    result->refused = Status::engine_error;
-    return Status::ok;
-  }
-  result->position = position;
+  load_image(ctx, seq_id, state_.data() + sizeof(SealedPayloadHeader),
+             payload_bytes - sizeof(SealedPayloadHeader), position, result);
   return Status::ok;
 }
 
@@ -369,14 +375,7 @@ Status Parker::restore_blocks(llama_context* ctx, llama_seq_id seq_id, kvpark_pl
     return Status::ok;
   }
   assert(out.complete());
-  if (llama_state_seq_set_data_ext(ctx, state_.data(), state_.size(), seq_id, state_flags) !=
-          state_.size() ||
-      !sequence_holds(ctx, seq_id, position)) {
-    llama_memory_seq_rm(llama_get_memory(ctx), seq_id, -1, -1);
-    result->refused = Status::engine_error;
-    return Status::ok;
-  }
-  result->position = position;
+  load_image(ctx, seq_id, state_.data(), state_.size(), position, result);
   return Status::ok;
 }
 

@@ -20,7 +20,6 @@
 #include "integrations/llama/state_blocks.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/engine_runner.h"
-#include "tests/testing/eventually.h"
 
 namespace kvpark::testing {
 namespace {
@@ -257,8 +256,9 @@ TEST_F(LlamaRestore, SiblingsParkTheHeadOnceAsBlocks) {
   EXPECT_LT(blocks_used * 2, whole_used) << blocks_used << " vs " << whole_used;
 }
 
-// Parked state that reached disk survives a daemon crash bit-exact; the same record
-// with one byte flipped on disk is never handed to llama.cpp: the engine prefills.
+// Parked state (the head as blocks and a tail) that reached disk survives a daemon crash
+// bit-exact; the same records with one byte flipped on disk are never handed to
+// llama.cpp: the engine prefills.
 TEST_F(LlamaRestore, DiskCopySurvivesDaemonCrashAndACorruptOneIsRefused) {
   const std::string disk = *directory_ + "/disk";
   std::filesystem::create_directories(disk);
@@ -287,7 +287,14 @@ TEST_F(LlamaRestore, DiskCopySurvivesDaemonCrashAndACorruptOneIsRefused) {
     const std::string published = on(first, {"--tail-seed", "1", "--plan"});
     ASSERT_NE(published.find("parked"), std::string::npos) << published;
     // The shared head is written through at seal; wait for its record.
-    ASSERT_TRUE(eventually("the shared head reached disk", [&] { return !records().empty(); }));
+    // The shared head (its 15 blocks and its tail) is written through at seal: wait
+    // until kvparkd says all of it has a disk copy.
+    StatsClient stats(first.socket_path());
+    ASSERT_TRUE(stats.wait_until(
+        [](const kvpark_stats& s) {
+          return s.disk_entries >= head_tokens / llama::state_block_tokens + 1;
+        },
+        engine_timeout_msec));
     first.kill_hard();
   }
   {
