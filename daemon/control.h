@@ -144,18 +144,6 @@ struct StatusInfo {
   RemoteLatencyHistogram remote_queue_latency;  // any job: submitted until the worker took it
 };
 
-// The remote histograms' status figures (`remote_probe_*`, `remote_get_*`,
-// `remote_write_*`, `remote_queue_*`; append_latency_figures), the same keys over
-// D-Bus and HTTP.
-inline std::vector<std::pair<std::string, uint64_t>> remote_latency_figures(const StatusInfo& s) {
-  std::vector<std::pair<std::string, uint64_t>> figures;
-  append_latency_figures("remote_probe", s.remote_probe_latency, figures);
-  append_latency_figures("remote_get", s.remote_get_latency, figures);
-  append_latency_figures("remote_write", s.remote_write_latency, figures);
-  append_latency_figures("remote_queue", s.remote_queue_latency, figures);
-  return figures;
-}
-
 struct NamespaceSummary {
   NamespaceId id;
   Geometry geometry;

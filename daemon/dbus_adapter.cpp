@@ -19,9 +19,11 @@
 #include <set>
 #include <thread>
 #include <tuple>
+#include <variant>
 
 #include "daemon/clock.h"
 #include "daemon/log.h"
+#include "daemon/status_fields.h"
 #include "proto/dbus_api.h"
 #include "proto/names.h"
 
@@ -62,111 +64,12 @@ void check(Status s, const std::string& what) {
   if (s != Status::Ok) throw_status(s, what);
 }
 
+// Every status field under its key (status_fields.h), then the histograms' figures.
 Dict status_dict(const StatusInfo& s) {
-  Dict d = {
-      {"version", sdbus::Variant(s.version)},
-      {"incarnation", sdbus::Variant(s.incarnation)},
-      {"uptime_usec", sdbus::Variant(s.uptime_usec)},
-      {"socket_path", sdbus::Variant(s.socket_path)},
-      {"arena_pages", sdbus::Variant(s.arena_pages)},
-      {"arena_page_bytes", sdbus::Variant(s.arena_page_bytes)},
-      {"arena_data_bytes", sdbus::Variant(s.arena_data_bytes)},
-      {"arena_used_bytes", sdbus::Variant(s.arena_used_bytes)},
-      {"arena_free_bytes", sdbus::Variant(s.arena_free_bytes)},
-      {"arena_largest_free_bytes", sdbus::Variant(s.arena_largest_free_bytes)},
-      {"arena_low_water_bytes", sdbus::Variant(s.arena_low_water_bytes)},
-      {"reservation_bytes_max", sdbus::Variant(s.reservation_bytes_max)},
-      {"disk_enabled", sdbus::Variant(s.disk_enabled)},
-      {"disk_read_only", sdbus::Variant(s.disk_read_only)},
-      {"disk_directory", sdbus::Variant(s.disk_directory)},
-      {"disk_bytes", sdbus::Variant(s.disk_bytes)},
-      {"disk_capacity_bytes", sdbus::Variant(s.disk_capacity_bytes)},
-      {"disk_write_budget_bytes_per_day", sdbus::Variant(s.disk_write_budget_bytes_per_day)},
-      {"disk_written_today_bytes", sdbus::Variant(s.disk_written_today_bytes)},
-      {"entries", sdbus::Variant(s.entries)},
-      {"blocks", sdbus::Variant(s.blocks)},
-      {"snapshots", sdbus::Variant(s.snapshots)},
-      {"pinned", sdbus::Variant(s.pinned)},
-      {"namespaces", sdbus::Variant(s.namespaces)},
-      {"namespaces_reused", sdbus::Variant(s.namespaces_reused)},
-      {"connections", sdbus::Variant(s.connections)},
-      {"leases", sdbus::Variant(s.leases)},
-      {"reservations", sdbus::Variant(s.reservations)},
-      {"lookups", sdbus::Variant(s.lookups)},
-      {"lookup_hit_tokens", sdbus::Variant(s.lookup_hit_tokens)},
-      {"restored_tokens", sdbus::Variant(s.restored_tokens)},
-      {"reuse_root", sdbus::Variant(s.reuse_root)},
-      {"reuse_shared_stable_prefix", sdbus::Variant(s.reuse_shared_stable_prefix)},
-      {"reuse_private_turn_closure", sdbus::Variant(s.reuse_private_turn_closure)},
-      {"evictions", sdbus::Variant(s.evictions)},
-      {"evictions_for_room", sdbus::Variant(s.evictions_for_room)},
-      {"evictions_for_room_bytes", sdbus::Variant(s.evictions_for_room_bytes)},
-      {"evictions_for_low_water", sdbus::Variant(s.evictions_for_low_water)},
-      {"dedup_hits", sdbus::Variant(s.dedup_hits)},
-      {"protocol_errors", sdbus::Variant(s.protocol_errors)},
-      {"handshake_timeouts", sdbus::Variant(s.handshake_timeouts)},
-      {"connections_displaced", sdbus::Variant(s.connections_displaced)},
-      {"unsealed_quota_refusals", sdbus::Variant(s.unsealed_quota_refusals)},
-      {"reservations_expired", sdbus::Variant(s.reservations_expired)},
-      {"unsealed_connection_bytes_max", sdbus::Variant(s.unsealed_connection_bytes_max)},
-      {"unsealed_uid_bytes_max", sdbus::Variant(s.unsealed_uid_bytes_max)},
-      {"seal_corrupt", sdbus::Variant(s.seal_corrupt)},
-      {"spills", sdbus::Variant(s.spills)},
-      {"spill_bytes", sdbus::Variant(s.spill_bytes)},
-      {"restores", sdbus::Variant(s.restores)},
-      {"restore_bytes", sdbus::Variant(s.restore_bytes)},
-      {"checksum_failures", sdbus::Variant(s.checksum_failures)},
-      {"corrupt_payloads", sdbus::Variant(s.corrupt_payloads)},
-      {"corrupt_reports_refuted", sdbus::Variant(s.corrupt_reports_refuted)},
-      {"disk_io_errors", sdbus::Variant(s.disk_io_errors)},
-      {"spill_failures", sdbus::Variant(s.spill_failures)},
-      {"spill_failures_no_space", sdbus::Variant(s.spill_failures_no_space)},
-      {"spill_failures_io_error", sdbus::Variant(s.spill_failures_io_error)},
-      {"spill_failures_read_only", sdbus::Variant(s.spill_failures_read_only)},
-      {"spill_failures_damaged_header", sdbus::Variant(s.spill_failures_damaged_header)},
-      {"remote_enabled", sdbus::Variant(s.remote_enabled)},
-      {"remote_up", sdbus::Variant(s.remote_up)},
-      {"remote_cluster", sdbus::Variant(s.remote_cluster)},
-      {"remote_seeds", sdbus::Variant(s.remote_seeds)},
-      {"remote_write", sdbus::Variant(s.remote_write)},
-      {"remote_nodes_known", sdbus::Variant(s.remote_nodes_known)},
-      {"remote_nodes_up", sdbus::Variant(s.remote_nodes_up)},
-      {"remote_hits", sdbus::Variant(s.remote_hits)},
-      {"remote_hit_bytes", sdbus::Variant(s.remote_hit_bytes)},
-      {"remote_probes", sdbus::Variant(s.remote_probes)},
-      {"remote_probe_keys", sdbus::Variant(s.remote_probe_keys)},
-      {"remote_writes_present", sdbus::Variant(s.remote_writes_present)},
-      {"remote_writes_dropped", sdbus::Variant(s.remote_writes_dropped)},
-      {"remote_writes_pending", sdbus::Variant(s.remote_writes_pending)},
-      {"remote_rejected", sdbus::Variant(s.remote_rejected)},
-      {"remote_redirects", sdbus::Variant(s.remote_redirects)},
-      {"remote_read_bytes_per_second", sdbus::Variant(s.remote_read_bytes_per_second)},
-      {"remote_read_latency_usec", sdbus::Variant(s.remote_read_latency_usec)},
-      {"remote_writes", sdbus::Variant(s.remote_writes)},
-      {"remote_writes_failed", sdbus::Variant(s.remote_writes_failed)},
-      {"remote_writes_refused", sdbus::Variant(s.remote_writes_refused)},
-      {"remote_bytes_in", sdbus::Variant(s.remote_bytes_in)},
-      {"remote_bytes_out", sdbus::Variant(s.remote_bytes_out)},
-      {"remote_errors", sdbus::Variant(s.remote_errors)},
-      {"remote_corrupt", sdbus::Variant(s.remote_corrupt)},
-      {"arena_adopted", sdbus::Variant(s.arena_adopted)},
-      {"adoption_hold", sdbus::Variant(s.adoption_hold)},
-      {"adoption", sdbus::Variant(s.adoption)},
-      {"fresh_start_reason", sdbus::Variant(s.fresh_start_reason)},
-      {"adopted_entries", sdbus::Variant(s.adopted_entries)},
-      {"adopted_bytes", sdbus::Variant(s.adopted_bytes)},
-      {"adopted_reservations", sdbus::Variant(s.adopted_reservations)},
-      {"adopted_reservation_bytes", sdbus::Variant(s.adopted_reservation_bytes)},
-      {"adoption_usec", sdbus::Variant(s.adoption_usec)},
-      {"adoption_index_kept", sdbus::Variant(s.adoption_index_kept)},
-      {"adoption_dropped", sdbus::Variant(s.adoption_dropped)},
-      {"adoption_dropped_damaged", sdbus::Variant(s.adoption_dropped_damaged)},
-      {"adoption_dropped_namespace", sdbus::Variant(s.adoption_dropped_namespace)},
-      {"adoption_dropped_extent", sdbus::Variant(s.adoption_dropped_extent)},
-      {"adoption_dropped_header", sdbus::Variant(s.adoption_dropped_header)},
-      {"adoption_dropped_tail", sdbus::Variant(s.adoption_dropped_tail)},
-  };
-  for (const auto& [key, value] : remote_latency_figures(s)) d.emplace(key, sdbus::Variant(value));
+  Dict d;
+  for (const StatusField& f : status_fields())
+    std::visit([&](auto member) { d.emplace(f.key, sdbus::Variant(s.*member)); }, f.member);
+  for (const auto& [key, value] : status_histogram_figures(s)) d.emplace(key, sdbus::Variant(value));
   return d;
 }
 
@@ -444,21 +347,14 @@ void DbusAdapterImpl::register_members() {
       .onInterface(iface)
       .withParameters<uint64_t, uint64_t>("free_bytes", "low_water_bytes");
 
-  o.registerProperty("Version").onInterface(iface).withGetter(
-      [this] { return control_.status().version; });
-  const std::pair<const char*, uint64_t StatusInfo::*> figures[] = {
-      {"ArenaBytes", &StatusInfo::arena_data_bytes},
-      {"ArenaFreeBytes", &StatusInfo::arena_free_bytes},
-      {"ArenaLowWaterBytes", &StatusInfo::arena_low_water_bytes},
-      {"Entries", &StatusInfo::entries},
-      {"Pinned", &StatusInfo::pinned},
-      {"Connections", &StatusInfo::connections},
-      {"Leases", &StatusInfo::leases},
-      {"Namespaces", &StatusInfo::namespaces},
-  };
-  for (const auto& [name, field] : figures) {
-    o.registerProperty(name).onInterface(iface).withGetter(
-        [this, field = field] { return control_.status().*field; });
+  for (const StatusField& f : status_fields()) {
+    if (f.dbus_property == nullptr) continue;
+    std::visit(
+        [&](auto member) {
+          o.registerProperty(f.dbus_property).onInterface(iface).withGetter(
+              [this, member] { return control_.status().*member; });
+        },
+        f.member);
   }
   o.finishRegistration();
 }

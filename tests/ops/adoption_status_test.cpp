@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "tests/ops/ctl_runner.h"
+#include "tests/ops/http_get.h"
 #include "tests/testing/daemon_process.h"
 #include "tests/testing/engine_runner.h"
 
@@ -15,13 +16,6 @@ namespace kvpark::testing {
 namespace {
 
 constexpr int command_timeout_msec = 20'000;
-
-std::string http_get(int port, const std::string& path) {
-  httplib::Client client("127.0.0.1", port);
-  auto res = client.Get(path.c_str());
-  EXPECT_TRUE(res) << path;
-  return res ? res->body : "";
-}
 
 bool contains(const std::string& text, const std::string& needle) {
   return text.find(needle) != std::string::npos;
