@@ -8,7 +8,6 @@
 #include <span>
 #include <type_traits>
 
-#include "daemon/entry_state.h"
 #include "proto/types.h"
 
 namespace kvpark::daemon {
@@ -18,6 +17,8 @@ inline constexpr EntrySlot no_slot = UINT32_MAX;
 // No entry's id (EntryTable::entry_id: its slot is never no_slot).
 inline constexpr uint64_t no_entry_id = UINT64_MAX;
 using NamespaceIndex = uint32_t;
+// No record in the state segment (entry_state.h).
+inline constexpr uint32_t no_record = UINT32_MAX;
 
 struct NamespaceInfo {
   NamespaceId id;

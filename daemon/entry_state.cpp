@@ -5,7 +5,7 @@
 #include <cassert>
 #include <iterator>
 
-#include "daemon/entry_table.h"
+#include "daemon/entry.h"
 #include "proto/xxh3.h"
 
 namespace kvpark::daemon {

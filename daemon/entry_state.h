@@ -18,13 +18,11 @@
 #include <span>
 #include <vector>
 
+#include "daemon/entry.h"
 #include "shm/state_segment.h"
 
 namespace kvpark::daemon {
 
-struct Entry;
-struct NamespaceInfo;
-inline constexpr uint32_t no_record = UINT32_MAX;
 
 class EntryState {
  public:

@@ -20,18 +20,16 @@
 #include <utility>
 #include <vector>
 
+#include "daemon/aligned_mapping.h"  // huge_page_bytes, map_aligned_anonymous
+
 namespace kvpark::daemon {
 
-inline constexpr size_t huge_page_bytes = 2u << 20;
 inline constexpr size_t huge_allocation_bytes_min = huge_page_bytes;  // smaller: operator new
 
 // A 2 MiB-aligned mapping of `bytes` (rounded up to 2 MiB), advised MADV_HUGEPAGE:
 // from the kept memory when one is in use and has room, else anonymous; throws
 // std::bad_alloc when the kernel refuses.
 void* map_huge_pages(size_t bytes);
-// A 2 MiB-aligned anonymous mapping of `size` bytes (a multiple of 2 MiB), not yet
-// advised; nullptr when the kernel refuses.
-void* map_aligned_anonymous(size_t size);
 void unmap_huge_pages(void* p, size_t bytes);
 
 // Set on a thread while it sizes arrays over contents they already hold (adopting an

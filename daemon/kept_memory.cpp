@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-#include "daemon/huge_page_allocator.h"
+#include "daemon/aligned_mapping.h"
 #include "shm/mapping.h"
 
 #ifndef MADV_POPULATE_READ

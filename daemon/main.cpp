@@ -5,6 +5,7 @@
 
 #include "daemon/adoption.h"
 #include "daemon/clock.h"
+#include "daemon/command_line.h"
 #include "daemon/config.h"
 #include "daemon/control_plane.h"
 #include "daemon/dbus_adapter.h"
@@ -16,7 +17,6 @@
 #include "daemon/log.h"
 #include "daemon/loop_queue.h"
 #include "daemon/notify.h"
-#include "daemon/options.h"
 #include "daemon/park.h"
 #include "daemon/server.h"
 #include "daemon/startup.h"

@@ -1,4 +1,5 @@
-// kvparkd's command line: embedded defaults, overridden by flags.
+// kvparkd's options: every setting, its embedded default, and where it came from.
+// The config file (config.h) and the command line (command_line.h) set them.
 #pragma once
 
 #include <cstdint>
@@ -55,10 +56,5 @@ struct DaemonOptions {
                                                                      // from the overrides file
   std::string overrides_warning;       // why the overrides file was not applied; empty: it was
 };
-
-// Parses argv over the config file over the embedded defaults. Returns true to
-// run, or false with an exit code (0 after --help or --print-config, 2 on a bad
-// flag or config file) through ret_exit with a message already printed.
-bool parse_options(int argc, char** argv, DaemonOptions& ret_options, int& ret_exit);
 
 }  // namespace kvpark::daemon

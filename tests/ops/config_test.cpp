@@ -1,5 +1,6 @@
 // kvparkd.conf: every error names its line, flags override the file, and
 // --print-config's output reads back to the same values.
+#include "daemon/command_line.h"
 #include "daemon/config.h"
 
 #include <gtest/gtest.h>

@@ -1,5 +1,5 @@
 // kvparkd's command line: defaults and flag errors (sizes: size_test.cpp).
-#include "daemon/options.h"
+#include "daemon/command_line.h"
 
 #include <gtest/gtest.h>
 

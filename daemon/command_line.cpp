@@ -1,5 +1,5 @@
-// Flag parsing for kvparkd (see options.h).
-#include "daemon/options.h"
+// Flag parsing for kvparkd (see command_line.h).
+#include "daemon/command_line.h"
 
 #include <getopt.h>
 #include <unistd.h>
