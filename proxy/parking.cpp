@@ -8,7 +8,6 @@
 #include <cerrno>
 #include <cstring>
 
-#include "proto/limits.h"
 #include "proto/xxh3.h"
 #include "proxy/slot_file.h"
 

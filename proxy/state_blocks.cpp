@@ -10,8 +10,6 @@
 #include <cstring>
 #include <new>
 
-#include "proto/sealed_payload.h"
-#include "proto/xxh3.h"
 
 namespace kvpark::proxy {
 namespace {
@@ -105,6 +103,7 @@ bool write_slot_file_from_blocks(kvpark_plan* plan, const BlockShape& shape,
                                  const std::string& path, std::string* ret_refused,
                                  bool* ret_corrupt) {
   assert(tokens.size() >= position && position > 0);
+  *ret_corrupt = false;
   // Overwritten in place, not truncated: the file's pages stay allocated from the
   // slot's last restore (write_checked_file in parking.cpp says why).
   const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0640);

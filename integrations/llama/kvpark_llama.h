@@ -141,8 +141,13 @@ class Parker {
                           size_t n_tokens);
   Status park_whole(llama_context* ctx, llama_seq_id seq_id, const llama_token* tokens,
                     size_t n_tokens, const kvpark_publish_options& options);
-  Status park_blocks(const llama_token* tokens, size_t n_tokens,
-                     const kvpark_publish_options& options);  // the image in state_
+  // Reserves the blocks and tail, then cuts them from seq_id's image (in state_ already
+  // when image_read).
+  Status park_blocks(llama_context* ctx, llama_seq_id seq_id, const llama_token* tokens,
+                     size_t n_tokens, const kvpark_publish_options& options, bool image_read);
+  Status read_image(llama_context* ctx, llama_seq_id seq_id);  // seq_id's image into state_
+  // A model whose memory is not per token parks whole: settled before any image.
+  void settle_by_memory(llama_context* ctx);
   // Restore plan's longest prefix short of n_tokens into seq_id (empty); a refusal
   // is in *result, an error from kvparkd returned.
   Status restore_whole(llama_context* ctx, llama_seq_id seq_id, kvpark_plan* plan,

@@ -206,36 +206,42 @@ Status Parker::decide_on_prompt(llama_context* ctx, llama_seq_id seq_id,
                                 const llama_token* tokens, size_t n_tokens) {
   if (n_tokens < 3) return Status::ok;  // a restore needs a token left to decode
   if (Status s = decode_tokens(ctx, seq_id, tokens, 0, 2); s != Status::ok) return s;
-  const size_t bytes = llama_state_seq_get_size_ext(ctx, seq_id, state_flags);
-  state_.resize(bytes);
-  if (bytes == 0 ||
-      llama_state_seq_get_data_ext(ctx, state_.data(), bytes, seq_id, state_flags) != bytes) {
+  if (Status s = read_image(ctx, seq_id); s != Status::ok) {
     llama_memory_seq_rm(llama_get_memory(ctx), seq_id, -1, -1);
-    return Status::engine_error;
+    return s;
   }
   return decide(ctx, seq_id, state_, /*keep_sequence=*/false);
+}
+
+Status Parker::read_image(llama_context* ctx, llama_seq_id seq_id) {
+  const size_t bytes = llama_state_seq_get_size_ext(ctx, seq_id, state_flags);
+  if (bytes == 0) return Status::engine_error;
+  state_.resize(bytes);
+  return llama_state_seq_get_data_ext(ctx, state_.data(), bytes, seq_id, state_flags) == bytes
+             ? Status::ok
+             : Status::engine_error;
+}
+
+void Parker::settle_by_memory(llama_context* ctx) {
+  if (mode_ != Mode::undecided || !memory_keeps_a_suffix(llama_get_model(ctx))) return;
+  mode_ = Mode::whole;
+  whole_why_ = "the model's memory is not per token (iSWA window or recurrent state)";
 }
 
 Status Parker::park(llama_context* ctx, llama_seq_id seq_id, const llama_token* tokens,
                     size_t n_tokens, const kvpark_publish_options& options) {
   if (n_tokens == 0 || n_tokens > UINT32_MAX || !sequence_holds(ctx, seq_id, n_tokens))
     return Status::invalid_argument;
-  if (mode_ == Mode::undecided && memory_keeps_a_suffix(llama_get_model(ctx))) {
-    mode_ = Mode::whole;
-    whole_why_ = "the model's memory is not per token (iSWA window or recurrent state)";
-  }
-  if (mode_ == Mode::whole) return park_whole(ctx, seq_id, tokens, n_tokens, options);
-  const size_t bytes = llama_state_seq_get_size_ext(ctx, seq_id, state_flags);
-  if (bytes == 0) return Status::engine_error;
-  state_.resize(bytes);
-  if (llama_state_seq_get_data_ext(ctx, state_.data(), bytes, seq_id, state_flags) != bytes)
-    return Status::engine_error;
+  settle_by_memory(ctx);
+  bool image_read = false;
   if (mode_ == Mode::undecided) {
+    if (Status s = read_image(ctx, seq_id); s != Status::ok) return s;
     if (Status s = decide(ctx, seq_id, state_, /*keep_sequence=*/true); s != Status::ok)
       return s;
-    if (mode_ != Mode::blocks) return park_whole(ctx, seq_id, tokens, n_tokens, options);
+    image_read = true;
   }
-  return park_blocks(tokens, n_tokens, options);
+  if (mode_ != Mode::blocks) return park_whole(ctx, seq_id, tokens, n_tokens, options);
+  return park_blocks(ctx, seq_id, tokens, n_tokens, options, image_read);
 }
 
 Status Parker::park_whole(llama_context* ctx, llama_seq_id seq_id, const llama_token* tokens,
@@ -262,8 +268,17 @@ Status Parker::park_whole(llama_context* ctx, llama_seq_id seq_id, const llama_t
   return from_kvpark(kvpark_seal(reservation));
 }
 
-Status Parker::park_blocks(const llama_token* tokens, size_t n_tokens,
-                           const kvpark_publish_options& options) {
+Status Parker::park_blocks(llama_context* ctx, llama_seq_id seq_id, const llama_token* tokens,
+                           size_t n_tokens, const kvpark_publish_options& options,
+                           bool image_read) {
+  // Reserved first: a head other sequences parked is not copied out of llama.cpp again.
+  BlockReservation reservation;
+  const kvpark_status s =
+      reservation.reserve(client_, shape_, options, tokens, uint32_t(n_tokens));
+  if (s != KVPARK_OK) return from_kvpark(s);  // ALREADY_PRESENT / IN_FLIGHT: nothing to write
+  if (!image_read) {
+    if (Status read = read_image(ctx, seq_id); read != Status::ok) return read;
+  }
   StateImage parsed;
   std::string why;
   // The layout checked at decision time, holding the tokens: anything else is a
@@ -272,10 +287,6 @@ Status Parker::park_blocks(const llama_token* tokens, size_t n_tokens,
       !(placement_neutral(parsed.layout) == placement_neutral(shape_->layout)) ||
       parsed.cells != n_tokens)
     return Status::engine_error;
-  BlockReservation reservation;
-  const kvpark_status s =
-      reservation.reserve(client_, shape_, options, tokens, uint32_t(n_tokens));
-  if (s != KVPARK_OK) return from_kvpark(s);  // ALREADY_PRESENT / IN_FLIGHT: nothing to write
   return from_kvpark(reservation.fill_and_seal(parsed, state_.data()));
 }
 
@@ -283,14 +294,11 @@ Status Parker::restore(llama_context* ctx, llama_seq_id seq_id, const llama_toke
                        size_t n_tokens, uint64_t session_id, RestoreResult* ret_result) {
   llama_memory_t mem = llama_get_memory(ctx);
   llama_memory_seq_rm(mem, seq_id, -1, -1);
+  settle_by_memory(ctx);
   if (mode_ == Mode::undecided) {
-    if (memory_keeps_a_suffix(llama_get_model(ctx))) {
-      mode_ = Mode::whole;
-      whole_why_ = "the model's memory is not per token (iSWA window or recurrent state)";
-    } else if (Status s = decide_on_prompt(ctx, seq_id, tokens, n_tokens);
-               s != Status::ok && s != Status::unavailable) {
+    if (Status s = decide_on_prompt(ctx, seq_id, tokens, n_tokens);
+        s != Status::ok && s != Status::unavailable)
       return s;
-    }
     llama_memory_seq_rm(mem, seq_id, -1, -1);
   }
   RestoreResult result;
@@ -354,14 +362,15 @@ Status Parker::restore_blocks(llama_context* ctx, llama_seq_id seq_id, kvpark_pl
     tail_.resize(payload_bytes);
     const kvpark_status copied = kvpark_plan_copy_snapshot(plan, tail_.data(), payload_bytes);
     if (copied != KVPARK_OK && copied != KVPARK_CORRUPT) return from_kvpark(copied);
-    if (copied == KVPARK_OK && (payload_bytes != placed.tail_payload_bytes(tail) ||
-                                sealed_payload_check(tail_.data(), payload_bytes, state_tail_magic,
-                                                     position) != SealedPayloadCheck::ok))
-      result->refused = Status::corrupt;
-    if (copied == KVPARK_OK && result->refused == Status::ok)
+    // KVPARK_CORRUPT: libkvpark dropped it (kvparkd counts it), a miss.
+    const bool intact = copied == KVPARK_OK && payload_bytes == placed.tail_payload_bytes(tail) &&
+                        sealed_payload_check(tail_.data(), payload_bytes, state_tail_magic,
+                                             position) == SealedPayloadCheck::ok;
+    if (copied == KVPARK_OK && !intact) result->refused = Status::corrupt;
+    if (intact)
       tail_body = tail_.data() + sizeof(SealedPayloadHeader);
     else
-      position -= tail;  // KVPARK_CORRUPT: libkvpark dropped it (kvparkd counts it)
+      position -= tail;
     if (position == 0) return Status::ok;
   }
   // Every block verified as it is copied into the private image: llama.cpp gets
