@@ -210,6 +210,7 @@ bool restore_into_slot(Turn& turn, const Parked& parked) {
   uint32_t n_restored = 0;
   bool corrupt = false;
   RestoreFailure cause = RestoreFailure::slot_file;
+  route.take_spare_for_restore(turn.slot);
   const Clock::time_point started = Clock::now();
   bool ok = parked.write_slot_file(path, &why, &corrupt);
   turn.restore_file_msec = msec_since(started);
@@ -313,7 +314,7 @@ void park_saved(ProxyState& proxy, Route& route, const SavedSlot& saved,
   if (reserved != nullptr && reserved->reserved()) {
     std::string mismatch;
     if (reserved->fill_and_seal(saved.path, &mismatch, &check)) {
-      unlink(saved.path.c_str());
+      route.recycle_saved_file(saved.path);
       ++proxy.counters.publishes;
       return;
     }
@@ -326,7 +327,7 @@ void park_saved(ProxyState& proxy, Route& route, const SavedSlot& saved,
   if (check.result == SlotImageCheck::other_layout) route.slot_layout_changed(check.space);
   if (check.result == SlotImageCheck::not_split || check.result == SlotImageCheck::other_tokens)
     ++proxy.counters.slot_files_not_split;
-  unlink(saved.path.c_str());
+  route.recycle_saved_file(saved.path);
   if (ok)
     ++proxy.counters.publishes;
   else

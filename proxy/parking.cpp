@@ -10,6 +10,7 @@
 
 #include "proto/xxh3.h"
 #include "proxy/slot_file.h"
+#include "proxy/slot_file_writer.h"
 
 namespace kvpark::proxy {
 namespace {
@@ -19,80 +20,63 @@ constexpr auto reconnect_interval = std::chrono::seconds(1);
 // one silent this long (stopped, hung) is taken for gone, and requests go uncached
 // rather than queue behind it (libkvpark then fails calls at once for a while).
 constexpr uint32_t kvparkd_reply_timeout_msec = 2'000;
-// Staging buffer between arena and file: small enough that hashing it and writing it
-// out read it from the L2 cache the copy just filled.
-constexpr size_t copy_chunk_bytes = 256u << 10;
-
 // Copies the slot file out of a parked payload. Every byte comes out of the arena
 // once, through libkvpark's verified read (kvparkd's checksum, checked as it copies
-// into the staging buffer); the header and the body's own checksum are checked on
+// into a staging buffer); the header and the body's own checksum are checked on
 // that private copy: the arena is shared memory, and what is checked must be what
 // llama-server reads.
 bool write_checked_file(kvpark_plan* plan, uint64_t payload_bytes, uint32_t position,
                         const std::string& path, std::string* ret_refused, bool* ret_corrupt) {
   *ret_corrupt = false;
-  std::vector<uint8_t> staging(copy_chunk_bytes);
-  static_assert(copy_chunk_bytes >= sizeof(SealedPayloadHeader));
-  // Reads the next part into staging; false (with why) when libkvpark refuses it.
-  auto read_part = [&](uint64_t at, size_t n) {
-    const kvpark_status s = kvpark_plan_read_snapshot(plan, at, staging.data(), n);
+  // Reads the next part; false (with why) when libkvpark refuses it.
+  auto read_part = [&](uint64_t at, void* dst, size_t n) {
+    const kvpark_status s = kvpark_plan_read_snapshot(plan, at, dst, n);
     if (s == KVPARK_OK) return true;
     *ret_corrupt = s == KVPARK_CORRUPT;
     *ret_refused = *ret_corrupt ? sealed_payload_check_string(SealedPayloadCheck::bad_checksum)
                                 : kvpark_status_string(s);
     return false;
   };
-  const size_t first = size_t(std::min<uint64_t>(staging.size(), payload_bytes));
-  if (!read_part(0, first)) return false;
   SealedPayloadHeader header;
-  const SealedPayloadCheck check = sealed_payload_check_header(staging.data(), payload_bytes,
-                                                               slot_file_magic, position, &header);
+  if (payload_bytes < sizeof header) {
+    *ret_refused = sealed_payload_check_string(SealedPayloadCheck::wrong_size);
+    *ret_corrupt = true;
+    return false;
+  }
+  if (!read_part(0, &header, sizeof header)) return false;
+  const SealedPayloadCheck check =
+      sealed_payload_check_header(&header, payload_bytes, slot_file_magic, position, &header);
   if (check != SealedPayloadCheck::ok) {
     *ret_refused = sealed_payload_check_string(check);
     *ret_corrupt = true;
     return false;
   }
-  // Overwritten in place, not truncated: the file's pages (tmpfs, usually) stay
-  // allocated from the slot's last restore, and allocating them again costs more
-  // than the copy itself at a few hundred megabytes.
-  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0640);
-  if (fd < 0) {
-    *ret_refused = path + ": " + std::strerror(errno);
+  SlotFileWriter file;
+  if (!file.open(path)) {
+    *ret_refused = file.why();
     return false;
   }
   XXH3_state_t* hash = XXH3_createState();
   XXH3_64bits_reset(hash);
   bool ok = true;
-  size_t part_begin = sizeof header;  // the body's first byte in staging
-  size_t part_end = first;
-  for (uint64_t at = first;;) {
-    const size_t n = part_end - part_begin;
-    XXH3_64bits_update(hash, staging.data() + part_begin, n);
-    for (size_t done = 0; ok && done < n;) {
-      const ssize_t w = write(fd, staging.data() + part_begin + done, n - done);
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) {
-        *ret_refused = path + ": " + std::strerror(errno);
-        ok = false;
-      } else {
-        done += size_t(w);
-      }
-    }
-    if (!ok || at == payload_bytes) break;
-    part_begin = 0;
-    part_end = size_t(std::min<uint64_t>(staging.size(), payload_bytes - at));
-    ok = read_part(at, part_end);
+  for (uint64_t at = sizeof header; ok && at < payload_bytes;) {
+    size_t room = 0;
+    uint8_t* part = file.space(&room);
+    const size_t n = size_t(std::min<uint64_t>(room, payload_bytes - at));
+    ok = read_part(at, part, n);
     if (!ok) break;
-    at += part_end;
-  }
-  if (ok && ftruncate(fd, off_t(header.body_bytes)) != 0) {  // a longer last state
-    *ret_refused = path + ": " + std::strerror(errno);
-    ok = false;
+    // Hashed from the cache the copy just filled, before the writer takes it.
+    XXH3_64bits_update(hash, part, n);
+    at += n;
+    if (!file.filled(n)) {
+      *ret_refused = file.why();
+      ok = false;
+    }
   }
   const bool checksum_ok = XXH3_64bits_digest(hash) == header.body_xxh3_64;
   XXH3_freeState(hash);
-  if (close(fd) != 0 && ok) {
-    *ret_refused = path + ": " + std::strerror(errno);
+  if (!file.finish(header.body_bytes) && ok) {  // cut: a longer last state
+    *ret_refused = file.why();
     ok = false;
   }
   if (ok && !checksum_ok) {

@@ -421,17 +421,40 @@ std::string Route::namespace_hex() const {
 }
 
 std::string Route::slot_file_name(uint32_t slot_id, const char* purpose) const {
+  return file_name_prefix() + std::to_string(slot_id) + "." + purpose;
+}
+
+std::string Route::file_name_prefix() const {
   // The pid keeps two proxies sharing one slot directory apart; llama-server takes
   // plain file names only.
   std::string safe = name();
   for (char& c : safe)
     if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_') c = '_';
-  return "kvpark-" + std::to_string(getpid()) + "-" + std::to_string(index_) + "-" + safe + "-" +
-         std::to_string(slot_id) + "." + purpose;
+  return "kvpark-" + std::to_string(getpid()) + "-" + std::to_string(index_) + "-" + safe + "-";
 }
 
 std::string Route::slot_file_path(const std::string& file_name) const {
   return slot_dir_ + "/" + file_name;
+}
+
+void Route::recycle_saved_file(const std::string& path) {
+  bool wanted = false;
+  for (uint32_t slot = 0; slot < slots_.size() && !wanted; ++slot)
+    wanted = access(slot_file_path(slot_file_name(slot, "restore")).c_str(), F_OK) != 0;
+  const std::string spare = slot_file_path(file_name_prefix() + "any.spare");
+  // rename() replaces an older spare; a slot taking the spare meanwhile takes one or
+  // the other whole.
+  if (!wanted || rename(path.c_str(), spare.c_str()) != 0) {
+    unlink(path.c_str());
+    if (!wanted) unlink(spare.c_str());
+  }
+}
+
+void Route::take_spare_for_restore(uint32_t slot_id) {
+  const std::string restore = slot_file_path(slot_file_name(slot_id, "restore"));
+  if (access(restore.c_str(), F_OK) == 0) return;
+  // No spare (ENOENT) leaves the restore to create its file.
+  rename(slot_file_path(file_name_prefix() + "any.spare").c_str(), restore.c_str());
 }
 
 void Counters::observe_forward_delay(double seconds) {

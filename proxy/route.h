@@ -215,6 +215,12 @@ class Route {
   // The slot directory path of a file for slot_id ("save" or "restore").
   std::string slot_file_name(uint32_t slot_id, const char* purpose) const;
   std::string slot_file_path(const std::string& file_name) const;
+  // A saved slot file whose state is parked: kept as the spare while some slot has no
+  // restore file yet, so that slot's first restore writes over its pages (hundreds of
+  // megabytes on tmpfs) instead of allocating them afresh; removed otherwise.
+  void recycle_saved_file(const std::string& path);
+  // Before slot_id's restore: a slot with no restore file takes the spare as its own.
+  void take_spare_for_restore(uint32_t slot_id);
 
   // Token ids of prefixes (heads, turn closures) rendered through this upstream
   // under its current namespace; dropped when the namespace changes.
@@ -223,6 +229,7 @@ class Route {
  private:
   void watch();
   void verify();
+  std::string file_name_prefix() const;  // of every slot file of this route
   void set_state(UpstreamState state, const std::string& reason);
   // The slot-file round trip in `slot` (held): false with what to fix. It also learns
   // whether the slot files can be parked as blocks (state_blocks.h).

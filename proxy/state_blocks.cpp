@@ -10,13 +10,10 @@
 #include <cstring>
 #include <new>
 
+#include "proxy/slot_file_writer.h"
 
 namespace kvpark::proxy {
 namespace {
-
-// Staging between arena and file: small enough to stay in the L2 cache the verified
-// copy just filled, large enough that writes stay few.
-constexpr size_t staging_bytes = 256u << 10;
 
 bool equal(const std::vector<uint8_t>& a, std::span<const uint8_t> b) {
   return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin());
@@ -31,45 +28,6 @@ SlotImageCheck refused(std::string* ret_why, SlotImageCheck check, std::string w
   *ret_why = std::move(why);
   return check;
 }
-
-// A restore's slot file: the image passes through one staging buffer on its way to
-// the file, so each part is read from the arena into memory the file write then
-// reads from the cache.
-class FileOutput final : public llama::ImageOutput {
- public:
-  FileOutput(int fd, std::string path) : fd_(fd), path_(std::move(path)), staging_(staging_bytes) {}
-
-  uint8_t* space(size_t* ret_bytes) override {
-    *ret_bytes = staging_.size() - filled_;
-    return staging_.data() + filled_;
-  }
-  bool filled(size_t bytes) override {
-    filled_ += bytes;
-    return filled_ < staging_.size() || flush();
-  }
-  std::string why() const override { return why_; }
-
-  bool flush() {
-    for (size_t done = 0; done < filled_;) {
-      const ssize_t n = write(fd_, staging_.data() + done, filled_ - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        why_ = path_ + ": " + std::strerror(errno);
-        return false;
-      }
-      done += size_t(n);
-    }
-    filled_ = 0;
-    return true;
-  }
-
- private:
-  const int fd_;
-  const std::string path_;
-  std::vector<uint8_t> staging_;
-  size_t filled_ = 0;
-  std::string why_;
-};
 
 }  // namespace
 
@@ -104,26 +62,15 @@ bool write_slot_file_from_blocks(kvpark_plan* plan, const BlockShape& shape,
                                  bool* ret_corrupt) {
   assert(tokens.size() >= position && position > 0);
   *ret_corrupt = false;
-  // Overwritten in place, not truncated: the file's pages stay allocated from the
-  // slot's last restore (write_checked_file in parking.cpp says why).
-  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0640);
-  if (fd < 0) {
-    *ret_refused = path + ": " + std::strerror(errno);
+  SlotFileWriter file;
+  if (!file.open(path)) {
+    *ret_refused = file.why();
     return false;
   }
-  FileOutput file(fd, path);
   bool ok = llama::write_image_from_plan(plan, shape, tokens.first(position), position, nullptr,
                                          file, ret_refused, ret_corrupt);
-  if (ok && !file.flush()) {
+  if (!file.finish(llama::state_image_bytes(shape.layout, position)) && ok) {
     *ret_refused = file.why();
-    ok = false;
-  }
-  if (ok && ftruncate(fd, off_t(llama::state_image_bytes(shape.layout, position))) != 0) {
-    *ret_refused = path + ": " + std::strerror(errno);
-    ok = false;
-  }
-  if (close(fd) != 0 && ok) {
-    *ret_refused = path + ": " + std::strerror(errno);
     ok = false;
   }
   if (!ok) unlink(path.c_str());

@@ -38,9 +38,9 @@ bool learn_block_shape(std::span<const uint8_t> one, std::span<const uint8_t> tw
 
 // Writes the slot file of tokens[0, position) to path from a plan's blocks and, past
 // them, its tail snapshot (when position is not block-aligned). Every part comes out
-// of the arena once, through libkvpark's verified reads into a staging buffer, and
-// goes to the file from there. false with why; *ret_corrupt when a payload failed its
-// check (the file is removed either way).
+// of the arena once, through libkvpark's verified reads into the staging buffers of
+// a SlotFileWriter (slot_file_writer.h), and goes to the file from there. false with
+// why; *ret_corrupt when a payload failed its check (the file is removed either way).
 bool write_slot_file_from_blocks(kvpark_plan* plan, const BlockShape& shape,
                                  std::span<const int32_t> tokens, uint32_t position,
                                  const std::string& path, std::string* ret_refused,

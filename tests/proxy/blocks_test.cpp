@@ -2,9 +2,12 @@
 // many conversations share is parked once, any block-aligned prefix of a parked
 // conversation restores, a damaged block is never handed to llama-server, and an
 // upstream whose cache layout changed is checked again.
+#include <dirent.h>
 #include <rapidjson/document.h>
+#include <sys/stat.h>
 
 #include <cstring>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -27,6 +30,22 @@ size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& 
   size_t n = 0;
   while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
   return n;
+}
+
+// The slot directory's files whose names end in `suffix`, with their inode numbers.
+std::map<std::string, ino_t> files_ending(const std::string& dir, const std::string& suffix) {
+  std::map<std::string, ino_t> files;
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return files;
+  while (const dirent* e = readdir(d)) {
+    const std::string name = e->d_name;
+    struct stat st;
+    if (name != "." && name != ".." && name.ends_with(suffix) &&
+        stat((dir + "/" + name).c_str(), &st) == 0)
+      files[name] = st.st_ino;
+  }
+  closedir(d);
+  return files;
 }
 
 class ProxyBlocks : public ProxyE2E {
@@ -183,6 +202,36 @@ TEST_F(ProxyBlocks, DamagedBlocksAreRefusedAndPrefilled) {
   EXPECT_EQ(c.header_int("x-kvpark-restored-tokens"), int64_t(head)) << describe(c);
   const ChatResult direct_c = post_chat(server.url(), reference(sibling));
   EXPECT_EQ(c.content, direct_c.content);
+}
+
+// A saved slot file, once parked, is kept as the spare while a slot has no restore
+// file, and that slot's first restore writes over its pages instead of allocating a
+// file's worth afresh (docs/proxy.md, "Restore path").
+TEST_F(ProxyBlocks, ASlotsFirstRestoreWritesOverAParkedSavedFile) {
+  LlamaServerProcess& server = start_server();
+  ProxyProcess& proxy = start_block_proxy();
+  const std::string system = head_text(55);
+  const ChatResult a = post_chat(proxy.url(), chat(conversation(system, user_text(540))));
+  ASSERT_EQ(a.http.status, 200) << describe(a);
+  wait_for_publishes(proxy, 2);  // the head and the turn's closure
+  const auto spares = files_ending(slot_dir_, ".spare");
+  ASSERT_EQ(spares.size(), 1u) << "one spare, kept while no slot has a restore file; files: "
+                               << ::testing::PrintToString(files_ending(slot_dir_, ""));
+  EXPECT_EQ(files_ending(slot_dir_, ""), spares) << "a saved file left behind";
+
+  server.stop();
+  ASSERT_TRUE(server.start()) << server.log_tail();
+  const ChatRequest sibling = chat(conversation(system, user_text(541)));
+  const ChatResult b = post_chat(proxy.url(), sibling);
+  ASSERT_EQ(b.http.status, 200) << describe(b);
+  EXPECT_GT(b.header_int("x-kvpark-restored-tokens"), 1000) << describe(b);
+  const auto restores = files_ending(slot_dir_, ".restore");
+  ASSERT_EQ(restores.size(), 1u);
+  EXPECT_EQ(restores.begin()->second, spares.begin()->second)
+      << "the slot's restore file is not the spare it took";
+  const ChatResult direct = post_chat(server.url(), reference(sibling));
+  ASSERT_EQ(direct.http.status, 200) << describe(direct);
+  EXPECT_EQ(b.content, direct.content);
 }
 
 // llama-server restarted with another K cache type, the proxy not told: the first
