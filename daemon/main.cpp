@@ -3,7 +3,6 @@
 #include <cerrno>
 #include <cstring>
 
-#include "daemon/adoption.h"
 #include "daemon/clock.h"
 #include "daemon/command_line.h"
 #include "daemon/config.h"
@@ -13,11 +12,11 @@
 #include "daemon/entry_state.h"
 #include "daemon/entry_table.h"
 #include "daemon/http_adapter.h"
-#include "daemon/index_image.h"
 #include "daemon/log.h"
 #include "daemon/loop_queue.h"
 #include "daemon/notify.h"
 #include "daemon/park.h"
+#include "daemon/restart.h"
 #include "daemon/server.h"
 #include "daemon/startup.h"
 #include "proto/limits.h"
@@ -115,31 +114,10 @@ int main(int argc, char** argv) {
                      .remote = remote.get(),
                      .state = entry_state.get()},
                     table);
-  daemon::AdoptionReport adoption;
-  if (adopted) {
-    // The index the previous instance left, when it stopped cleanly and every check
-    // holds; otherwise it is rebuilt from the state records.
-    std::string image_refused;
-    if (!index_memory ||
-        !daemon::adopt_index_image(*index_memory, *entry_state, arena->data(), arena->data_bytes(),
-                                   table, adoption, image_refused)) {
-      if (!image_refused.empty()) {
-        log_info("kvparkd: the kept index is not used (%s); rebuilding it from the state records",
-                 image_refused.c_str());
-      }
-      adoption = daemon::adopt_entries(*entry_state, arena->data(), arena->data_bytes(), table);
-    }
-    log_info("kvparkd: %s", adoption.summary().c_str());
-    park.hold_adopted(adoption.previous_pids, monotonic_usec() + limits::adopted_lease_grace_usec);
-  }
-  if (index_memory && !adopted) daemon::discard_index_image(*index_memory);
+  const daemon::AdoptionReport adoption = daemon::take_over_index(
+      adopted, index_memory.get(), entry_state.get(), *arena, table, park);
   if (disk) daemon::recover_disk(park, *disk, recovery);
-  if (index_memory) {
-    if (const uint64_t unused = index_memory->release_unused(); unused > 0) {
-      log_info("kvparkd: gave back %llu MiB of kept index memory the index did not need",
-               static_cast<unsigned long long>(unused >> 20));
-    }
-  }
+  daemon::release_unused_index_memory(index_memory.get());
   park.set_low_water_bytes(options.arena_low_water_bytes);  // derived by finish_options
   daemon::Server server({.socket_path = options.socket_path,
                          .lock_fd = claim.lock_fd,
@@ -220,16 +198,7 @@ int main(int argc, char** argv) {
   dbus.reset();
   // The entry table's arrays stay for the next instance: as an index it adopts when
   // this stop was clean, or as pages it rebuilds the index in.
-  if (index_memory) {
-    std::string why_not;
-    if (entry_state && daemon::write_index_image(table, *entry_state, *index_memory, why_not)) {
-      log_info("kvparkd: left the index of %llu entries for the next instance",
-               static_cast<unsigned long long>(table.slots_in_use()));
-    } else if (!why_not.empty()) {
-      log_info("kvparkd: left no index for the next instance: %s", why_not.c_str());
-    }
-    index_memory->keep_pages();
-  }
+  daemon::leave_index(table, entry_state.get(), index_memory.get());
   log_info("kvparkd: stopped");
   return 0;
 }
