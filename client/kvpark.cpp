@@ -105,6 +105,11 @@ constexpr size_t release_frame_bytes = id_frame_bytes + sizeof(uint32_t);
 
 namespace {
 
+// A wait looks the prompt up again each time what it waited for settles; the lease
+// that gives may wait on one more step (a remote tail after the blocks), not on an
+// endless chain.
+constexpr int lookups_per_wait_max = 3;
+
 kvpark_status to_c(Status s) { return static_cast<kvpark_status>(s); }
 
 // Runs `copy` over [p, p+bytes) of the arena with its page tables filled first
@@ -539,6 +544,7 @@ kvpark_status kvpark_plan_wait(kvpark_plan* plan, uint32_t timeout_msec) try {
     wait_msec = std::min(wait_msec, (uint64_t{plan->inflight_tokens} * 1000 + rate - 1) / rate);
   }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_msec);
+  int lookups_again = 0;
   for (;;) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
@@ -555,12 +561,21 @@ kvpark_status kvpark_plan_wait(kvpark_plan* plan, uint32_t timeout_msec) try {
     wire::LookupReply reply;
     if (wire::decode(body, reply) != Status::Ok) return KVPARK_PROTOCOL_ERROR;
     if (answer == Status::Ok && plan->inflight_tokens > 0) {
-      // The engine we waited for sealed (or gave up): look the prompt up again.
+      // The engine we waited for sealed (or gave up), or the remote store's part came
+      // in: look the prompt up again.
       const std::vector<int32_t> tokens = std::move(plan->tokens);
       release_lease_one_way(plan);
       s = lookup_into(plan->client, plan->session_id, tokens.data(), tokens.size(), plan);
       if (s != Status::Ok) plan->lease_id = 0;
-      return to_c(s);
+      // The new lease may wait on more (the remote store's tail snapshot that continues
+      // the blocks just brought in): waited for too, while time is left.
+      const bool settled =
+          plan->inflight_tokens == 0 && plan->pending_tokens <= plan->restorable_tokens;
+      if (s != Status::Ok || settled || ++lookups_again >= lookups_per_wait_max ||
+          std::chrono::steady_clock::now() >= deadline) {
+        return to_c(s);
+      }
+      continue;
     }
     apply_reply(plan, reply, plan->hashes, plan->tokens.data(), plan->tokens.size());
     if (answer == Status::Ok || slice == 0 || std::chrono::steady_clock::now() >= deadline) {

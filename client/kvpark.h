@@ -175,7 +175,9 @@ kvpark_status kvpark_plan_read_block(kvpark_plan* plan, size_t index, uint64_t o
  * promotions land (equal to kvpark_plan_restorable_tokens() when none are in
  * flight). An engine may use what is ready now and prefill the rest, or wait:
  * kvpark_plan_wait() returns KVPARK_OK when every promotion settled (the plan then
- * describes the new restorable prefix), KVPARK_TIMEOUT when timeout_msec passed
+ * describes the new restorable prefix; where what it waited for settled, the plan was
+ * looked up again, and what that lookup started, such as the remote store's tail
+ * snapshot after its blocks, was waited for too), KVPARK_TIMEOUT when timeout_msec passed
  * first (the plan describes what is ready), or an error such as
  * KVPARK_UNAVAILABLE if the daemon went away. Set timeout_msec from the engine's
  * own prefill estimate so waiting never costs more than prefilling. */

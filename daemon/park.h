@@ -221,11 +221,14 @@ class Park {
   // A sealed entry the write policy sends to the remote store: written behind, pinned
   // until the write completes.
   void remote_write_behind(EntrySlot slot);
-  // After a lookup's block walk: whether the remote store should be asked for the
-  // chain past it; marks the lease pending (and in flight, so the engine may WAIT).
-  bool remote_should_probe(const Connection& c, const wire::LookupRequest& req, Lease& lease);
-  void remote_start_probe(ConnectionId id, uint64_t lease_id, const Connection& c,
-                          const wire::LookupRequest& req, const Lease& lease);
+  // After a lookup's block walk: what the remote store should be asked for, the chain
+  // past it or the snapshots that continue it; marks the lease pending (and in
+  // flight, so the engine may WAIT) unless none.
+  enum class RemoteProbe : uint8_t { none, blocks, snapshots };
+  RemoteProbe remote_should_probe(const Connection& c, const wire::LookupRequest& req,
+                                  Lease& lease);
+  void remote_start_probe(RemoteProbe probe, ConnectionId id, uint64_t lease_id,
+                          const Connection& c, const wire::LookupRequest& req, const Lease& lease);
   void finish_remote_probe(const RemoteCompletion& done);
   // Reserves, in chain order, the blocks a probe found (keys[i] with results[i]),
   // fetching each into an extent of the remote pseudo-connection, up to chain index
@@ -240,8 +243,10 @@ class Park {
   void expire_remote_probes();
   Lease* find_lease(ConnectionId id, uint64_t lease_id);
 
-  // Remote snapshots (park_remote_snapshots.cpp), snapshot-only and hybrid namespaces:
-  // a lookup reads the indexes of its anchors past the deepest snapshot here, then the
+  // Remote snapshots (park_remote_snapshots.cpp): in snapshot-only and hybrid
+  // namespaces, and the tail snapshot past an attention-only chain's last whole block
+  // once its blocks are here. A lookup reads the indexes of its anchors past the deepest
+  // snapshot (or block) here, then the
   // manifests of the deepest usable snapshots they list (and, hybrid, of the blocks up
   // to the deepest one's anchor that are not here), then restores the first whole one
   // it can anchor into an extent the remote pseudo-connection reserves.
@@ -256,7 +261,7 @@ class Park {
     NamespaceIndex ns = 0;
     uint32_t prompt_tokens = 0;
     uint32_t chunks = 0;                // whole chunks of the prompt
-    uint32_t local_depth = 0;           // the deepest snapshot the lookup found here
+    uint32_t local_depth = 0;           // the deepest snapshot (or block) the lookup found here
     std::vector<int32_t> tail_tokens;   // the prompt's tokens past its last whole chunk
     std::vector<uint32_t> anchors;      // anchor_chunks of each index asked, as asked
     std::vector<RemoteSnapshotCandidate> candidates;  // manifests asked, best first
@@ -266,7 +271,8 @@ class Park {
     uint32_t blocks_first = 0;
   };
   // The anchors (as anchor_chunks, deepest first) whose indexes a lookup should read;
-  // returns the deepest snapshot position the lease holds.
+  // returns the deepest position the lease restores (its snapshots' or, attention-only,
+  // its blocks').
   // How many of the chain's blocks from `first` on are sealed here, in a row.
   uint32_t sealed_blocks_from(NamespaceIndex ns, std::span<const Hash128> chunk_hashes,
                               uint32_t first) const;

@@ -28,7 +28,7 @@ Status Park::lookup(ConnectionId id, const wire::LookupRequest& req, wire::Looku
   lease_snapshots(id, req, block_restorable, lease);
   if (info.geometry.snapshot_required) trim_to_snapshots(lease);
   // Past the local chain: ask the remote tier, if any (park_remote.cpp).
-  const bool remote_probe = remote_should_probe(*c, req, lease);
+  const RemoteProbe remote_probe = remote_should_probe(*c, req, lease);
 
   ++counters_.lookups;
   const uint64_t now = coarse_monotonic_usec();
@@ -42,11 +42,11 @@ Status Park::lookup(ConnectionId id, const wire::LookupRequest& req, wire::Looku
       recurrence_.observe(c->ns, req.chunk_hashes, req.session_id, restorable, info.chain_tokens);
   uint64_t lease_id = 0;
   if (!lease.blocks.empty() || !lease.snapshots.empty() || !lease.inflight.empty() ||
-      remote_probe) {
+      remote_probe != RemoteProbe::none) {
     lease_id = next_lease_id_++;
     ++leases_open_;
   }
-  if (remote_probe) remote_start_probe(id, lease_id, *c, req, lease);
+  if (remote_probe != RemoteProbe::none) remote_start_probe(remote_probe, id, lease_id, *c, req, lease);
   describe_lease(table_, lease_id, lease, ret);
   count_lookup(lease, lease_id == 0, &ret);
   if (lease_id != 0) c->leases.emplace(lease_id, std::move(lease));

@@ -37,10 +37,6 @@ void Park::remote_write_behind(EntrySlot slot) {
   const Entry& e = table_.entry(slot);
   if (!table_.host_readable(e) || e.dead) return;
   const NamespaceInfo& ns = table_.namespace_info(e.ns);
-  // Snapshots are read back only where a snapshot decides what is restorable
-  // (snapshot-only and hybrid namespaces, docs/remote.md); written from an
-  // attention-only one, they would fill the store for nobody.
-  if (e.kind == EntryKind::Snapshot && !ns.geometry.snapshot_required) return;
   const bool shared = e.entry_class == EntryClass::Shared || e.evidence == Evidence::ObservedRecurrence;
   if (tier->write_policy() == RemoteWritePolicy::Shared && !shared) return;
   if (!tier->probing_useful()) return;  // down: skipped, not queued
@@ -86,33 +82,41 @@ void Park::remote_write_behind(EntrySlot slot) {
   if (!tier->put(key, h, image, slot, table_.entry_id(slot))) table_.unpin_io(slot);
 }
 
-bool Park::remote_should_probe(const Connection& c, const wire::LookupRequest& req, Lease& lease) {
+Park::RemoteProbe Park::remote_should_probe(const Connection& c, const wire::LookupRequest& req,
+                                            Lease& lease) {
   RemoteTier* tier = options_.remote;
-  if (tier == nullptr) return false;
+  if (tier == nullptr) return RemoteProbe::none;
   const NamespaceInfo& info = table_.namespace_info(c.ns);
   const uint32_t block_tokens = info.geometry.block_tokens;
+  const auto snapshots = [&] {
+    return remote_should_probe_snapshots(c, req, lease) ? RemoteProbe::snapshots : RemoteProbe::none;
+  };
   // Where a snapshot decides what is restorable, the snapshot probe asks for the
   // blocks it needs too (park_remote_snapshots.cpp).
-  if (info.geometry.snapshot_required) return remote_should_probe_snapshots(c, req, lease);
+  if (info.geometry.snapshot_required) return snapshots();
   // Single flight first: an engine already writing what follows will publish it here.
-  if (!lease.inflight.empty()) return false;
+  if (!lease.inflight.empty()) return RemoteProbe::none;
   const size_t blocks_max = std::min<size_t>((req.prompt_tokens - 1) / block_tokens, req.chunk_hashes.size());
   const size_t first = lease.blocks.size();
-  if (first >= blocks_max) return false;  // everything restorable is here
-  // A block here but not sealed (another engine writes it) or known missing a moment
-  // ago: nothing to ask.
-  if (table_.find_block(c.ns, req.chunk_hashes[first]) != no_slot) return false;
-  if (tier->missed_recently(req.chunk_hashes[first], coarse_monotonic_usec())) return false;
-  if (!tier->probing_useful()) return false;
+  // The chain is here as far as the prompt goes: a tail snapshot past its last whole
+  // block may be in the store.
+  if (first >= blocks_max) return snapshots();
+  // A block here but not sealed (another engine writes it): nothing to ask. One
+  // known missing a moment ago ends the chain: a tail snapshot may continue it.
+  if (table_.find_block(c.ns, req.chunk_hashes[first]) != no_slot) return RemoteProbe::none;
+  if (tier->missed_recently(req.chunk_hashes[first], coarse_monotonic_usec())) return snapshots();
+  if (!tier->probing_useful()) return RemoteProbe::none;
   lease.remote_pending = true;
   lease.inflight_tokens = static_cast<uint32_t>((blocks_max - first) * block_tokens);
-  return true;
+  return RemoteProbe::blocks;
 }
 
-void Park::remote_start_probe(ConnectionId id, uint64_t lease_id, const Connection& c,
-                              const wire::LookupRequest& req, const Lease& lease) {
+void Park::remote_start_probe(RemoteProbe probe, ConnectionId id, uint64_t lease_id,
+                              const Connection& c, const wire::LookupRequest& req,
+                              const Lease& lease) {
+  assert(probe != RemoteProbe::none);
+  if (probe == RemoteProbe::snapshots) return remote_start_snapshot_probe(id, lease_id, c, req, lease);
   const NamespaceInfo& info = table_.namespace_info(c.ns);
-  if (info.geometry.snapshot_required) return remote_start_snapshot_probe(id, lease_id, c, req, lease);
   const size_t blocks_max =
       std::min<size_t>((req.prompt_tokens - 1) / info.geometry.block_tokens, req.chunk_hashes.size());
   std::vector<remote::EntryKey> keys;

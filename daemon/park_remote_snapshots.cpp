@@ -1,6 +1,12 @@
 // Park's remote policy where a snapshot decides what is restorable (snapshot-only
-// namespaces, block_tokens == 0, and hybrid ones, blocks and a required snapshot):
-// which snapshots the store has for a lookup, and restoring one (docs/remote.md).
+// namespaces, block_tokens == 0, and hybrid ones, blocks and a required snapshot),
+// and for the tail snapshot past an attention-only chain's last whole block (the
+// exact position of a llama.cpp state parked as blocks): which snapshots the store
+// has for a lookup, and restoring one (docs/remote.md).
+//
+// An attention-only lookup asks only once its blocks are here as far as they go (the
+// prompt's end, or a block the store does not have either): one anchor, the chain's
+// end, for a tail that continues it.
 //
 // A snapshot is anchored at a chunk hash (the namespace id for anchor 0) and names
 // its tail tokens; the store lists each anchor's snapshots in an index (field:
@@ -49,6 +55,11 @@ const Hash128& anchor_hash(const NamespaceInfo& info, std::span<const Hash128> c
   return j == 0 ? info.id : chunk_hashes[j - 1];
 }
 
+// Blocks and a required snapshot: a snapshot restores only over the blocks under it.
+bool hybrid(const NamespaceInfo& info) {
+  return info.geometry.snapshot_required && info.geometry.block_tokens > 0;
+}
+
 }  // namespace
 
 uint32_t Park::sealed_blocks_from(NamespaceIndex ns, std::span<const Hash128> chunk_hashes,
@@ -67,14 +78,23 @@ uint32_t Park::remote_snapshot_anchors(const Connection& c, const wire::LookupRe
   const NamespaceInfo& info = table_.namespace_info(c.ns);
   uint32_t local = 0;
   for (EntrySlot slot : lease.snapshots) local = std::max(local, table_.entry(slot).position);
-  if (local + 1 >= req.prompt_tokens) return local;  // nothing deeper could be used
   const auto chunks = static_cast<uint32_t>(req.chunk_hashes.size());
+  const uint64_t now = coarse_monotonic_usec();
+  if (!info.geometry.snapshot_required) {
+    // Attention-only: a tail continuing the blocks here, unless one is here already.
+    const auto blocks = static_cast<uint32_t>(lease.blocks.size());
+    const uint32_t block_depth = blocks * info.geometry.block_tokens;
+    if (local > block_depth || block_depth + 1 >= req.prompt_tokens) return std::max(local, block_depth);
+    if (!options_.remote->missed_recently(anchor_hash(info, req.chunk_hashes, blocks), now))
+      ret_anchors.push_back(blocks);
+    return block_depth;
+  }
+  if (local + 1 >= req.prompt_tokens) return local;  // nothing deeper could be used
   // A snapshot at anchor j lies in [j * chain, (j + 1) * chain); the last anchor can
   // serve only a tail shorter than the prompt's.
   uint32_t deepest = req.tail_tokens.empty() ? chunks - 1 : chunks;
   const uint32_t shallowest = local / info.chain_tokens;
-  const uint64_t now = coarse_monotonic_usec();
-  if (info.geometry.block_tokens > 0) {
+  if (hybrid(info)) {
     // Hybrid: a snapshot past the blocks here needs the ones between from the store;
     // the block the chain stops at being a recent miss rules every deeper anchor out.
     const uint32_t here = sealed_blocks_from(c.ns, req.chunk_hashes, static_cast<uint32_t>(lease.blocks.size()));
@@ -113,7 +133,7 @@ void Park::remote_start_snapshot_probe(ConnectionId id, uint64_t lease_id, const
                         .tail_tokens = req.tail_tokens};
   p.local_depth = remote_snapshot_anchors(c, req, lease, p.anchors);
   assert(!p.anchors.empty() && "remote_should_probe_snapshots said there is something to ask");
-  if (info.geometry.block_tokens > 0) {  // hybrid
+  if (hybrid(info)) {
     // Deepest first: the first anchor asked bounds the blocks a candidate can need.
     p.chunk_hashes.assign(req.chunk_hashes.begin(), req.chunk_hashes.begin() + p.anchors[0]);
   }
@@ -191,8 +211,8 @@ void Park::finish_remote_snapshot_index(const RemoteCompletion& done) {
     end_remote_snapshot_probe(done.tag2);
     return;
   }
-  if (info.geometry.block_tokens > 0) {
-    // Hybrid: the blocks not here up to the deepest candidate's anchor, in chain order
+  if (hybrid(info)) {
+    // The blocks not here up to the deepest candidate's anchor, in chain order
     // from the first one missing (those here past it are followed, not fetched).
     uint32_t deepest = 0;
     for (const RemoteSnapshotCandidate& cand : p.candidates) deepest = std::max(deepest, cand.anchor_chunks);
@@ -211,7 +231,7 @@ void Park::finish_remote_snapshot_manifests(const RemoteCompletion& done) {
   const size_t candidates = p.candidates.size();
   assert(done.results.size() >= candidates && done.keys.size() == done.results.size());
   const NamespaceInfo& info = table_.namespace_info(p.ns);
-  const bool hybrid = info.geometry.block_tokens > 0;
+  const bool blocks_under = hybrid(info);
   // Whole ones, best first. A manifest the store lost is a miss (the store cleared its
   // index field); a damaged one was deleted.
   std::vector<bool> whole(candidates, false);
@@ -242,7 +262,7 @@ void Park::finish_remote_snapshot_manifests(const RemoteCompletion& done) {
   const std::span<const remote::EntryKey> block_keys(done.keys.begin() + candidates, done.keys.end());
   const std::span<const remote::ProbeResult> block_results(done.results.begin() + candidates,
                                                            done.results.end());
-  if (hybrid) {
+  if (blocks_under) {
     blocks_reached = p.blocks_first;
     if (!block_results.empty() && anchor_needed > p.blocks_first) {
       if (block_results[0].status == Status::Ok &&
@@ -262,7 +282,7 @@ void Park::finish_remote_snapshot_manifests(const RemoteCompletion& done) {
     end_remote_snapshot_probe(done.tag2);
     return;
   }
-  if (hybrid && p.candidates[chosen].anchor_chunks > p.blocks_first) {
+  if (blocks_under && p.candidates[chosen].anchor_chunks > p.blocks_first) {
     // The blocks under the chosen one, and no more; a full arena that stops them short
     // leaves the snapshot unanchored, not fetched.
     const uint32_t anchor = p.candidates[chosen].anchor_chunks;

@@ -53,9 +53,9 @@ size_t snapshot_manifests(const RedisProcess& redis) {
   return n;
 }
 
-// Parked as blocks (the default; the store holds the head's blocks, and B restores it
-// to its last whole block: a tail snapshot of an attention-only namespace stays on its
-// host) or as whole slot files (one shared snapshot).
+// Parked as blocks (the default; the store holds the head's whole blocks and the tail
+// snapshot past them, and B restores the head to its exact end) or as whole slot files
+// (one shared snapshot).
 class ProxyRemoteE2E : public ::testing::TestWithParam<const char*> {
  protected:
   static bool available() {
@@ -131,29 +131,33 @@ class ProxyRemoteE2E : public ::testing::TestWithParam<const char*> {
     std::vector<int32_t> rendered;
     return int64_t(head_of(b_.server->url(), system, &rendered).size());
   }
-  // What B restores of the head from the store: all of it, or its whole blocks.
-  int64_t restorable_head(const std::string& system) {
+  // What A writes behind of the head: its snapshot, or its whole blocks and the tail
+  // snapshot past them.
+  int64_t head_writes(const std::string& system) {
     const int64_t head = proxy_head_tokens(system);
-    return blocks() ? head / 64 * 64 : head;
+    return blocks() ? head / 64 + (head % 64 != 0 ? 1 : 0) : 1;
+  }
+  size_t head_snapshots(const std::string& system) {
+    return !blocks() || proxy_head_tokens(system) % 64 != 0 ? 1 : 0;
   }
 
   // A request with `system`'s head through A's proxy; returns once the store holds
   // what A wrote behind of the head (and only that: the turn is private): its
-  // snapshot, or its whole blocks.
+  // snapshot, or its whole blocks and its tail.
   ChatResult park_head_on_a(const std::string& system, uint64_t user) {
     const ChatResult a = post_chat(a_.proxy->url(), chat(conversation(system, user_text(user))));
     EXPECT_EQ(a.http.status, 200) << describe(a);
     (void)wait_until([&] { return get_proxy_status(a_.proxy->url()).publishes >= 2; },
                      publish_wait_msec_max);  // the head and the turn
-    const int64_t writes = blocks() ? proxy_head_tokens(system) / 64 : 1;
+    const int64_t writes = head_writes(system);
     EXPECT_TRUE(eventually("A wrote the head to the store", [&] {
       return daemon_status(*a_.daemon, "remote_writes") >= writes &&
-             (blocks() || snapshot_manifests(redis_) >= 1);
+             snapshot_manifests(redis_) >= head_snapshots(system);
     }));
     EXPECT_EQ(get_proxy_status(a_.proxy->url()).publishes, 2);
     EXPECT_EQ(daemon_status(*a_.daemon, "remote_writes"), writes)
         << "the private turn is not written";
-    EXPECT_EQ(snapshot_manifests(redis_), blocks() ? 0u : 1u);
+    EXPECT_EQ(snapshot_manifests(redis_), head_snapshots(system));
     return a;
   }
 
@@ -176,23 +180,22 @@ TEST_P(ProxyRemoteE2E, ASiblingOnBIsServedWithTheHeadAParkedRestoredFromTheStore
   const ChatResult b = post_chat(b_.proxy->url(), sibling);
   const int64_t prefilled = prompt_tokens_total(b_.server->url()) - before;
   ASSERT_EQ(b.http.status, 200) << describe(b);
-  const int64_t restorable = restorable_head(system);
+  // The head to its exact end: as blocks, its whole blocks and the tail snapshot that
+  // continues them, both from the store.
+  const int64_t restorable = proxy_head_tokens(system);
   const int64_t b_delta_max = b.prompt_tokens - std::min(head_tokens, restorable) + token_slack;
   EXPECT_EQ(b.http.header("x-kvpark-reuse"), "shared_stable_prefix") << describe(b);
-  EXPECT_GE(b.header_int("x-kvpark-restored-tokens"), restorable) << describe(b);
+  EXPECT_EQ(b.header_int("x-kvpark-restored-tokens"), restorable) << describe(b);
   EXPECT_GE(b.cached_tokens, std::min(head_tokens, restorable)) << describe(b);
   EXPECT_EQ(b.cached_tokens, expected_cached_tokens(b)) << describe(b);
   EXPECT_LE(b.prompt_n, b_delta_max) << describe(b);
   EXPECT_LE(prefilled, b_delta_max) << "llama-server prompt_tokens_total delta over B";
   const ProxyStatus status = get_proxy_status(b_.proxy->url());
-  // As blocks, B restores the head's whole blocks and leads the prefill of the few
-  // tokens past them, so that it parks the head itself (exact, for its siblings).
-  EXPECT_EQ(status.head_prefills, blocks() && restorable < proxy_head_tokens(system) ? 1 : 0)
-      << status.body;
+  EXPECT_EQ(status.head_prefills, 0) << status.body;
   EXPECT_EQ(status.restore_failures, 0) << status.body;
-  // It came from the store: B's kvparkd promoted the head's snapshot, or its blocks,
-  // from the remote tier, every check passed.
-  EXPECT_EQ(daemon_status(*b_.daemon, "remote_hits"), blocks() ? restorable / 64 : 1);
+  // It came from the store: B's kvparkd promoted the head's snapshot, or its blocks and
+  // tail, from the remote tier, every check passed.
+  EXPECT_EQ(daemon_status(*b_.daemon, "remote_hits"), head_writes(system));
   EXPECT_GT(daemon_status(*b_.daemon, "remote_bytes_in"), 0);
   EXPECT_EQ(daemon_status(*b_.daemon, "remote_corrupt"), 0);
   EXPECT_EQ(daemon_status(*b_.daemon, "remote_rejected"), 0);

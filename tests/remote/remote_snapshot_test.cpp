@@ -375,5 +375,64 @@ TEST_F(RemoteHybridTest, AHybridSnapshotOverABlockTheStoreLostIsNotFetched) {
   EXPECT_GE(b_->status("remote_probes"), 1u);
 }
 
+// Attention-only namespaces (blocks, no required snapshot, as llama.cpp state parked
+// as blocks by kvpark-proxy and the parker): the head's whole blocks restore on their
+// own, and the tail snapshot past the last one (40 tokens at 1000) goes to the store
+// too, so a sibling on B restores the head to its exact end.
+std::vector<std::string> attention_args(uint64_t seed, std::vector<std::string> more) {
+  std::vector<std::string> args = {"--block-tokens", "64", "--head-seed", std::to_string(seed),
+                                   "--head-tokens", std::to_string(head_tokens)};
+  args.insert(args.end(), more.begin(), more.end());
+  return args;
+}
+
+class RemoteAttentionTailTest : public RemoteSnapshotTest {
+ protected:
+  // Publishes the shared head on A (its blocks, and its tail unless blocks_only) and
+  // waits until every entry is in the store.
+  void publish_attention_on_a(uint64_t seed, bool blocks_only = false) {
+    const uint64_t before = a_->status("remote_writes");
+    std::vector<std::string> more = {"--shared"};
+    if (!blocks_only) more.insert(more.end(), {"--snapshot-bytes", std::to_string(snapshot_bytes)});
+    more.push_back("publish");
+    ASSERT_EQ(run_engine(*a_->daemon, attention_args(seed, more)).exit_code, 0);
+    const uint64_t entries = hybrid_blocks + (blocks_only ? 0 : 1);
+    ASSERT_TRUE(eventually("A wrote its blocks and tail behind", [&] {
+      return a_->status("remote_writes") >= before + entries;
+    })) << a_->daemon->log_tail();
+  }
+  // One lookup and one kvpark_plan_wait, as an engine does.
+  EngineRun verify_attention(const Host& h, uint64_t seed, uint32_t body = 100) {
+    return run_engine(*h.daemon, attention_args(seed, {"--body-tokens", std::to_string(body),
+                                                       "--session", "9", "--wait-msec", "10000",
+                                                       "verify"}));
+  }
+};
+
+TEST_F(RemoteAttentionTailTest, ATailInTheStoreRestoresTheHeadToItsExactEndInOneWait) {
+  publish_attention_on_a(21);
+  const EngineRun run = verify_attention(*b_, 21);
+  EXPECT_EQ(run.exit_code, 0) << run.output << b_->daemon->log_tail();
+  EXPECT_EQ(restored(run), head_tokens) << run.output << b_->daemon->log_tail();
+  EXPECT_EQ(b_->status("remote_hits"), hybrid_blocks + 1) << b_->daemon->log_tail();
+  EXPECT_EQ(b_->status("remote_rejected"), 0u);
+  // On B's host tier now: another sibling restores from there, asking the store nothing.
+  const uint64_t probes = b_->status("remote_probes");
+  const EngineRun again = verify_attention(*b_, 21, 300);
+  EXPECT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_EQ(restored(again), head_tokens);
+  EXPECT_EQ(b_->status("remote_hits"), hybrid_blocks + 1);
+  EXPECT_EQ(b_->status("remote_probes"), probes) << "the head is whole here";
+}
+
+TEST_F(RemoteAttentionTailTest, WithoutATailInTheStoreTheHeadsBlocksStillRestore) {
+  publish_attention_on_a(22, /*blocks_only=*/true);
+  const EngineRun run = verify_attention(*b_, 22);
+  EXPECT_EQ(run.exit_code, 0) << run.output << b_->daemon->log_tail();
+  EXPECT_EQ(restored(run), hybrid_blocks * 64) << run.output << b_->daemon->log_tail();
+  EXPECT_EQ(b_->status("remote_hits"), hybrid_blocks) << b_->daemon->log_tail();
+  EXPECT_EQ(b_->status("remote_rejected"), 0u);
+}
+
 }  // namespace
 }  // namespace kvpark::testing
