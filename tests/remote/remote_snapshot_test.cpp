@@ -286,37 +286,54 @@ TEST_F(RemoteSnapshotTest, AValueWithAnotherTailUnderTheKeyIsRefusedByTheDaemon)
 // at chunk 15 (a 40-token tail).
 constexpr uint32_t hybrid_blocks = head_tokens / 64;
 
-std::vector<std::string> hybrid_args(uint64_t seed, std::vector<std::string> more) {
-  std::vector<std::string> args = {"--block-tokens", "64", "--hybrid", "--head-seed",
-                                   std::to_string(seed), "--head-tokens", std::to_string(head_tokens)};
+// The head in a namespace of 64-token blocks: hybrid (a snapshot required) or
+// attention-only (tests below).
+std::vector<std::string> blocks_args(uint64_t seed, bool hybrid, std::vector<std::string> more) {
+  std::vector<std::string> args = {"--block-tokens", "64", "--head-seed", std::to_string(seed),
+                                   "--head-tokens", std::to_string(head_tokens)};
+  if (hybrid) args.push_back("--hybrid");
   args.insert(args.end(), more.begin(), more.end());
   return args;
 }
 
-class RemoteHybridTest : public RemoteSnapshotTest {
+class RemoteBlocksTest : public RemoteSnapshotTest {
  protected:
-  // Publishes the shared hybrid head on A (its blocks, and its snapshot unless
-  // blocks_only) and waits until every entry is in the store.
-  void publish_hybrid_on_a(uint64_t seed, bool blocks_only = false) {
+  explicit RemoteBlocksTest(bool hybrid) : hybrid_(hybrid) {}
+  // Publishes the shared head on A (its blocks, and its snapshot unless blocks_only)
+  // and waits until every entry is in the store.
+  void publish_blocks_on_a(uint64_t seed, bool blocks_only = false) {
     const uint64_t before = a_->status("remote_writes");
     std::vector<std::string> more = {"--shared"};
     if (!blocks_only) more.insert(more.end(), {"--snapshot-bytes", std::to_string(snapshot_bytes)});
     more.push_back("publish");
-    ASSERT_EQ(run_engine(*a_->daemon, hybrid_args(seed, more)).exit_code, 0);
+    ASSERT_EQ(run_engine(*a_->daemon, blocks_args(seed, hybrid_, more)).exit_code, 0);
     const uint64_t entries = hybrid_blocks + (blocks_only ? 0 : 1);
     ASSERT_TRUE(eventually("A wrote its blocks and snapshot behind", [&] {
       return a_->status("remote_writes") >= before + entries;
     })) << a_->daemon->log_tail();
   }
-  EngineRun verify_hybrid(const Host& h, uint64_t seed, uint32_t body = 100) {
-    return run_engine(*h.daemon, hybrid_args(seed, {"--body-tokens", std::to_string(body), "--session",
-                                                    "9", "--wait-msec", "10000", "verify"}));
+  // One lookup and one kvpark_plan_wait, as an engine does.
+  EngineRun verify_blocks(const Host& h, uint64_t seed, uint32_t body = 100) {
+    return run_engine(*h.daemon, blocks_args(seed, hybrid_, {"--body-tokens", std::to_string(body),
+                                                             "--session", "9", "--wait-msec",
+                                                             "10000", "verify"}));
   }
+  EngineRun publish_blocks_only_on(const Host& h, uint64_t seed) {
+    return run_engine(*h.daemon, blocks_args(seed, hybrid_, {"publish"}));
+  }
+
+ private:
+  const bool hybrid_;
+};
+
+class RemoteHybridTest : public RemoteBlocksTest {
+ protected:
+  RemoteHybridTest() : RemoteBlocksTest(/*hybrid=*/true) {}
 };
 
 TEST_F(RemoteHybridTest, AHybridHeadParkedOnAIsRestoredOnBWithItsBlocksAndSnapshotWithoutPrefill) {
-  publish_hybrid_on_a(11);
-  const EngineRun run = verify_hybrid(*b_, 11);
+  publish_blocks_on_a(11);
+  const EngineRun run = verify_blocks(*b_, 11);
   EXPECT_EQ(run.exit_code, 0) << run.output << b_->daemon->log_tail();
   EXPECT_EQ(restored(run), head_tokens) << run.output << b_->daemon->log_tail();
   // Every block under the snapshot's anchor, and the snapshot: nothing else.
@@ -324,7 +341,7 @@ TEST_F(RemoteHybridTest, AHybridHeadParkedOnAIsRestoredOnBWithItsBlocksAndSnapsh
   EXPECT_EQ(b_->status("remote_rejected"), 0u);
   EXPECT_GE(b_->status("remote_bytes_in"), snapshot_bytes);
   // On B's host tier now: another sibling restores from there.
-  const EngineRun again = verify_hybrid(*b_, 11, 300);
+  const EngineRun again = verify_blocks(*b_, 11, 300);
   EXPECT_EQ(again.exit_code, 0) << again.output;
   EXPECT_EQ(restored(again), head_tokens);
   EXPECT_EQ(b_->status("remote_hits"), hybrid_blocks + 1);
@@ -333,8 +350,8 @@ TEST_F(RemoteHybridTest, AHybridHeadParkedOnAIsRestoredOnBWithItsBlocksAndSnapsh
 // Blocks without their snapshot restore nothing: a B that fetched them would only
 // fill its arena.
 TEST_F(RemoteHybridTest, HybridBlocksWhoseSnapshotTheStoreDoesNotHaveAreNotFetched) {
-  publish_hybrid_on_a(12, /*blocks_only=*/true);
-  const EngineRun run = verify_hybrid(*b_, 12);
+  publish_blocks_on_a(12, /*blocks_only=*/true);
+  const EngineRun run = verify_blocks(*b_, 12);
   EXPECT_EQ(run.exit_code, 0) << run.output << b_->daemon->log_tail();
   EXPECT_EQ(restored(run), 0u) << run.output;
   EXPECT_EQ(b_->status("remote_hits"), 0u);
@@ -343,9 +360,9 @@ TEST_F(RemoteHybridTest, HybridBlocksWhoseSnapshotTheStoreDoesNotHaveAreNotFetch
 
 TEST_F(RemoteHybridTest, OverBlocksBHasAlreadyOnlyTheHybridSnapshotIsFetched) {
   // B's own engine parked the head's blocks (no snapshot); A parked blocks and snapshot.
-  ASSERT_EQ(run_engine(*b_->daemon, hybrid_args(13, {"publish"})).exit_code, 0);
-  publish_hybrid_on_a(13);
-  const EngineRun run = verify_hybrid(*b_, 13);
+  ASSERT_EQ(publish_blocks_only_on(*b_, 13).exit_code, 0);
+  publish_blocks_on_a(13);
+  const EngineRun run = verify_blocks(*b_, 13);
   EXPECT_EQ(run.exit_code, 0) << run.output << b_->daemon->log_tail();
   EXPECT_EQ(restored(run), head_tokens) << run.output << b_->daemon->log_tail();
   EXPECT_EQ(b_->status("remote_hits"), 1u) << b_->daemon->log_tail();
@@ -354,7 +371,7 @@ TEST_F(RemoteHybridTest, OverBlocksBHasAlreadyOnlyTheHybridSnapshotIsFetched) {
 // A snapshot over a block the store lost (evicted) cannot be anchored: B fetches
 // neither it nor the blocks before the gap, and its engine prefills.
 TEST_F(RemoteHybridTest, AHybridSnapshotOverABlockTheStoreLostIsNotFetched) {
-  publish_hybrid_on_a(14);
+  publish_blocks_on_a(14);
   // The 8th block's manifest (chain index 7), found by decoding each block manifest.
   size_t removed = 0;
   for (const auto& [node, key] : remote_keys(cluster_)) {
@@ -368,7 +385,7 @@ TEST_F(RemoteHybridTest, AHybridSnapshotOverABlockTheStoreLostIsNotFetched) {
     if (m.header.anchor_chunks == 7 && cluster_.node(node).cli({"DEL", key}) == "1\n") ++removed;
   }
   ASSERT_EQ(removed, 1u);
-  const EngineRun run = verify_hybrid(*b_, 14);
+  const EngineRun run = verify_blocks(*b_, 14);
   EXPECT_EQ(run.exit_code, 0) << run.output << b_->daemon->log_tail();
   EXPECT_EQ(restored(run), 0u) << run.output;
   EXPECT_EQ(b_->status("remote_hits"), 0u) << b_->daemon->log_tail();
@@ -379,46 +396,21 @@ TEST_F(RemoteHybridTest, AHybridSnapshotOverABlockTheStoreLostIsNotFetched) {
 // as blocks by kvpark-proxy and the parker): the head's whole blocks restore on their
 // own, and the tail snapshot past the last one (40 tokens at 1000) goes to the store
 // too, so a sibling on B restores the head to its exact end.
-std::vector<std::string> attention_args(uint64_t seed, std::vector<std::string> more) {
-  std::vector<std::string> args = {"--block-tokens", "64", "--head-seed", std::to_string(seed),
-                                   "--head-tokens", std::to_string(head_tokens)};
-  args.insert(args.end(), more.begin(), more.end());
-  return args;
-}
-
-class RemoteAttentionTailTest : public RemoteSnapshotTest {
+class RemoteAttentionTailTest : public RemoteBlocksTest {
  protected:
-  // Publishes the shared head on A (its blocks, and its tail unless blocks_only) and
-  // waits until every entry is in the store.
-  void publish_attention_on_a(uint64_t seed, bool blocks_only = false) {
-    const uint64_t before = a_->status("remote_writes");
-    std::vector<std::string> more = {"--shared"};
-    if (!blocks_only) more.insert(more.end(), {"--snapshot-bytes", std::to_string(snapshot_bytes)});
-    more.push_back("publish");
-    ASSERT_EQ(run_engine(*a_->daemon, attention_args(seed, more)).exit_code, 0);
-    const uint64_t entries = hybrid_blocks + (blocks_only ? 0 : 1);
-    ASSERT_TRUE(eventually("A wrote its blocks and tail behind", [&] {
-      return a_->status("remote_writes") >= before + entries;
-    })) << a_->daemon->log_tail();
-  }
-  // One lookup and one kvpark_plan_wait, as an engine does.
-  EngineRun verify_attention(const Host& h, uint64_t seed, uint32_t body = 100) {
-    return run_engine(*h.daemon, attention_args(seed, {"--body-tokens", std::to_string(body),
-                                                       "--session", "9", "--wait-msec", "10000",
-                                                       "verify"}));
-  }
+  RemoteAttentionTailTest() : RemoteBlocksTest(/*hybrid=*/false) {}
 };
 
 TEST_F(RemoteAttentionTailTest, ATailInTheStoreRestoresTheHeadToItsExactEndInOneWait) {
-  publish_attention_on_a(21);
-  const EngineRun run = verify_attention(*b_, 21);
+  publish_blocks_on_a(21);
+  const EngineRun run = verify_blocks(*b_, 21);
   EXPECT_EQ(run.exit_code, 0) << run.output << b_->daemon->log_tail();
   EXPECT_EQ(restored(run), head_tokens) << run.output << b_->daemon->log_tail();
   EXPECT_EQ(b_->status("remote_hits"), hybrid_blocks + 1) << b_->daemon->log_tail();
   EXPECT_EQ(b_->status("remote_rejected"), 0u);
   // On B's host tier now: another sibling restores from there, asking the store nothing.
   const uint64_t probes = b_->status("remote_probes");
-  const EngineRun again = verify_attention(*b_, 21, 300);
+  const EngineRun again = verify_blocks(*b_, 21, 300);
   EXPECT_EQ(again.exit_code, 0) << again.output;
   EXPECT_EQ(restored(again), head_tokens);
   EXPECT_EQ(b_->status("remote_hits"), hybrid_blocks + 1);
@@ -426,8 +418,8 @@ TEST_F(RemoteAttentionTailTest, ATailInTheStoreRestoresTheHeadToItsExactEndInOne
 }
 
 TEST_F(RemoteAttentionTailTest, WithoutATailInTheStoreTheHeadsBlocksStillRestore) {
-  publish_attention_on_a(22, /*blocks_only=*/true);
-  const EngineRun run = verify_attention(*b_, 22);
+  publish_blocks_on_a(22, /*blocks_only=*/true);
+  const EngineRun run = verify_blocks(*b_, 22);
   EXPECT_EQ(run.exit_code, 0) << run.output << b_->daemon->log_tail();
   EXPECT_EQ(restored(run), hybrid_blocks * 64) << run.output << b_->daemon->log_tail();
   EXPECT_EQ(b_->status("remote_hits"), hybrid_blocks) << b_->daemon->log_tail();
