@@ -26,7 +26,20 @@ Park::Park(const ParkOptions& options, EntryTable& table)
       disk_({.arena_data = options.arena_data,
              .incarnation = options.incarnation,
              .disk = options.disk},
-            table, counters_) {
+            table, counters_),
+      remote_({.arena_data = options.arena_data,
+               .incarnation = options.incarnation,
+               .remote = options.remote,
+               .reservation_bytes_max = &options_.reservation_bytes_max},
+              table, disk_, counters_,
+              {.find_lease = [this](ConnectionId id, uint64_t lease_id) { return find_lease(id, lease_id); },
+               .connection_namespace =
+                   [this](ConnectionId id, NamespaceIndex* ret_ns) {
+                     const auto c = connections_.find(id);
+                     if (c == connections_.end()) return false;
+                     *ret_ns = c->second.ns;
+                     return true;
+                   }}) {
   assert(options.arena_data != nullptr && options.reservation_bytes_max > 0);
   table_.set_host_victim_policy(&least_valuable_of_coldest);
   table_.set_host_eviction_cost(&host_eviction_value);
@@ -102,9 +115,7 @@ Status Park::hello(ConnectionId id, const wire::HelloRequest& req, wire::HelloRe
   const auto in_use = [this](NamespaceIndex ns) {
     for (const auto& [other, connection] : connections_)
       if (connection.greeted && connection.ns == ns) return true;
-    for (const auto& [lease, p] : remote_snapshot_probes_)
-      if (p.ns == ns) return true;
-    return false;
+    return remote_.names_namespace(ns);
   };
   NamespaceIndex ns = 0;
   if (Status s = table_.register_namespace(req.namespace_id, req.geometry,
@@ -387,7 +398,7 @@ Status Park::seal(ConnectionId id, const wire::ReservationRequest& req) {
     for (EntrySlot slot : r.slots) {
       if (write_through(table_.entry(slot))) (void)spill_chain(slot, 0);
     }
-    for (EntrySlot slot : r.slots) remote_write_behind(slot);
+    for (EntrySlot slot : r.slots) remote_.write_behind(slot);
     keep_low_water();  // demote now rather than at the next tick: bursts outrun ticks
   } else {
     ++counters_.seal_corrupt;
@@ -564,12 +575,24 @@ void Park::tick_at(uint64_t now_usec) {
       end_adoption_hold("the grace for leases of the previous instance passed");
     }
   }
-  expire_remote_probes();
+  remote_.expire_probes();
   expire_reservations(now_usec);
   answer_waiters(true);
   keep_low_water();
   disk_.enforce_disk_capacity();
   advance_flush();
+}
+
+Lease* Park::find_lease(ConnectionId id, uint64_t lease_id) {
+  auto c = connections_.find(id);
+  if (c == connections_.end()) return nullptr;
+  auto lease = c->second.leases.find(lease_id);
+  return lease != c->second.leases.end() ? &lease->second : nullptr;
+}
+
+void Park::on_remote_completions() {
+  remote_.take_completions();
+  answer_waiters(false);
 }
 
 void Park::on_disk_completions() {

@@ -10,8 +10,9 @@
 // Park keeps the verbs and the leases (park.cpp; LOOKUP's steps and WAIT in
 // park_lookup.cpp) and delegates the rest, each to its own part: single flight and
 // WAIT (single_flight.h), recurrence hints (recurrence.h), the value model and host
-// eviction (value_model.h, eviction_policy.h), and the disk tier's traffic
-// (disk_mover.h), which asks the tiering policy (tiering_policy.h) what to move.
+// eviction (value_model.h, eviction_policy.h), the disk tier's traffic
+// (disk_mover.h), which asks the tiering policy (tiering_policy.h) what to move, and
+// the remote tier's (remote_mover.h).
 #pragma once
 
 #include <cstdint>
@@ -26,6 +27,7 @@
 #include "daemon/entry_table.h"
 #include "daemon/lease.h"
 #include "daemon/recurrence.h"
+#include "daemon/remote_mover.h"
 #include "daemon/single_flight.h"
 #include "daemon/tiering_policy.h"
 #include "daemon/value_model.h"
@@ -33,15 +35,9 @@
 #include "proto/wire.h"
 #include "shm/arena_format.h"
 
-namespace kvpark::remote {
-struct EntryKey;
-struct ProbeResult;
-}  // namespace kvpark::remote
-
 namespace kvpark::daemon {
 
 class RemoteTier;
-struct RemoteCompletion;
 
 struct ParkOptions {
   uint8_t* arena_data = nullptr;  // the daemon's mapping of the data region
@@ -55,7 +51,7 @@ struct ParkOptions {
   uint64_t unsealed_uid_bytes_max = 0;
   size_t connections_max = 0;
   DiskTier* disk = nullptr;            // null: host tier only
-  RemoteTier* remote = nullptr;        // null: no remote tier (park_remote.cpp)
+  RemoteTier* remote = nullptr;        // null: no remote tier (remote_mover.h)
   EntryState* state = nullptr;         // null: no state segment (nothing to adopt later)
 };
 
@@ -130,8 +126,8 @@ class Park {
   const FlushState& flush_state() const { return disk_.flush_state(); }
   bool disk_idle() const { return disk_.idle(); }
 
-  // Remote tier (park_remote.cpp; no-ops without one).
-  RemoteTier* remote() const { return options_.remote; }
+  // Remote tier (remote_mover.h; no-ops without one).
+  RemoteTier* remote() const { return remote_.tier(); }
   void on_remote_completions();  // the remote tier's notify fd is readable
 
   const Counters& counters() const { return counters_; }
@@ -217,75 +213,7 @@ class Park {
   void advance_flush() { disk_.advance_flush(); }
   static bool write_through(const Entry& e) { return TieringPolicy::write_through(e); }
 
-  // Remote (park_remote.cpp).
-  // A sealed entry the write policy sends to the remote store: written behind, pinned
-  // until the write completes.
-  void remote_write_behind(EntrySlot slot);
-  // After a lookup's block walk: what the remote store should be asked for, the chain
-  // past it or the snapshots that continue it; marks the lease pending (and in
-  // flight, so the engine may WAIT) unless none.
-  enum class RemoteProbe : uint8_t { none, blocks, snapshots };
-  RemoteProbe remote_should_probe(const Connection& c, const wire::LookupRequest& req,
-                                  Lease& lease);
-  void remote_start_probe(RemoteProbe probe, ConnectionId id, uint64_t lease_id,
-                          const Connection& c, const wire::LookupRequest& req, const Lease& lease);
-  void finish_remote_probe(const RemoteCompletion& done);
-  // Reserves, in chain order, the blocks a probe found (keys[i] with results[i]),
-  // fetching each into an extent of the remote pseudo-connection, up to chain index
-  // `limit` (exclusive); a block here already is followed. Returns the chain index
-  // reached: blocks [0, reached) of the chain are here, sealed or in flight. Stops at
-  // the first miss, foreign value or full arena. Without `fetch`, only says how far
-  // the chain would reach.
-  uint32_t promote_remote_blocks(NamespaceIndex ns, std::span<const remote::EntryKey> keys,
-                                 std::span<const remote::ProbeResult> results, uint32_t limit,
-                                 bool fetch, Lease* lease);
-  void finish_remote_get(const RemoteCompletion& done);
-  void expire_remote_probes();
   Lease* find_lease(ConnectionId id, uint64_t lease_id);
-
-  // Remote snapshots (park_remote_snapshots.cpp): in snapshot-only and hybrid
-  // namespaces, and the tail snapshot past an attention-only chain's last whole block
-  // once its blocks are here. A lookup reads the indexes of its anchors past the deepest
-  // snapshot (or block) here, then the
-  // manifests of the deepest usable snapshots they list (and, hybrid, of the blocks up
-  // to the deepest one's anchor that are not here), then restores the first whole one
-  // it can anchor into an extent the remote pseudo-connection reserves.
-  struct RemoteSnapshotCandidate {
-    Hash128 anchor;
-    uint32_t anchor_chunks = 0;
-    uint32_t position = 0;
-    std::vector<int32_t> tail_tokens;  // from the index
-  };
-  struct RemoteSnapshotProbe {
-    ConnectionId connection = 0;
-    NamespaceIndex ns = 0;
-    uint32_t prompt_tokens = 0;
-    uint32_t chunks = 0;                // whole chunks of the prompt
-    uint32_t local_depth = 0;           // the deepest snapshot (or block) the lookup found here
-    std::vector<int32_t> tail_tokens;   // the prompt's tokens past its last whole chunk
-    std::vector<uint32_t> anchors;      // anchor_chunks of each index asked, as asked
-    std::vector<RemoteSnapshotCandidate> candidates;  // manifests asked, best first
-    // Hybrid namespaces: the prompt's chunk hashes up to the deepest anchor asked, and
-    // the chain index of the first block whose manifest was asked after the candidates'.
-    std::vector<Hash128> chunk_hashes;
-    uint32_t blocks_first = 0;
-  };
-  // The anchors (as anchor_chunks, deepest first) whose indexes a lookup should read;
-  // returns the deepest position the lease restores (its snapshots' or, attention-only,
-  // its blocks').
-  // How many of the chain's blocks from `first` on are sealed here, in a row.
-  uint32_t sealed_blocks_from(NamespaceIndex ns, std::span<const Hash128> chunk_hashes,
-                              uint32_t first) const;
-  uint32_t remote_snapshot_anchors(const Connection& c, const wire::LookupRequest& req,
-                                   const Lease& lease, std::vector<uint32_t>& ret_anchors);
-  bool remote_should_probe_snapshots(const Connection& c, const wire::LookupRequest& req,
-                                     Lease& lease);
-  void remote_start_snapshot_probe(ConnectionId id, uint64_t lease_id, const Connection& c,
-                                   const wire::LookupRequest& req, const Lease& lease);
-  void finish_remote_snapshot_index(const RemoteCompletion& done);
-  void finish_remote_snapshot_manifests(const RemoteCompletion& done);
-  // The probe of lease_id is over: its lease (if any) stops waiting for it.
-  void end_remote_snapshot_probe(uint64_t lease_id);
 
   void end_adoption_hold(const char* why);
 
@@ -308,9 +236,8 @@ class Park {
   SingleFlight single_flight_{table_};
   Recurrence recurrence_{table_};
   DiskMover disk_;
+  RemoteMover remote_;
   ReplySink reply_sink_;
-  // Remote snapshot probes out, by lease id (one per lease at most).
-  std::unordered_map<uint64_t, RemoteSnapshotProbe> remote_snapshot_probes_;
 };
 
 }  // namespace kvpark::daemon

@@ -27,8 +27,8 @@ Status Park::lookup(ConnectionId id, const wire::LookupRequest& req, wire::Looku
   single_flight_.note_inflight_blocks(id, req, info.geometry.block_tokens, lease);
   lease_snapshots(id, req, block_restorable, lease);
   if (info.geometry.snapshot_required) trim_to_snapshots(lease);
-  // Past the local chain: ask the remote tier, if any (park_remote.cpp).
-  const RemoteProbe remote_probe = remote_should_probe(*c, req, lease);
+  // Past the local chain: ask the remote tier, if any (remote_mover.h).
+  const RemoteMover::Probe remote_probe = remote_.should_probe(c->ns, req, lease);
 
   ++counters_.lookups;
   const uint64_t now = coarse_monotonic_usec();
@@ -42,11 +42,12 @@ Status Park::lookup(ConnectionId id, const wire::LookupRequest& req, wire::Looku
       recurrence_.observe(c->ns, req.chunk_hashes, req.session_id, restorable, info.chain_tokens);
   uint64_t lease_id = 0;
   if (!lease.blocks.empty() || !lease.snapshots.empty() || !lease.inflight.empty() ||
-      remote_probe != RemoteProbe::none) {
+      remote_probe != RemoteMover::Probe::none) {
     lease_id = next_lease_id_++;
     ++leases_open_;
   }
-  if (remote_probe != RemoteProbe::none) remote_start_probe(remote_probe, id, lease_id, *c, req, lease);
+  if (remote_probe != RemoteMover::Probe::none)
+    remote_.start_probe(remote_probe, id, lease_id, c->ns, req, lease);
   describe_lease(table_, lease_id, lease, ret);
   count_lookup(lease, lease_id == 0, &ret);
   if (lease_id != 0) c->leases.emplace(lease_id, std::move(lease));

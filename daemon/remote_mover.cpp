@@ -1,7 +1,7 @@
-// Park's remote policy: write-behind of sealed entries, the existence check of a
-// lookup's missing chain, and promotion of what the store has into the arena
-// (remote -> host, then to disk by the disk policy). See docs/remote.md. The
-// lookup side of snapshot-only namespaces is park_remote_snapshots.cpp.
+// The remote tier's traffic (remote_mover.h): write-behind of sealed entries, the
+// existence check of a lookup's missing chain, and promotion of what the store has
+// into the arena (remote -> host, then to disk by the disk policy). See
+// docs/remote.md. The lookup side of snapshots is remote_mover_snapshots.cpp.
 //
 // A promotion reserves each found block in the arena for the remote pseudo-connection
 // (remote_connection_id): lookups of other engines see it in flight (single flight),
@@ -11,13 +11,15 @@
 // A failure erases the reservation: a miss, never a wrong byte served.
 #include <cassert>
 #include <cstring>
+#include <utility>
 
 #include "daemon/clock.h"
 #include "daemon/disk_tier.h"
 #include "daemon/entry_header.h"
 #include "daemon/log.h"
-#include "daemon/park.h"
+#include "daemon/remote_mover.h"
 #include "daemon/remote_tier.h"
+#include "daemon/value_model.h"
 #include "remote/record_layout.h"
 #include "remote/remote_limits.h"
 #include "shm/arena_guard.h"
@@ -31,8 +33,31 @@ remote::EntryKey block_key(const NamespaceInfo& ns, const Hash128& hash) {
 
 }  // namespace
 
-void Park::remote_write_behind(EntrySlot slot) {
-  RemoteTier* tier = options_.remote;
+RemoteMover::RemoteMover(const RemoteMoverOptions& options, EntryTable& table, DiskMover& disk,
+                         Counters& counters, RemoteLeases leases)
+    : arena_data_(options.arena_data),
+      incarnation_(options.incarnation),
+      remote_(options.remote),
+      reservation_bytes_max_(*options.reservation_bytes_max),
+      table_(table),
+      disk_(disk),
+      counters_(counters),
+      leases_(std::move(leases)) {}
+
+bool RemoteMover::names_namespace(NamespaceIndex ns) const {
+  for (const auto& [lease, p] : snapshot_probes_)
+    if (p.ns == ns) return true;
+  return false;
+}
+
+shm::EntryHeader RemoteMover::header_for(const Entry& e, uint32_t token_count,
+                                         uint64_t payload_bytes) const {
+  return make_entry_header(e, table_.namespace_info(e.ns), token_count, payload_bytes,
+                           incarnation_);
+}
+
+void RemoteMover::write_behind(EntrySlot slot) {
+  RemoteTier* tier = remote_;
   if (tier == nullptr || tier->write_policy() == RemoteWritePolicy::Off) return;
   const Entry& e = table_.entry(slot);
   if (!table_.host_readable(e) || e.dead) return;
@@ -41,7 +66,7 @@ void Park::remote_write_behind(EntrySlot slot) {
   if (tier->write_policy() == RemoteWritePolicy::Shared && !shared) return;
   if (!tier->probing_useful()) return;  // down: skipped, not queued
   const bool snapshot = e.kind == EntryKind::Snapshot;
-  const uint8_t* extent = options_.arena_data + e.extent_offset;
+  const uint8_t* extent = arena_data_ + e.extent_offset;
   remote::EntryKey key = block_key(ns, e.key_hash);
   uint32_t token_count = ns.geometry.block_tokens;
   uint64_t payload_bytes = ns.geometry.block_payload_bytes;
@@ -82,20 +107,20 @@ void Park::remote_write_behind(EntrySlot slot) {
   if (!tier->put(key, h, image, slot, table_.entry_id(slot))) table_.unpin_io(slot);
 }
 
-Park::RemoteProbe Park::remote_should_probe(const Connection& c, const wire::LookupRequest& req,
+RemoteMover::Probe RemoteMover::should_probe(NamespaceIndex ns, const wire::LookupRequest& req,
                                             Lease& lease) {
-  RemoteTier* tier = options_.remote;
-  if (tier == nullptr) return RemoteProbe::none;
-  const NamespaceInfo& info = table_.namespace_info(c.ns);
+  RemoteTier* tier = remote_;
+  if (tier == nullptr) return Probe::none;
+  const NamespaceInfo& info = table_.namespace_info(ns);
   const uint32_t block_tokens = info.geometry.block_tokens;
   const auto snapshots = [&] {
-    return remote_should_probe_snapshots(c, req, lease) ? RemoteProbe::snapshots : RemoteProbe::none;
+    return should_probe_snapshots(ns, req, lease) ? Probe::snapshots : Probe::none;
   };
   // Where a snapshot decides what is restorable, the snapshot probe asks for the
-  // blocks it needs too (park_remote_snapshots.cpp).
+  // blocks it needs too (remote_mover_snapshots.cpp).
   if (info.geometry.snapshot_required) return snapshots();
   // Single flight first: an engine already writing what follows will publish it here.
-  if (!lease.inflight.empty()) return RemoteProbe::none;
+  if (!lease.inflight.empty()) return Probe::none;
   const size_t blocks_max = std::min<size_t>((req.prompt_tokens - 1) / block_tokens, req.chunk_hashes.size());
   const size_t first = lease.blocks.size();
   // The chain is here as far as the prompt goes: a tail snapshot past its last whole
@@ -103,51 +128,47 @@ Park::RemoteProbe Park::remote_should_probe(const Connection& c, const wire::Loo
   if (first >= blocks_max) return snapshots();
   // A block here but not sealed (another engine writes it): nothing to ask. One
   // known missing a moment ago ends the chain: a tail snapshot may continue it.
-  if (table_.find_block(c.ns, req.chunk_hashes[first]) != no_slot) return RemoteProbe::none;
+  if (table_.find_block(ns, req.chunk_hashes[first]) != no_slot) return Probe::none;
   if (tier->missed_recently(req.chunk_hashes[first], coarse_monotonic_usec())) return snapshots();
-  if (!tier->probing_useful()) return RemoteProbe::none;
+  if (!tier->probing_useful()) return Probe::none;
   lease.remote_pending = true;
   lease.inflight_tokens = static_cast<uint32_t>((blocks_max - first) * block_tokens);
-  return RemoteProbe::blocks;
+  return Probe::blocks;
 }
 
-void Park::remote_start_probe(RemoteProbe probe, ConnectionId id, uint64_t lease_id,
-                              const Connection& c, const wire::LookupRequest& req,
+void RemoteMover::start_probe(Probe probe, ConnectionId id, uint64_t lease_id,
+                              NamespaceIndex ns, const wire::LookupRequest& req,
                               const Lease& lease) {
-  assert(probe != RemoteProbe::none);
-  if (probe == RemoteProbe::snapshots) return remote_start_snapshot_probe(id, lease_id, c, req, lease);
-  const NamespaceInfo& info = table_.namespace_info(c.ns);
+  assert(probe != Probe::none);
+  if (probe == Probe::snapshots) return start_snapshot_probe(id, lease_id, ns, req, lease);
+  const NamespaceInfo& info = table_.namespace_info(ns);
   const size_t blocks_max =
       std::min<size_t>((req.prompt_tokens - 1) / info.geometry.block_tokens, req.chunk_hashes.size());
   std::vector<remote::EntryKey> keys;
   const size_t last = std::min(blocks_max, lease.blocks.size() + remote::probe_keys_max);
   for (size_t i = lease.blocks.size(); i < last; ++i) keys.push_back(block_key(info, req.chunk_hashes[i]));
-  options_.remote->note_probe(id, lease_id, monotonic_usec());
-  options_.remote->probe(std::move(keys), id, lease_id);
+  remote_->note_probe(id, lease_id, monotonic_usec());
+  remote_->probe(std::move(keys), id, lease_id);
 }
 
-Lease* Park::find_lease(ConnectionId id, uint64_t lease_id) {
-  auto c = connections_.find(id);
-  if (c == connections_.end()) return nullptr;
-  auto lease = c->second.leases.find(lease_id);
-  return lease != c->second.leases.end() ? &lease->second : nullptr;
+Lease* RemoteMover::find_lease(ConnectionId id, uint64_t lease_id) {
+  return leases_.find_lease(id, lease_id);
 }
 
-void Park::expire_remote_probes() {
-  RemoteTier* tier = options_.remote;
+void RemoteMover::expire_probes() {
+  RemoteTier* tier = remote_;
   if (tier == nullptr) return;
   std::vector<std::pair<uint64_t, uint64_t>> expired;
   tier->take_expired_probes(monotonic_usec(), expired);
   for (const auto& [connection, lease_id] : expired) {
-    auto c = connections_.find(static_cast<ConnectionId>(connection));
-    if (c == connections_.end()) continue;
-    auto lease = c->second.leases.find(lease_id);
-    if (lease != c->second.leases.end()) lease->second.remote_pending = false;  // over budget: a miss
+    // Over budget: a miss.
+    if (Lease* lease = find_lease(static_cast<ConnectionId>(connection), lease_id))
+      lease->remote_pending = false;
   }
 }
 
-void Park::on_remote_completions() {
-  RemoteTier* tier = options_.remote;
+void RemoteMover::take_completions() {
+  RemoteTier* tier = remote_;
   if (tier == nullptr) return;
   std::vector<RemoteCompletion> done;
   tier->take_completions(done);
@@ -162,33 +183,32 @@ void Park::on_remote_completions() {
       case RemoteJobKind::Probe:
         // Lease ids are never reused: a lease with a snapshot probe out asked for
         // these manifests (snapshots, and in hybrid namespaces blocks too).
-        if (remote_snapshot_probes_.contains(d.tag2)) {
-          finish_remote_snapshot_manifests(d);
+        if (snapshot_probes_.contains(d.tag2)) {
+          finish_snapshot_manifests(d);
         } else {
-          finish_remote_probe(d);
+          finish_probe(d);
         }
         break;
-      case RemoteJobKind::Index: finish_remote_snapshot_index(d); break;
-      case RemoteJobKind::Get: finish_remote_get(d); break;
+      case RemoteJobKind::Index: finish_snapshot_index(d); break;
+      case RemoteJobKind::Get: finish_get(d); break;
       case RemoteJobKind::Remove:
       case RemoteJobKind::Refresh: break;
     }
   }
-  answer_waiters(false);
 }
 
-void Park::finish_remote_probe(const RemoteCompletion& done) {
-  auto c = connections_.find(static_cast<ConnectionId>(done.tag));
-  if (c == connections_.end() || done.results.empty()) return;
+void RemoteMover::finish_probe(const RemoteCompletion& done) {
+  NamespaceIndex ns = 0;
+  const auto connection = static_cast<ConnectionId>(done.tag);
+  if (!leases_.connection_namespace(connection, &ns) || done.results.empty()) return;
   // The lease may be gone (an engine that did not wait): what the store has is still
   // brought in for the next lookup of this chain, but no lease waits for it.
-  auto it = c->second.leases.find(done.tag2);
-  Lease* lease = it != c->second.leases.end() ? &it->second : nullptr;
+  Lease* lease = find_lease(connection, done.tag2);
   if (lease != nullptr) lease->remote_pending = false;
-  (void)promote_remote_blocks(c->second.ns, done.keys, done.results, UINT32_MAX, true, lease);
+  (void)promote_blocks(ns, done.keys, done.results, UINT32_MAX, true, lease);
 }
 
-uint32_t Park::promote_remote_blocks(NamespaceIndex ns, std::span<const remote::EntryKey> keys,
+uint32_t RemoteMover::promote_blocks(NamespaceIndex ns, std::span<const remote::EntryKey> keys,
                                      std::span<const remote::ProbeResult> results, uint32_t limit,
                                      bool fetch, Lease* lease) {
   assert(keys.size() == results.size());
@@ -200,7 +220,7 @@ uint32_t Park::promote_remote_blocks(NamespaceIndex ns, std::span<const remote::
   if (results[0].status != Status::Ok) {
     const remote::ProbeResult& r = results[0];
     if (r.status == Status::NotFound || r.status == Status::Corrupt) {
-      options_.remote->note_missed(keys[0].key_hash, coarse_monotonic_usec());
+      remote_->note_missed(keys[0].key_hash, coarse_monotonic_usec());
     }
     return 0;
   }
@@ -222,7 +242,7 @@ uint32_t Park::promote_remote_blocks(NamespaceIndex ns, std::span<const remote::
     const Hash128 hash = keys[i].key_hash;
     if (r.status != Status::Ok) {
       if (r.status == Status::NotFound || r.status == Status::Corrupt) {
-        options_.remote->note_missed(hash, coarse_monotonic_usec());
+        remote_->note_missed(hash, coarse_monotonic_usec());
       }
       break;
     }
@@ -241,7 +261,7 @@ uint32_t Park::promote_remote_blocks(NamespaceIndex ns, std::span<const remote::
     // Load versus recompute, by the store's measured bandwidth and the engine's rate.
     const double rate = info.prefill_tokens_per_second != 0 ? info.prefill_tokens_per_second
                                                              : prefill_tokens_per_second_default;
-    if (!options_.remote->load_beats_recompute(r.manifest.image_bytes(), block_tokens / rate)) {
+    if (!remote_->load_beats_recompute(r.manifest.image_bytes(), block_tokens / rate)) {
       ++counters_.recompute_instead;
       break;
     }
@@ -270,8 +290,8 @@ uint32_t Park::promote_remote_blocks(NamespaceIndex ns, std::span<const remote::
                      .reserved_by = remote_connection_id};
     if (table_.insert_reserved(n, slot) != Status::Ok) break;  // no room: the rest is prefilled
     const Entry& e = table_.entry(slot);
-    const shm::EntryHeader header = make_entry_header(e, block_tokens, h.payload_bytes);
-    uint8_t* extent = options_.arena_data + e.extent_offset;
+    const shm::EntryHeader header = header_for(e, block_tokens, h.payload_bytes);
+    uint8_t* extent = arena_data_ + e.extent_offset;
     if (!shm::guarded_copy(extent, &header, sizeof header)) {
       log_arena_fault(e.extent_offset);
       table_.erase(slot);
@@ -288,11 +308,11 @@ uint32_t Park::promote_remote_blocks(NamespaceIndex ns, std::span<const remote::
     if (lease != nullptr) lease->inflight.emplace_back(slot, table_.entry_id(slot));
     parent = hash;
   }
-  if (!gets.empty()) options_.remote->get_all(std::move(gets));
+  if (!gets.empty()) remote_->get_all(std::move(gets));
   return index;
 }
 
-void Park::finish_remote_get(const RemoteCompletion& done) {
+void RemoteMover::finish_get(const RemoteCompletion& done) {
   const auto slot = static_cast<EntrySlot>(done.tag);
   assert(table_.entry_id(slot) == done.tag2 && "pinned entries keep their slot");
   table_.unpin_io(slot);
@@ -305,7 +325,7 @@ void Park::finish_remote_get(const RemoteCompletion& done) {
     std::vector<int32_t> tail(e.tail_tokens.size());
     good = tail.empty() ||
            (shm::guarded_copy(tail.data(),
-                              options_.arena_data + e.extent_offset + limits::entry_header_bytes,
+                              arena_data_ + e.extent_offset + limits::entry_header_bytes,
                               tail.size() * sizeof(int32_t)) &&
             std::equal(tail.begin(), tail.end(), e.tail_tokens.begin(), e.tail_tokens.end()));
     if (!good) {
@@ -316,7 +336,7 @@ void Park::finish_remote_get(const RemoteCompletion& done) {
     // The tokens are the ones the key names: h = XXH3-128(parent || tokens).
     const NamespaceInfo& info = table_.namespace_info(e.ns);
     std::vector<int32_t> tokens(info.geometry.block_tokens);
-    good = shm::guarded_copy(tokens.data(), options_.arena_data + e.extent_offset + limits::entry_header_bytes,
+    good = shm::guarded_copy(tokens.data(), arena_data_ + e.extent_offset + limits::entry_header_bytes,
                              tokens.size() * sizeof(int32_t)) &&
            remote::block_chain_hash(e.parent_hash, tokens) == e.key_hash;
     if (!good) {
@@ -332,7 +352,7 @@ void Park::finish_remote_get(const RemoteCompletion& done) {
   ++counters_.remote_promotions;
   counters_.remote_promotion_bytes += e.extent_bytes;
   // On to disk by the disk policy, as if published here.
-  if (write_through(table_.entry(slot))) (void)spill_chain(slot, 0);
+  if (TieringPolicy::write_through(table_.entry(slot))) (void)disk_.spill_chain(slot, 0);
 }
 
 }  // namespace kvpark::daemon

@@ -1,4 +1,4 @@
-// Park's remote policy where a snapshot decides what is restorable (snapshot-only
+// The remote tier's traffic (remote_mover.h) where a snapshot decides what is restorable (snapshot-only
 // namespaces, block_tokens == 0, and hybrid ones, blocks and a required snapshot),
 // and for the tail snapshot past an attention-only chain's last whole block (the
 // exact position of a llama.cpp state parked as blocks): which snapshots the store
@@ -36,7 +36,7 @@
 
 #include "daemon/clock.h"
 #include "daemon/entry_header.h"
-#include "daemon/park.h"
+#include "daemon/remote_mover.h"
 #include "daemon/remote_tier.h"
 #include "daemon/value_model.h"
 #include "remote/record_layout.h"
@@ -62,7 +62,7 @@ bool hybrid(const NamespaceInfo& info) {
 
 }  // namespace
 
-uint32_t Park::sealed_blocks_from(NamespaceIndex ns, std::span<const Hash128> chunk_hashes,
+uint32_t RemoteMover::sealed_blocks_from(NamespaceIndex ns, std::span<const Hash128> chunk_hashes,
                                   uint32_t first) const {
   uint32_t i = first;
   for (; i < chunk_hashes.size(); ++i) {
@@ -72,10 +72,10 @@ uint32_t Park::sealed_blocks_from(NamespaceIndex ns, std::span<const Hash128> ch
   return i;
 }
 
-uint32_t Park::remote_snapshot_anchors(const Connection& c, const wire::LookupRequest& req,
+uint32_t RemoteMover::snapshot_anchors(NamespaceIndex ns, const wire::LookupRequest& req,
                                        const Lease& lease, std::vector<uint32_t>& ret_anchors) {
   ret_anchors.clear();
-  const NamespaceInfo& info = table_.namespace_info(c.ns);
+  const NamespaceInfo& info = table_.namespace_info(ns);
   uint32_t local = 0;
   for (EntrySlot slot : lease.snapshots) local = std::max(local, table_.entry(slot).position);
   const auto chunks = static_cast<uint32_t>(req.chunk_hashes.size());
@@ -85,7 +85,7 @@ uint32_t Park::remote_snapshot_anchors(const Connection& c, const wire::LookupRe
     const auto blocks = static_cast<uint32_t>(lease.blocks.size());
     const uint32_t block_depth = blocks * info.geometry.block_tokens;
     if (local > block_depth || block_depth + 1 >= req.prompt_tokens) return std::max(local, block_depth);
-    if (!options_.remote->missed_recently(anchor_hash(info, req.chunk_hashes, blocks), now))
+    if (!remote_->missed_recently(anchor_hash(info, req.chunk_hashes, blocks), now))
       ret_anchors.push_back(blocks);
     return block_depth;
   }
@@ -97,42 +97,42 @@ uint32_t Park::remote_snapshot_anchors(const Connection& c, const wire::LookupRe
   if (hybrid(info)) {
     // Hybrid: a snapshot past the blocks here needs the ones between from the store;
     // the block the chain stops at being a recent miss rules every deeper anchor out.
-    const uint32_t here = sealed_blocks_from(c.ns, req.chunk_hashes, static_cast<uint32_t>(lease.blocks.size()));
-    if (here < chunks && options_.remote->missed_recently(req.chunk_hashes[here], now)) {
+    const uint32_t here = sealed_blocks_from(ns, req.chunk_hashes, static_cast<uint32_t>(lease.blocks.size()));
+    if (here < chunks && remote_->missed_recently(req.chunk_hashes[here], now)) {
       deepest = std::min(deepest, here);
     }
   }
   for (uint32_t j = deepest + 1; j-- > shallowest && ret_anchors.size() < remote::probe_keys_max;) {
-    if (!options_.remote->missed_recently(anchor_hash(info, req.chunk_hashes, j), now)) {
+    if (!remote_->missed_recently(anchor_hash(info, req.chunk_hashes, j), now)) {
       ret_anchors.push_back(j);
     }
   }
   return local;
 }
 
-bool Park::remote_should_probe_snapshots(const Connection& c, const wire::LookupRequest& req,
+bool RemoteMover::should_probe_snapshots(NamespaceIndex ns, const wire::LookupRequest& req,
                                          Lease& lease) {
   // Single flight first: an engine (or a restore) already writing a snapshot past
   // the local ones will seal it here.
   if (!lease.inflight.empty()) return false;
   std::vector<uint32_t> anchors;
-  const uint32_t local = remote_snapshot_anchors(c, req, lease, anchors);
-  if (anchors.empty() || !options_.remote->probing_useful()) return false;
+  const uint32_t local = snapshot_anchors(ns, req, lease, anchors);
+  if (anchors.empty() || !remote_->probing_useful()) return false;
   lease.remote_pending = true;
   lease.inflight_tokens = req.prompt_tokens - 1 - local;
   return true;
 }
 
-void Park::remote_start_snapshot_probe(ConnectionId id, uint64_t lease_id, const Connection& c,
+void RemoteMover::start_snapshot_probe(ConnectionId id, uint64_t lease_id, NamespaceIndex ns,
                                        const wire::LookupRequest& req, const Lease& lease) {
-  const NamespaceInfo& info = table_.namespace_info(c.ns);
-  RemoteSnapshotProbe p{.connection = id,
-                        .ns = c.ns,
+  const NamespaceInfo& info = table_.namespace_info(ns);
+  SnapshotProbe p{.connection = id,
+                        .ns = ns,
                         .prompt_tokens = req.prompt_tokens,
                         .chunks = static_cast<uint32_t>(req.chunk_hashes.size()),
                         .tail_tokens = req.tail_tokens};
-  p.local_depth = remote_snapshot_anchors(c, req, lease, p.anchors);
-  assert(!p.anchors.empty() && "remote_should_probe_snapshots said there is something to ask");
+  p.local_depth = snapshot_anchors(ns, req, lease, p.anchors);
+  assert(!p.anchors.empty() && "should_probe_snapshots said there is something to ask");
   if (hybrid(info)) {
     // Deepest first: the first anchor asked bounds the blocks a candidate can need.
     p.chunk_hashes.assign(req.chunk_hashes.begin(), req.chunk_hashes.begin() + p.anchors[0]);
@@ -140,22 +140,22 @@ void Park::remote_start_snapshot_probe(ConnectionId id, uint64_t lease_id, const
   std::vector<remote::EntryKey> keys;
   for (uint32_t j : p.anchors)
     keys.push_back({.ns = info.id, .key_hash = anchor_hash(info, req.chunk_hashes, j)});
-  remote_snapshot_probes_[lease_id] = std::move(p);
-  options_.remote->note_probe(id, lease_id, monotonic_usec());
-  options_.remote->probe_index(std::move(keys), id, lease_id);
+  snapshot_probes_[lease_id] = std::move(p);
+  remote_->note_probe(id, lease_id, monotonic_usec());
+  remote_->probe_index(std::move(keys), id, lease_id);
 }
 
-void Park::end_remote_snapshot_probe(uint64_t lease_id) {
-  auto it = remote_snapshot_probes_.find(lease_id);
-  assert(it != remote_snapshot_probes_.end());
+void RemoteMover::end_snapshot_probe(uint64_t lease_id) {
+  auto it = snapshot_probes_.find(lease_id);
+  assert(it != snapshot_probes_.end());
   if (Lease* lease = find_lease(it->second.connection, lease_id)) lease->remote_pending = false;
-  remote_snapshot_probes_.erase(it);
+  snapshot_probes_.erase(it);
 }
 
-void Park::finish_remote_snapshot_index(const RemoteCompletion& done) {
-  auto it = remote_snapshot_probes_.find(done.tag2);
-  if (it == remote_snapshot_probes_.end()) return;
-  RemoteSnapshotProbe& p = it->second;
+void RemoteMover::finish_snapshot_index(const RemoteCompletion& done) {
+  auto it = snapshot_probes_.find(done.tag2);
+  if (it == snapshot_probes_.end()) return;
+  SnapshotProbe& p = it->second;
   assert(done.indexes.size() == p.anchors.size() && done.keys.size() == p.anchors.size());
   const NamespaceInfo& info = table_.namespace_info(p.ns);
   const uint32_t chain = info.chain_tokens;
@@ -169,7 +169,7 @@ void Park::finish_remote_snapshot_index(const RemoteCompletion& done) {
   for (size_t i = 0; i < done.indexes.size(); ++i) {
     const remote::IndexResult& r = done.indexes[i];
     if (r.status == Status::Unavailable) continue;  // that node is down: ask again later
-    options_.remote->note_missed(done.keys[i].key_hash, now);
+    remote_->note_missed(done.keys[i].key_hash, now);
     const uint32_t j = p.anchors[i];
     for (size_t m = 0; m < r.members.size(); ++m) {
       const std::vector<int32_t>& tail = r.members[m].tail_tokens;
@@ -208,26 +208,26 @@ void Park::finish_remote_snapshot_index(const RemoteCompletion& done) {
     if (keys.size() >= remote_snapshot_candidates_max) break;
   }
   if (keys.empty()) {
-    end_remote_snapshot_probe(done.tag2);
+    end_snapshot_probe(done.tag2);
     return;
   }
   if (hybrid(info)) {
     // The blocks not here up to the deepest candidate's anchor, in chain order
     // from the first one missing (those here past it are followed, not fetched).
     uint32_t deepest = 0;
-    for (const RemoteSnapshotCandidate& cand : p.candidates) deepest = std::max(deepest, cand.anchor_chunks);
+    for (const SnapshotCandidate& cand : p.candidates) deepest = std::max(deepest, cand.anchor_chunks);
     p.blocks_first = sealed_blocks_from(p.ns, p.chunk_hashes, 0);
     for (uint32_t i = p.blocks_first; i < deepest; ++i) {
       keys.push_back({.ns = info.id, .key_hash = p.chunk_hashes[i]});
     }
   }
-  options_.remote->probe(std::move(keys), done.tag, done.tag2);  // the lease still waits
+  remote_->probe(std::move(keys), done.tag, done.tag2);  // the lease still waits
 }
 
-void Park::finish_remote_snapshot_manifests(const RemoteCompletion& done) {
-  auto it = remote_snapshot_probes_.find(done.tag2);
-  if (it == remote_snapshot_probes_.end()) return;
-  const RemoteSnapshotProbe& p = it->second;
+void RemoteMover::finish_snapshot_manifests(const RemoteCompletion& done) {
+  auto it = snapshot_probes_.find(done.tag2);
+  if (it == snapshot_probes_.end()) return;
+  const SnapshotProbe& p = it->second;
   const size_t candidates = p.candidates.size();
   assert(done.results.size() >= candidates && done.keys.size() == done.results.size());
   const NamespaceInfo& info = table_.namespace_info(p.ns);
@@ -238,7 +238,7 @@ void Park::finish_remote_snapshot_manifests(const RemoteCompletion& done) {
   uint32_t anchor_needed = 0;  // the deepest whole candidate's
   for (size_t i = 0; i < candidates; ++i) {
     if (done.results[i].status != Status::Ok) continue;
-    const RemoteSnapshotCandidate& cand = p.candidates[i];
+    const SnapshotCandidate& cand = p.candidates[i];
     const remote::ManifestHeader& h = done.results[i].manifest.header;
     // A value under the right key but not of this geometry or anchor is a miss.
     if (h.kind != static_cast<uint8_t>(EntryKind::Snapshot) ||
@@ -269,7 +269,7 @@ void Park::finish_remote_snapshot_manifests(const RemoteCompletion& done) {
           block_results[0].manifest.header.anchor_chunks != p.blocks_first) {
         ++counters_.remote_rejected;  // not the block the chain stops at here
       } else {
-        blocks_reached = std::max(p.blocks_first, promote_remote_blocks(p.ns, block_keys, block_results,
+        blocks_reached = std::max(p.blocks_first, promote_blocks(p.ns, block_keys, block_results,
                                                                         anchor_needed, false, lease));
       }
     }
@@ -279,19 +279,19 @@ void Park::finish_remote_snapshot_manifests(const RemoteCompletion& done) {
     if (whole[i] && p.candidates[i].anchor_chunks <= blocks_reached) chosen = i;
   }
   if (chosen == candidates) {
-    end_remote_snapshot_probe(done.tag2);
+    end_snapshot_probe(done.tag2);
     return;
   }
   if (blocks_under && p.candidates[chosen].anchor_chunks > p.blocks_first) {
     // The blocks under the chosen one, and no more; a full arena that stops them short
     // leaves the snapshot unanchored, not fetched.
     const uint32_t anchor = p.candidates[chosen].anchor_chunks;
-    if (promote_remote_blocks(p.ns, block_keys, block_results, anchor, true, lease) < anchor) {
-      end_remote_snapshot_probe(done.tag2);
+    if (promote_blocks(p.ns, block_keys, block_results, anchor, true, lease) < anchor) {
+      end_snapshot_probe(done.tag2);
       return;
     }
   }
-  const RemoteSnapshotCandidate& cand = p.candidates[chosen];
+  const SnapshotCandidate& cand = p.candidates[chosen];
   const remote::Manifest& manifest = done.results[chosen].manifest;
   const remote::ManifestHeader& h = manifest.header;
   if (EntrySlot slot = table_.find_snapshot(p.ns, cand.anchor, cand.tail_tokens); slot != no_slot) {
@@ -299,7 +299,7 @@ void Park::finish_remote_snapshot_manifests(const RemoteCompletion& done) {
     if (!table_.entry(slot).sealed && lease != nullptr) {
       lease->inflight.emplace_back(slot, table_.entry_id(slot));
     }
-    end_remote_snapshot_probe(done.tag2);
+    end_snapshot_probe(done.tag2);
     return;
   }
   // Load versus recompute, by the store's measured bandwidth and the engine's rate.
@@ -308,10 +308,10 @@ void Park::finish_remote_snapshot_manifests(const RemoteCompletion& done) {
   const auto tail = static_cast<uint32_t>(cand.tail_tokens.size());
   const uint64_t extent_bytes = shm::extent_bytes_for(tail, h.payload_bytes);
   EntrySlot slot = no_slot;
-  if (!options_.remote->load_beats_recompute(manifest.image_bytes(),
+  if (!remote_->load_beats_recompute(manifest.image_bytes(),
                                              (cand.position - p.local_depth) / rate)) {
     ++counters_.recompute_instead;
-  } else if (extent_bytes <= options_.reservation_bytes_max) {
+  } else if (extent_bytes <= reservation_bytes_max_) {
     const NewEntry n{.ns = p.ns,
                      .kind = EntryKind::Snapshot,
                      .key_hash = cand.anchor,
@@ -326,8 +326,8 @@ void Park::finish_remote_snapshot_manifests(const RemoteCompletion& done) {
   }
   if (slot != no_slot) {
     const Entry& e = table_.entry(slot);
-    const shm::EntryHeader header = make_entry_header(e, tail, h.payload_bytes);
-    uint8_t* extent = options_.arena_data + e.extent_offset;
+    const shm::EntryHeader header = header_for(e, tail, h.payload_bytes);
+    uint8_t* extent = arena_data_ + e.extent_offset;
     if (!shm::guarded_copy(extent, &header, sizeof header)) {
       log_arena_fault(e.extent_offset);
       table_.erase(slot);
@@ -338,11 +338,11 @@ void Park::finish_remote_snapshot_manifests(const RemoteCompletion& done) {
                                        .payload_bytes = h.payload_bytes,
                                        .copy = shm::guarded_copy};
       table_.pin_io(slot);  // the worker writes the extent until the read completes
-      options_.remote->get(done.keys[chosen], manifest, target, slot, table_.entry_id(slot));
+      remote_->get(done.keys[chosen], manifest, target, slot, table_.entry_id(slot));
       if (lease != nullptr) lease->inflight.emplace_back(slot, table_.entry_id(slot));
     }
   }
-  end_remote_snapshot_probe(done.tag2);
+  end_snapshot_probe(done.tag2);
 }
 
 }  // namespace kvpark::daemon
