@@ -10,7 +10,6 @@
 #include "daemon/entry_header.h"
 #include "daemon/log.h"
 #include "proto/limits.h"
-#include "shm/arena_guard.h"
 
 namespace kvpark::daemon {
 
@@ -69,12 +68,9 @@ bool DiskMover::start_spill(EntrySlot slot, uint64_t flush_job, bool budget_exem
     ++counters_.budget_refusals;
     return false;
   }
-  // Pair check with the header this daemon wrote at reserve before trusting its sizes.
-  shm::EntryHeader h{};
-  if (!shm::guarded_copy(&h, arena_data_ + e.extent_offset, sizeof h)) {
-    log_arena_fault(e.extent_offset);
-    h = shm::EntryHeader{};  // fails the check below
-  }
+  // Pair check with the header this daemon wrote at reserve before trusting its sizes
+  // (a page taken away reads as a zeroed header, which fails it).
+  const shm::EntryHeader h = read_entry_header(arena_data_, e);
   if (h.magic != shm::entry_magic || h.key_hash != e.key_hash ||
       uint64_t{h.payload_offset} + h.payload_bytes > e.extent_bytes) {
     counters_.count_spill_failure(SpillFailure::damaged_header);
@@ -188,18 +184,12 @@ void DiskMover::finish_promotion(const DiskJob& job, const disk::DiskCompletion&
 bool DiskMover::stamp_promoted_image(const Entry& e) {
   // The image carries the header of the incarnation that wrote it: check it names
   // this entry, then stamp it with ours.
-  shm::EntryHeader h{};
-  if (!shm::guarded_copy(&h, arena_data_ + e.extent_offset, sizeof h)) {
-    log_arena_fault(e.extent_offset);
-    h = shm::EntryHeader{};  // fails the check below
-  }
+  const shm::EntryHeader h = read_entry_header(arena_data_, e);  // zeroed: names nothing
   const NamespaceInfo& info = table_.namespace_info(e.ns);
   if (!header_names_entry(h, e, info)) return false;
-  const shm::EntryHeader fresh =
-      make_entry_header(e, info, entry_token_count(e, info), h.payload_bytes, incarnation_);
-  if (shm::guarded_copy(arena_data_ + e.extent_offset, &fresh, sizeof fresh)) return true;
-  log_arena_fault(e.extent_offset);
-  return false;
+  return write_entry_header(
+      arena_data_, e,
+      make_entry_header(e, info, entry_token_count(e, info), h.payload_bytes, incarnation_));
 }
 
 void DiskMover::finish_spill(const DiskJob& job, Status status, uint64_t bytes, int err) {

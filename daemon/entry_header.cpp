@@ -79,4 +79,17 @@ void log_arena_fault(uint64_t extent_offset) {
                       static_cast<unsigned long long>(shm::arena_faults()));
 }
 
+bool write_entry_header(uint8_t* arena_data, const Entry& e, const shm::EntryHeader& header) {
+  if (shm::guarded_copy(arena_data + e.extent_offset, &header, sizeof header)) return true;
+  log_arena_fault(e.extent_offset);
+  return false;
+}
+
+shm::EntryHeader read_entry_header(const uint8_t* arena_data, const Entry& e) {
+  shm::EntryHeader h{};
+  if (shm::guarded_copy(&h, arena_data + e.extent_offset, sizeof h)) return h;
+  log_arena_fault(e.extent_offset);
+  return shm::EntryHeader{};
+}
+
 }  // namespace kvpark::daemon

@@ -23,5 +23,11 @@ bool header_names_entry(const shm::EntryHeader& h, const Entry& e, const Namespa
 bool payload_intact(const uint8_t* arena_data, const Entry& e, const NamespaceInfo& ns);
 // A guarded access to the arena failed: logged, rate-limited.
 void log_arena_fault(uint64_t extent_offset);
+// Writes `header` at the front of e's extent (`arena_data`: the daemon's mapping)
+// through a guarded copy; false, logged, when a client took the page away.
+bool write_entry_header(uint8_t* arena_data, const Entry& e, const shm::EntryHeader& header);
+// The header at the front of e's extent; a zeroed one (naming no entry), logged, when
+// a client took the page away.
+shm::EntryHeader read_entry_header(const uint8_t* arena_data, const Entry& e);
 
 }  // namespace kvpark::daemon

@@ -289,9 +289,9 @@ Status Park::reserve_blocks(ConnectionId id, const wire::ReserveBlocksRequest& r
   if (r.slots.empty()) return Status::Ok;
   for (EntrySlot slot : r.slots) {
     const Entry& e = table_.entry(slot);
-    shm::EntryHeader h = make_entry_header(e, block_tokens, info.geometry.block_payload_bytes);
-    if (!shm::guarded_copy(options_.arena_data + e.extent_offset, &h, sizeof h)) {
-      log_arena_fault(e.extent_offset);
+    const shm::EntryHeader h =
+        make_entry_header(e, block_tokens, info.geometry.block_payload_bytes);
+    if (!write_entry_header(options_.arena_data, e, h)) {
       drop_reservation(r);
       ret = wire::ReserveBlocksReply{};
       return Status::IoError;

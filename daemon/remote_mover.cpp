@@ -44,6 +44,27 @@ RemoteMover::RemoteMover(const RemoteMoverOptions& options, EntryTable& table, D
       counters_(counters),
       leases_(std::move(leases)) {}
 
+bool RemoteMover::reserve_for_fetch(const NewEntry& n, uint32_t token_count, uint64_t payload_bytes,
+                                    EntrySlot* ret_slot, remote::ImageTarget* ret_target) {
+  EntrySlot slot = no_slot;
+  if (table_.insert_reserved(n, slot) != Status::Ok) return false;
+  const Entry& e = table_.entry(slot);
+  const shm::EntryHeader header = header_for(e, token_count, payload_bytes);
+  if (!write_entry_header(arena_data_, e, header)) {
+    table_.erase(slot);
+    return false;
+  }
+  uint8_t* extent = arena_data_ + e.extent_offset;
+  *ret_target = remote::ImageTarget{.tokens = extent + limits::entry_header_bytes,
+                                    .tokens_bytes = uint64_t{token_count} * sizeof(int32_t),
+                                    .payload = extent + header.payload_offset,
+                                    .payload_bytes = payload_bytes,
+                                    .copy = shm::guarded_copy};
+  table_.pin_io(slot);  // the worker writes the extent until the read completes
+  *ret_slot = slot;
+  return true;
+}
+
 bool RemoteMover::names_namespace(NamespaceIndex ns) const {
   for (const auto& [lease, p] : snapshot_probes_)
     if (p.ns == ns) return true;
@@ -288,21 +309,9 @@ uint32_t RemoteMover::promote_blocks(NamespaceIndex ns, std::span<const remote::
                      .entry_class = static_cast<EntryClass>(h.entry_class),
                      .evidence = static_cast<Evidence>(h.evidence),
                      .reserved_by = remote_connection_id};
-    if (table_.insert_reserved(n, slot) != Status::Ok) break;  // no room: the rest is prefilled
-    const Entry& e = table_.entry(slot);
-    const shm::EntryHeader header = header_for(e, block_tokens, h.payload_bytes);
-    uint8_t* extent = arena_data_ + e.extent_offset;
-    if (!shm::guarded_copy(extent, &header, sizeof header)) {
-      log_arena_fault(e.extent_offset);
-      table_.erase(slot);
-      break;
-    }
-    const remote::ImageTarget target{.tokens = extent + limits::entry_header_bytes,
-                                     .tokens_bytes = uint64_t{block_tokens} * sizeof(int32_t),
-                                     .payload = extent + header.payload_offset,
-                                     .payload_bytes = h.payload_bytes,
-                                     .copy = shm::guarded_copy};
-    table_.pin_io(slot);  // the worker writes the extent until the read completes
+    remote::ImageTarget target;
+    // No room (the rest is prefilled), or a page taken away.
+    if (!reserve_for_fetch(n, block_tokens, h.payload_bytes, &slot, &target)) break;
     gets.push_back({.key = keys[i], .manifest = r.manifest, .target = target, .tag = slot,
                     .tag2 = table_.entry_id(slot)});
     if (lease != nullptr) lease->inflight.emplace_back(slot, table_.entry_id(slot));

@@ -28,6 +28,7 @@
 
 namespace kvpark::remote {
 struct EntryKey;
+struct ImageTarget;
 struct ProbeResult;
 }  // namespace kvpark::remote
 
@@ -90,6 +91,11 @@ class RemoteMover {
                           std::span<const remote::ProbeResult> results, uint32_t limit,
                           bool fetch, Lease* lease);
   void finish_get(const RemoteCompletion& done);
+  // Reserves `n` for the remote pseudo-connection, writes its header and pins it for
+  // the worker to stream into; false when it is not placed (no room, or a page taken
+  // away), with nothing left reserved.
+  bool reserve_for_fetch(const NewEntry& n, uint32_t token_count, uint64_t payload_bytes,
+                         EntrySlot* ret_slot, remote::ImageTarget* ret_target);
   Lease* find_lease(ConnectionId id, uint64_t lease_id);
   shm::EntryHeader header_for(const Entry& e, uint32_t token_count, uint64_t payload_bytes) const;
 

@@ -307,9 +307,8 @@ void RemoteMover::finish_snapshot_manifests(const RemoteCompletion& done) {
                                                           : prefill_tokens_per_second_default;
   const auto tail = static_cast<uint32_t>(cand.tail_tokens.size());
   const uint64_t extent_bytes = shm::extent_bytes_for(tail, h.payload_bytes);
-  EntrySlot slot = no_slot;
   if (!remote_->load_beats_recompute(manifest.image_bytes(),
-                                             (cand.position - p.local_depth) / rate)) {
+                                     (cand.position - p.local_depth) / rate)) {
     ++counters_.recompute_instead;
   } else if (extent_bytes <= reservation_bytes_max_) {
     const NewEntry n{.ns = p.ns,
@@ -322,22 +321,10 @@ void RemoteMover::finish_snapshot_manifests(const RemoteCompletion& done) {
                      .entry_class = static_cast<EntryClass>(h.entry_class),
                      .evidence = static_cast<Evidence>(h.evidence),
                      .reserved_by = remote_connection_id};
-    if (table_.insert_reserved(n, slot) != Status::Ok) slot = no_slot;  // no room: prefilled
-  }
-  if (slot != no_slot) {
-    const Entry& e = table_.entry(slot);
-    const shm::EntryHeader header = header_for(e, tail, h.payload_bytes);
-    uint8_t* extent = arena_data_ + e.extent_offset;
-    if (!shm::guarded_copy(extent, &header, sizeof header)) {
-      log_arena_fault(e.extent_offset);
-      table_.erase(slot);
-    } else {
-      const remote::ImageTarget target{.tokens = extent + limits::entry_header_bytes,
-                                       .tokens_bytes = uint64_t{tail} * sizeof(int32_t),
-                                       .payload = extent + header.payload_offset,
-                                       .payload_bytes = h.payload_bytes,
-                                       .copy = shm::guarded_copy};
-      table_.pin_io(slot);  // the worker writes the extent until the read completes
+    EntrySlot slot = no_slot;
+    remote::ImageTarget target;
+    // Not placed (no room, or a page taken away): the engine prefills.
+    if (reserve_for_fetch(n, tail, h.payload_bytes, &slot, &target)) {
       remote_->get(done.keys[chosen], manifest, target, slot, table_.entry_id(slot));
       if (lease != nullptr) lease->inflight.emplace_back(slot, table_.entry_id(slot));
     }
