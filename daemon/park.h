@@ -8,7 +8,7 @@
 // reply sink). Single-threaded: the daemon's event loop owns it.
 //
 // Park keeps the verbs and the leases (park.cpp; LOOKUP's steps and WAIT in
-// park_lookup.cpp) and delegates the rest, each to its own part: single flight and
+// park_lookup.cpp; RESERVE, SEAL and ABORT in park_publish.cpp) and delegates the rest, each to its own part: single flight and
 // WAIT (single_flight.h), recurrence hints (recurrence.h), the value model and host
 // eviction (value_model.h, eviction_policy.h), the disk tier's traffic
 // (disk_mover.h), which asks the tiering policy (tiering_policy.h) what to move, and
