@@ -10,7 +10,6 @@
 // chain hash over its token ids, which proves the tokens are the ones the key names.
 // A failure erases the reservation: a miss, never a wrong byte served.
 #include <cassert>
-#include <cstring>
 #include <utility>
 
 #include "daemon/clock.h"

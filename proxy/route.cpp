@@ -441,7 +441,7 @@ void Route::recycle_saved_file(const std::string& path) {
   bool wanted = false;
   for (uint32_t slot = 0; slot < slots_.size() && !wanted; ++slot)
     wanted = access(slot_file_path(slot_file_name(slot, "restore")).c_str(), F_OK) != 0;
-  const std::string spare = slot_file_path(file_name_prefix() + "any.spare");
+  const std::string spare = spare_file_path();
   // rename() replaces an older spare; a slot taking the spare meanwhile takes one or
   // the other whole.
   if (!wanted || rename(path.c_str(), spare.c_str()) != 0) {
@@ -454,7 +454,11 @@ void Route::take_spare_for_restore(uint32_t slot_id) {
   const std::string restore = slot_file_path(slot_file_name(slot_id, "restore"));
   if (access(restore.c_str(), F_OK) == 0) return;
   // No spare (ENOENT) leaves the restore to create its file.
-  rename(slot_file_path(file_name_prefix() + "any.spare").c_str(), restore.c_str());
+  rename(spare_file_path().c_str(), restore.c_str());
+}
+
+std::string Route::spare_file_path() const {
+  return slot_file_path(file_name_prefix() + "any.spare");
 }
 
 void Counters::observe_forward_delay(double seconds) {

@@ -230,6 +230,7 @@ class Route {
   void watch();
   void verify();
   std::string file_name_prefix() const;  // of every slot file of this route
+  std::string spare_file_path() const;   // recycle_saved_file()'s spare
   void set_state(UpstreamState state, const std::string& reason);
   // The slot-file round trip in `slot` (held): false with what to fix. It also learns
   // whether the slot files can be parked as blocks (state_blocks.h).
